@@ -1,0 +1,79 @@
+"""Benchmark: full layout search for Llama-3 405B on 16,384 H100 (global batch 2048 x 8192).
+
+Bar (issue 2): <= 2 s on a 2-core machine. Prints a table and appends the result, with machine
+and date, to bench/results/search_speed.md.
+
+    python bench/search_speed.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from plait.plan import kernels
+from plait.plan.search import search
+from plait.spec.hardware import get_cluster
+from plait.spec.layout import JobSpec
+from plait.spec.models import get_model
+
+CASES = [
+    ("llama3-405b", "dgx-h100", 16384, 2048, 8192),
+    ("llama3-70b", "dgx-h100", 1024, 1024, 8192),
+    ("llama2-13b", "dgx-a100", 64, 1024, 2048),
+]
+
+
+def run_case(name, cluster_name, gpus, batch, seq, repeats):
+    model, cluster, job = get_model(name), get_cluster(cluster_name, gpus), JobSpec(batch, seq)
+    times, result = [], None
+    for _ in range(repeats):
+        kernels.layer_times.cache_clear()  # every repeat starts cold
+        kernels.head_time.cache_clear()
+        result = search(model, cluster, job)
+        times.append(result.seconds)
+    return result, times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    table = Table(title="plait plan: full search time (cold caches)", title_justify="left")
+    for column in ("model", "GPUs", "batch x seq", "layouts", "fitting", "median s", "max s", "layouts/s", "best layout", "MFU"):
+        table.add_column(column)
+    rows = []
+    for case in CASES:
+        result, times = run_case(*case, args.repeats)
+        best = result.plans[0]
+        row = (case[0], f"{case[2]:,}", f"{case[3]} x {case[4]}", f"{result.evaluated:,}", f"{len(result.plans):,}",
+               f"{statistics.median(times):.2f}", f"{max(times):.2f}", f"{result.evaluated / statistics.median(times):,.0f}",
+               str(best.layout), f"{100 * best.step.mfu:.1f}%")
+        table.add_row(*row)
+        rows.append(row)
+    console = Console(width=220)
+    console.print(table)
+    machine = f"{platform.node()} - {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    out = Path(__file__).parent / "results" / "search_speed.md"
+    out.parent.mkdir(exist_ok=True)
+    new = not out.exists()
+    with out.open("a") as handle:
+        if new:
+            handle.write("# Layout search speed\n\nBar: Llama-3 405B on 16,384 H100 in <= 2 s on a 2-core machine.\n")
+        handle.write(f"\n## {datetime.date.today().isoformat()} - {machine}\n\n")
+        handle.write("| " + " | ".join(table.columns[i].header for i in range(len(table.columns))) + " |\n")
+        handle.write("|" + "---|" * len(table.columns) + "\n")
+        for row in rows:
+            handle.write("| " + " | ".join(row) + " |\n")
+    console.print(f"recorded in {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+"""plait: plan, run and measure parallelization layouts for LLM training.
+
+Package layout:
+  spec/     model, hardware, layout and job as plain frozen dataclasses (no torch)
+  plan/     memory, FLOPs, cost model and layout search (no torch)
+  measure/  validation against published runs (and, later, profiling and sweeps)
+  run/      the torch runtime
+  cli.py    the one command-line entry point
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,273 @@
+"""Predict published training runs (``shared/data`` CSV schema) and compare with what was reported.
+
+Every comparison is on plait's one MFU basis: model FLOPs (causal attention counted explicitly)
+over the dense bf16 peak. The reported side is first turned into tokens/s per GPU, from the most
+direct figure the source gives: tokens/s/GPU, else iteration time (global batch · seq / GPUs /
+time), else TFLOP/s/GPU divided by the source's own FLOPs per token (Narayanan et al. 2021,
+Eq. 3, which counts the recompute forward and the full attention square), else MFU/HFU times the
+peak over the source's FLOPs per token (torchtitan 6N + 12·L·h·s; Korthikanti et al. Eq. 7).
+
+Inputs are never guessed silently: a row missing seq_len, micro-batch, recompute or the TP/PP
+split is ``incomplete``; defaults that are applied (8 GPUs per node, a vocabulary taken from the
+preset with the same dimensions, FlashAttention when the column is blank) are written in the
+row's notes.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plait.errors import PlaitError
+from plait.plan.cost import estimate_step
+from plait.plan.memory import estimate_memory
+from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.spec.hardware import GIB, cluster_for_gpu, get_gpu
+from plait.spec.layout import JobSpec, Layout
+from plait.spec.model import ModelSpec
+from plait.spec.models import MODELS
+from plait.spec.validate import errors_of, validate
+
+REQUIRED_COLUMNS = ("id", "source", "arch", "n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads",
+                    "vocab", "seq_len", "gpu_type", "n_gpus", "tp", "pp", "dp", "mbs", "gbs", "zero_stage",
+                    "recompute")
+
+
+@dataclass
+class RunResult:
+    id: str
+    source: str
+    status: str  # ok | oom | incomplete: ... | unsupported: ...
+    notes: list[str] = field(default_factory=list)
+    predicted_step_time_s: float | None = None
+    predicted_mfu: float | None = None
+    predicted_tokens_per_s_per_gpu: float | None = None
+    predicted_mem_gb: float | None = None
+    reported_mfu: float | None = None  # on plait's basis
+    reported_tokens_per_s_per_gpu: float | None = None
+    reported_mem_gb: float | None = None
+    seq_len: int | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.status in ("ok", "oom")
+
+    @property
+    def mfu_error_points(self) -> float | None:
+        if self.predicted_mfu is None or self.reported_mfu is None:
+            return None
+        return 100.0 * (self.predicted_mfu - self.reported_mfu)
+
+
+def read_runs(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise PlaitError(f"runs file {path} does not exist")
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            rows = list(reader)
+            columns = reader.fieldnames or []
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise PlaitError(f"{path}: not a readable CSV file ({exc})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise PlaitError(f"{path}: missing columns {', '.join(missing)} (schema: shared/data/README.md)")
+    if not rows:
+        raise PlaitError(f"{path}: no rows")
+    return rows
+
+
+def _num(row: dict, key: str) -> float | None:
+    text = (row.get(key) or "").strip()
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _int(row: dict, key: str) -> int | None:
+    value = _num(row, key)
+    return int(value) if value is not None else None
+
+
+def _zero_stage(text: str) -> int | None:
+    text = text.strip().lower()
+    if text in ("0", "1", "2", "3"):
+        return int(text)
+    if "full shard" in text or "fsdp" in text:
+        return 3
+    return None
+
+
+def _recompute(text: str, n_layers_per_stage: int) -> tuple[str, int] | None:
+    """(policy, layers per stage) from the source's words; None when not stated."""
+    text = text.strip().lower()
+    if not text:
+        return None
+    if text.startswith("none"):
+        return "none", 0
+    if text.startswith("full"):
+        return "full", 0
+    if "per-layer" in text:  # torchtitan: checkpoint every second layer in full
+        return "full", max(1, n_layers_per_stage // 2)
+    if "op-level" in text:
+        # torchtitan op-level SAC recomputes every second matmul and the element-wise work:
+        # the same recompute FLOPs as full recomputation of half of the layers
+        return "full", max(1, n_layers_per_stage // 2)
+    if text.startswith("selective"):
+        return "selective", 0
+    return None
+
+
+def _source_flops_per_token(row: dict, model: ModelSpec, seq_len: int) -> tuple[float, str]:
+    """FLOPs per token behind a source's TFLOP/s or MFU figures."""
+    source = row["source"].lower()
+    l, h, v, s = model.n_layers, model.hidden, model.vocab, seq_len
+    if "narayanan" in source:
+        return 96 * l * h * h * (1 + s / (6 * h) + v / (16 * l * h)), "Megatron Eq.3 (recompute, full square)"
+    if "korthikanti" in source:
+        return 72 * l * h * h * (1 + s / (6 * h) + v / (12 * h * l)), "Korthikanti Eq.7 (full square)"
+    if "mpt" in row["id"].lower() or "mosaic" in source:
+        return 6 * model.total_params() + 12 * l * h * s, "MosaicML (6N incl. embeddings + full square)"
+    return model.model_flops_per_token(s, causal=False), "6N + full-square attention"
+
+
+def _model_for_row(row: dict, seq_len: int, notes: list[str]) -> ModelSpec:
+    arch = row["arch"].strip().lower()
+    dims = dict(n_layers=_int(row, "n_layers"), hidden=_int(row, "hidden"), ffn_hidden=_int(row, "ffn_hidden"),
+                n_heads=_int(row, "n_heads"), n_kv_heads=_int(row, "n_kv_heads"))
+    vocab = _int(row, "vocab")
+    if vocab is None:
+        preset = next((m for m in MODELS.values() if m.arch == arch and all(getattr(m, k) == v for k, v in dims.items())), None)
+        if preset is None:
+            raise _Incomplete("vocab not given and no preset has these dimensions")
+        vocab = preset.vocab
+        notes.append(f"vocab {vocab} from preset {preset.name}")
+    return ModelSpec(name=row["id"], arch=arch, vocab=vocab, max_seq_len=max(seq_len, 2048),
+                     tied_embeddings=(arch == "gpt"), **dims)
+
+
+class _Incomplete(Exception):
+    pass
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _build(row: dict, notes: list[str]):
+    seq_len = _int(row, "seq_len")
+    if seq_len is None:
+        raise _Incomplete("seq_len not given")
+    model = _model_for_row(row, seq_len, notes)
+    n_gpus = _int(row, "n_gpus")
+    tp, pp, dp, mbs, gbs = (_int(row, k) for k in ("tp", "pp", "dp", "mbs", "gbs"))
+    cp = _int(row, "cp") or 1
+    if tp is None or pp is None:
+        raise _Incomplete("tp/pp split not given")
+    if mbs is None:
+        raise _Incomplete("micro-batch size not given")
+    if n_gpus is None or dp is None:
+        raise _Incomplete("n_gpus/dp not given")
+    if gbs is None:
+        gbs = dp * mbs
+        notes.append(f"global batch not given: one micro-batch per rank ({gbs})")
+    if (_int(row, "ep") or 1) > 1:
+        raise _Unsupported("expert parallelism")
+    zero = _zero_stage(row["zero_stage"])
+    if zero is None:
+        raise _Incomplete(f"ZeRO stage {row['zero_stage']!r} not understood")
+    layers_per_stage = -(-model.n_layers // pp)
+    recompute = _recompute(row["recompute"], layers_per_stage)
+    if recompute is None:
+        raise _Incomplete("recompute not given")
+    try:
+        gpu = get_gpu(row["gpu_type"])
+    except PlaitError:
+        raise _Unsupported(f"GPU {row['gpu_type']!r} has no spec") from None
+    per_node = _int(row, "gpus_per_node")
+    if per_node is None:
+        per_node = 8
+        notes.append("8 GPUs per node assumed")
+    cluster = cluster_for_gpu(gpu.name, n_gpus, per_node)
+    vpp = _int(row, "vpp") or 1
+    flash = (row.get("flash_attn") or "").strip().lower()
+    if not flash:
+        notes.append("FlashAttention assumed")
+    attn = "eager" if flash == "no" else "flash"
+    precision = "fp8" if "fp8" in (row.get("precision") or "").lower() else "bf16"
+    sp = (row.get("seq_parallel") or "").strip().lower() == "yes"
+    layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, zero=zero, sp=sp or tp == 1,
+                    ckpt=recompute[0], ckpt_layers=recompute[1],
+                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+                    split="even" if model.n_layers % (pp * vpp) == 0 else "uneven",
+                    precision=precision, attn=attn)
+    job = JobSpec(global_batch=gbs, seq_len=seq_len)
+    errs = errors_of(validate(model, cluster, job, layout))
+    if errs:
+        raise _Unsupported("; ".join(e.message for e in errs))
+    return model, cluster, job, layout
+
+
+def _reported_tokens(row: dict, model: ModelSpec, seq_len: int, n_gpus: int, notes: list[str]) -> float | None:
+    tokens = _num(row, "reported_tokens_per_s_per_gpu")
+    if tokens:
+        return tokens
+    iteration = _num(row, "reported_iter_time_s")
+    gbs = _num(row, "gbs")
+    if iteration and gbs:
+        return gbs * seq_len / n_gpus / iteration
+    flops, convention = _source_flops_per_token(row, model, seq_len)
+    tflops = _num(row, "reported_tflops_per_gpu")
+    if tflops:
+        notes.append(f"throughput from TFLOP/s via {convention}")
+        return tflops * 1e12 / flops
+    peak = 312e12 if "a100" in row["gpu_type"].lower() else 989e12
+    for key in ("reported_mfu", "reported_hfu"):
+        fraction = _num(row, key)
+        if fraction:
+            notes.append(f"throughput from {key} via {convention}")
+            return fraction * peak / flops
+    return None
+
+
+def predict_row(row: dict, params: CostParams = DEFAULT_PARAMS) -> RunResult:
+    result = RunResult(id=row["id"], source=row.get("source", ""), status="ok")
+    try:
+        model, cluster, job, layout = _build(row, result.notes)
+    except _Incomplete as exc:
+        result.status = f"incomplete: {exc}"
+        return result
+    except _Unsupported as exc:
+        result.status = f"unsupported: {exc}"
+        return result
+    except PlaitError as exc:
+        result.status = f"unsupported: {exc}"
+        return result
+    step = estimate_step(model, cluster, job, layout, params)
+    memory = estimate_memory(model, cluster, job, layout, params)
+    result.seq_len = job.seq_len
+    result.predicted_step_time_s = step.step_time
+    result.predicted_mfu = step.mfu
+    result.predicted_tokens_per_s_per_gpu = step.tokens_per_s_per_gpu
+    result.predicted_mem_gb = memory.total / GIB
+    result.reported_mem_gb = _num(row, "reported_mem_gb")
+    result.notes.append(f"layout {layout}")
+    if not memory.fits:
+        result.status = "oom"
+        result.notes.append(f"predicted {memory.total / GIB:.1f} GiB > {memory.capacity / GIB:.1f} GiB")
+    tokens = _reported_tokens(row, model, job.seq_len, cluster.n_gpus, result.notes)
+    if tokens:
+        result.reported_tokens_per_s_per_gpu = tokens
+        result.reported_mfu = tokens * model.model_flops_per_token(job.seq_len) / cluster.gpu.bf16_flops
+    else:
+        result.notes.append("no reported throughput")
+    return result
+
+
+def predict_runs(path: str | Path, params: CostParams = DEFAULT_PARAMS) -> list[RunResult]:
+    return [predict_row(row, params) for row in read_runs(path)]

@@ -1,0 +1,104 @@
+"""Saved-activation bytes of one transformer layer for one micro-batch, tensor by tensor.
+
+Notation (Korthikanti et al. 2022): s sequence length on this rank (seq_len / cp), b micro-batch,
+h hidden, f ffn_hidden, a heads, t tensor-parallel degree. Activations are bf16 (2 bytes per
+element), dropout masks 1 byte, per-token norm statistics and the attention log-sum-exp fp32.
+
+Each item is either *replicated* across tensor-parallel ranks (norm inputs and outputs, dropout
+masks after the row-parallel layers) or *sharded* by t (everything inside the attention and MLP
+blocks). Sequence parallelism shards the replicated items by t as well, as in Megatron-LM: the
+norm output that the column-parallel GEMM all-gathers is saved in its sharded form and
+gathered again in the backward.
+
+Without recomputation, for a GPT layer with dropout and eager attention, this gives exactly
+Korthikanti's s·b·h·(34 + 5·a·s/h) bytes (t = 1), s·b·h·(10 + 24/t + 5·a·s/(h·t)) (TP) and
+s·b·h/t·(34 + 5·a·s/h) (TP+SP), plus the per-token statistics that the paper leaves out
+(items ``norm_stats`` and ``attn_lse``).
+
+Checkpoint policies, per checkpointed layer:
+  * ``selective`` (Megatron): recompute the attention core; drop softmax/dropout tensors of size
+    a·s² and the log-sum-exp; keep Q, K, V and the attention output.
+  * ``balanced`` (Kwai, "GEMM-last"): also recompute the cheap element-wise work - norm outputs,
+    activation-function outputs, dropout masks - and keep only the layer input, the MLP residual
+    input, the GEMM outputs Q, K, V, attention output and the MLP up-projection outputs.
+  * ``full``: keep only the layer input (2·s·b·h, sharded by t with sequence parallel).
+"""
+
+from __future__ import annotations
+
+from plait.spec.layout import Layout
+from plait.spec.model import ModelSpec
+
+BF16 = 2
+MASK = 1
+FP32 = 4
+
+SELECTIVE_DROPS = {"attn_scores", "attn_dropout_mask", "attn_dropout_out", "attn_lse"}
+BALANCED_KEEPS = {"attn_norm_input", "mlp_norm_input", "q", "kv", "attn_out", "mlp_up"}
+
+
+def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None = None) -> dict[str, float]:
+    """Bytes saved for the backward by one layer, one micro-batch, no recomputation."""
+    s = seq_len / layout.cp
+    b = layout.mbs if mbs is None else mbs
+    h, f, a, t = model.hidden, model.ffn_hidden, model.n_heads, layout.tp
+    kv = model.kv_hidden
+    rep = t if layout.sequence_parallel else 1  # divisor of the 'replicated' items
+    sb = s * b
+    items: dict[str, float] = {}
+    # ---- attention block
+    items["attn_norm_input"] = BF16 * sb * h / rep
+    items["attn_norm_output"] = BF16 * sb * h / rep  # input of the QKV GEMM
+    items["q"] = BF16 * sb * h / t
+    items["kv"] = BF16 * sb * 2 * kv / t
+    if layout.attn == "eager":
+        # probabilities after softmax: s local queries × seq_len keys per head
+        items["attn_scores"] = BF16 * a / t * b * s * seq_len
+        if model.dropout:
+            items["attn_dropout_mask"] = items["attn_scores"] / BF16 * MASK
+            items["attn_dropout_out"] = items["attn_scores"]
+    else:
+        items["attn_lse"] = FP32 * sb * a / t
+    items["attn_out"] = BF16 * sb * h / t  # input of the output projection
+    if model.dropout:
+        items["attn_resid_dropout_mask"] = MASK * sb * h / rep
+    # ---- MLP block
+    items["mlp_norm_input"] = BF16 * sb * h / rep
+    items["mlp_norm_output"] = BF16 * sb * h / rep  # input of the up-projection GEMM
+    if model.arch == "llama":
+        items["mlp_up"] = 2 * BF16 * sb * f / t  # gate and up outputs
+        items["mlp_act_out"] = 2 * BF16 * sb * f / t  # silu(gate) and silu(gate)·up
+    else:
+        items["mlp_up"] = BF16 * sb * f / t  # GELU input
+        items["mlp_act_out"] = BF16 * sb * f / t  # GELU output = input of fc2
+    if model.dropout:
+        items["mlp_dropout_mask"] = MASK * sb * h / rep
+    stats_per_norm = 2 if model.arch == "gpt" else 1  # LayerNorm: mean and rstd; RMSNorm: rstd
+    items["norm_stats"] = 2 * stats_per_norm * FP32 * sb / rep
+    return items
+
+
+def checkpointed_items(items: dict[str, float], policy: str) -> dict[str, float]:
+    """The items a checkpointed layer keeps under ``policy``."""
+    if policy == "none":
+        return dict(items)
+    if policy == "selective":
+        return {k: v for k, v in items.items() if k not in SELECTIVE_DROPS}
+    if policy == "balanced":
+        return {k: v for k, v in items.items() if k in BALANCED_KEEPS}
+    if policy == "full":
+        return {"attn_norm_input": items["attn_norm_input"]}
+    raise ValueError(f"unknown checkpoint policy {policy!r}")
+
+
+def layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, policy: str | None = None) -> float:
+    """Saved bytes of one layer and micro-batch under ``policy`` (default: the layout's)."""
+    items = layer_items(model, layout, seq_len)
+    return sum(checkpointed_items(items, layout.ckpt if policy is None else policy).values())
+
+
+def checkpointed_layer_count(model: ModelSpec, layout: Layout, layers_on_stage: int) -> int:
+    """How many of a stage's layers use the checkpoint policy (the rest keep everything)."""
+    if layout.ckpt == "none":
+        return 0
+    return min(layers_on_stage, layout.ckpt_layers) if layout.ckpt_layers else layers_on_stage

@@ -1,0 +1,245 @@
+"""Step time of a layout, itemized, and the throughput and MFU that follow. Seconds.
+
+One optimizer step = m micro-batches through the pipeline of the slowest stage, then the
+exposed data-parallel communication, the optimizer step and a fixed per-step overhead:
+
+  per micro-batch and stage: layers × (forward + backward kernels, ``plait.plan.kernels``)
+      + recomputation of checkpointed layers + tensor-parallel collectives (forward exposed,
+      backward partly hidden behind weight-gradient GEMMs) + context-parallel K/V exchange
+      beyond the attention it overlaps + pipeline send/recv + activation offload beyond the
+      compute it overlaps; the last stage adds the LM head and loss.
+  pipeline: m · t_slowest + bubble, bubble = (p-1)·t for GPipe and 1F1B (Narayanan et al.
+      2021), (p-1)·t/v for interleaved 1F1B, (p-1)·t/3 for zero-bubble (ZB-H1).
+  data parallel: gradient all-reduce (ZeRO 0), reduce-scatter + parameter all-gather (ZeRO 1/2),
+      or per-micro-batch parameter all-gathers and gradient reduce-scatters (ZeRO-3), each
+      hidden behind up to ``dp_overlap`` of the compute it can overlap; hybrid sharding adds an
+      all-reduce of the gradient shards across replicas.
+
+MFU = model FLOPs (causal attention counted explicitly) / (step time · GPUs · dense bf16 peak).
+HFU uses hardware FLOPs (with recomputation). Collectives follow ``plait.plan.comm``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from plait.plan import comm
+from plait.plan.activations import checkpointed_layer_count, layer_bytes
+from plait.plan.flops import hardware_flops_per_token
+from plait.plan.kernels import head_time, layer_times
+from plait.plan.memory import stage_params, zero_shard_degree
+from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.spec.hardware import ClusterSpec
+from plait.spec.layout import GroupPlacement, JobSpec, Layout, group_of
+from plait.spec.model import ModelSpec
+from plait.spec.validate import stage_layers
+
+BUBBLE_DIVISOR = {"gpipe": 1.0, "1f1b": 1.0, "zero-bubble": 3.0}
+
+
+def bubble_fraction(schedule: str, pp: int, micro_batches: int, vpp: int = 1) -> float:
+    """Pipeline bubble time over ideal time for balanced stages (Narayanan et al. 2021):
+    (p-1)/m for GPipe and 1F1B, (p-1)/(v·m) for interleaved 1F1B, a third of 1F1B's for ZB-H1."""
+    if pp <= 1:
+        return 0.0
+    divisor = vpp if schedule == "interleaved-1f1b" else BUBBLE_DIVISOR[schedule]
+    return (pp - 1) / (divisor * micro_batches)
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Seconds per optimizer step on the critical path, by item, and the rates that follow."""
+
+    compute: float  # GEMMs, attention and LM head of every micro-batch, slowest stage
+    elementwise: float  # norms, activations, residuals (HBM-bound)
+    recompute: float  # forward work repeated by activation checkpointing
+    tp_comm: float  # exposed tensor/sequence-parallel collectives
+    cp_comm: float  # exposed context-parallel K/V exchange
+    pp_comm: float  # pipeline send/recv
+    bubble: float  # pipeline fill and drain
+    dp_comm: float  # exposed data-parallel / ZeRO communication
+    offload: float  # exposed activation/optimizer traffic over the host link
+    optimizer: float  # optimizer step
+    overhead: float  # fixed per-step and per-micro-batch costs
+    step_time: float
+    tokens_per_step: int
+    n_gpus: int
+    model_flops_per_token: float
+    hardware_flops_per_token: float
+    peak_flops: float  # dense bf16 peak of one GPU, FLOP/s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_time
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.n_gpus
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops_per_token * self.tokens_per_s_per_gpu / self.peak_flops
+
+    @property
+    def hfu(self) -> float:
+        return self.hardware_flops_per_token * self.tokens_per_s_per_gpu / self.peak_flops
+
+    def items(self) -> dict[str, float]:
+        keys = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble",
+                "dp_comm", "offload", "optimizer", "overhead")
+        return {k: getattr(self, k) for k in keys}
+
+    @property
+    def bottleneck(self) -> str:
+        items = self.items()
+        return max(items, key=items.get)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(tokens_per_s_per_gpu=self.tokens_per_s_per_gpu, mfu=self.mfu, hfu=self.hfu,
+                   bottleneck=self.bottleneck)
+        return out
+
+
+def _exposed(comm_time: float, window: float, params: CostParams) -> float:
+    """Communication left on the critical path when it may hide behind ``window`` seconds."""
+    hidden_capacity = params.dp_overlap * window
+    return max(0.0, comm_time - hidden_capacity) + params.overlap_slowdown * min(comm_time, hidden_capacity)
+
+
+@lru_cache(maxsize=4096)
+def _groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
+    return {
+        "tp": group_of(layout, gpus_per_node, ("tp",)),
+        "cp": group_of(layout, gpus_per_node, ("cp",)),
+        "pp": group_of(layout, gpus_per_node, ("pp",)),
+        "dp_cp": group_of(layout, gpus_per_node, ("cp", "dp")),
+        "shard": group_of(layout, gpus_per_node, ("cp", "dp"), inner_dp=layout.shard_degree),
+        "replicate": group_of(layout, gpus_per_node, ("dp",), dp_step=layout.shard_degree),
+    }
+
+
+def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
+                  params: CostParams = DEFAULT_PARAMS) -> StepBreakdown:
+    """Predicted time of one optimizer step of ``job`` under ``layout`` (assumed valid)."""
+    gpu, lay = cluster.gpu, layout
+    m = lay.micro_batches(job.global_batch)
+    tokens = job.seq_len / lay.cp * lay.mbs  # tokens of one micro-batch on one rank
+    times = layer_times(model, gpu, params, tokens, job.seq_len, lay.tp, lay.cp,
+                        lay.sequence_parallel, lay.attn, lay.precision)
+    groups = _groups(lay, cluster.gpus_per_node)
+    layers = stage_layers(model, lay) * lay.vpp  # layers on the most loaded GPU
+    n_ckpt = checkpointed_layer_count(model, lay, layers)
+
+    # ---- tensor parallel, per layer
+    act_bytes = 2.0 * tokens * model.hidden
+    if lay.tp > 1:
+        if lay.sequence_parallel:
+            one_way = 2 * comm.all_gather(cluster, groups["tp"], act_bytes) + 2 * comm.reduce_scatter(cluster, groups["tp"], act_bytes)
+        else:
+            one_way = 2 * comm.all_reduce(cluster, groups["tp"], act_bytes)
+        tp_layer = one_way + one_way * (1 - params.tp_comm_overlap)
+    else:
+        one_way = tp_layer = 0.0
+    # ---- context parallel, per layer: ring exchange of K and V (and dK, dV) beyond attention
+    cp_layer = 0.0
+    if lay.cp > 1:
+        kv_bytes = 2.0 * tokens * 2 * model.kv_hidden / lay.tp
+        step = comm.send_recv(cluster, groups["cp"].spans_nodes, kv_bytes)
+        cp_layer = max(0.0, (lay.cp - 1) * step - times.attn_fwd) + max(0.0, 2 * (lay.cp - 1) * step - times.attn_bwd)
+    # ---- recomputation, per checkpointed layer
+    if lay.ckpt == "full":
+        recompute_layer = times.fwd + one_way
+    elif lay.ckpt == "selective":
+        recompute_layer = times.attn_fwd
+    elif lay.ckpt == "balanced":
+        recompute_layer = times.elementwise_fwd + times.attn_softmax_gemm_fwd
+    else:
+        recompute_layer = 0.0
+    # ---- activation offload, per micro-batch: out during forward, back during backward
+    offload_mb = 0.0
+    if lay.offload > 0:
+        bandwidth = cluster.host_link_bandwidth
+        if lay.offload_target == "disk":
+            bandwidth = min(bandwidth, params.disk_bandwidth)
+        moved = lay.offload * layers * layer_bytes(model, lay, job.seq_len)
+        offload_mb = max(0.0, moved / bandwidth - layers * times.fwd) + max(0.0, moved / bandwidth - layers * times.bwd)
+    # ---- pipeline send/recv per micro-batch (forward activations, backward gradients)
+    pp_mb = 0.0
+    if lay.pp > 1:
+        sent = act_bytes / (lay.tp if lay.tp > 1 else 1)  # scatter/gather or SP-sharded
+        crosses = groups["pp"].spans_nodes
+        pp_mb = 2 * lay.vpp * comm.send_recv(cluster, crosses, sent)
+
+    kernels_mb = layers * (times.gemm_fwd * 3 + times.attn_fwd + times.attn_bwd)
+    elementwise_mb = layers * 3 * times.elementwise_fwd
+    head_mb = head_time(model, gpu, params, tokens, lay.tp, lay.precision)
+    recompute_mb = n_ckpt * recompute_layer
+    tp_mb, cp_mb = layers * tp_layer, layers * cp_layer
+    overhead_mb = params.microbatch_overhead_s * lay.vpp
+    body_mb = kernels_mb + elementwise_mb + recompute_mb + tp_mb + cp_mb + offload_mb + pp_mb + overhead_mb
+    slowest_mb = body_mb + head_mb  # the last stage (or the only one) carries the head
+    average_mb = body_mb + head_mb / lay.pp
+
+    # ---- pipeline
+    scale = m  # every per-micro-batch item happens m times on the slowest stage
+    bubble = 0.0
+    if lay.pp > 1:
+        bubble = bubble_fraction(lay.schedule, lay.pp, m, lay.vpp) * m * average_mb
+
+    # ---- data parallel
+    local = max(stage_params(model, lay).values())
+    grad_bytes = local * params.grad_reduce_bytes
+    bwd_window = layers * times.bwd + recompute_mb
+    fwd_window = layers * times.fwd
+    dp_comm = 0.0
+    d = zero_shard_degree(lay)
+    if lay.dp * lay.cp > 1:
+        if lay.zero == 0:
+            dp_comm = _exposed(comm.all_reduce(cluster, groups["dp_cp"], grad_bytes), bwd_window, params)
+        elif lay.zero in (1, 2):
+            shard = groups["shard"]
+            dp_comm = _exposed(comm.reduce_scatter(cluster, shard, grad_bytes), bwd_window, params)
+            dp_comm += _exposed(comm.all_gather(cluster, shard, 2.0 * local), fwd_window, params)
+        else:
+            shard = groups["shard"]
+            gather = comm.all_gather(cluster, shard, 2.0 * local)
+            scatter = comm.reduce_scatter(cluster, shard, grad_bytes)
+            per_mb = _exposed(gather, fwd_window, params) + gather / max(1, layers)
+            back = (gather if lay.reshard else 0.0) + scatter
+            per_mb += _exposed(back, bwd_window, params)
+            dp_comm = per_mb * m
+        if lay.hsdp > 1:
+            dp_comm += comm.all_reduce(cluster, groups["replicate"], grad_bytes / max(1, d // lay.cp))
+
+    # ---- optimizer
+    opt_params = local / d if lay.zero >= 1 else local
+    optimizer = opt_params * params.optimizer_bytes_per_param / (gpu.hbm_bandwidth * gpu.memory_efficiency)
+    offload_step = 0.0
+    if lay.opt_offload:
+        optimizer = opt_params / params.cpu_adam_params_per_s
+        offload_step = opt_params * (params.grad_reduce_bytes + 2.0) / cluster.host_link_bandwidth
+
+    compute = scale * (kernels_mb + head_mb)
+    step = (scale * slowest_mb + bubble + dp_comm + optimizer + offload_step + params.step_overhead_s)
+    model_flops = model.model_flops_per_token(job.seq_len)
+    return StepBreakdown(
+        compute=compute,
+        elementwise=scale * elementwise_mb,
+        recompute=scale * recompute_mb,
+        tp_comm=scale * tp_mb,
+        cp_comm=scale * cp_mb,
+        pp_comm=scale * pp_mb,
+        bubble=bubble,
+        dp_comm=dp_comm,
+        offload=scale * offload_mb + offload_step,
+        optimizer=optimizer,
+        overhead=params.step_overhead_s + scale * overhead_mb,
+        step_time=step,
+        tokens_per_step=job.tokens_per_step,
+        n_gpus=lay.world_size,
+        model_flops_per_token=model_flops,
+        hardware_flops_per_token=hardware_flops_per_token(model, lay, job.seq_len),
+        peak_flops=gpu.bf16_flops,
+    )

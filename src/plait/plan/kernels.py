@@ -1,0 +1,103 @@
+"""Time of one layer's kernels on one GPU: GEMMs, attention, element-wise work. Seconds.
+
+GEMM efficiency curve (documented, replaceable by a calibration file): a GEMM of F FLOPs runs at
+    peak · e_max · F / (F + F_half)
+where e_max is ``GpuSpec.gemm_efficiency`` (large, well-shaped GEMMs) and F_half is
+``CostParams.gemm_half_flops`` (small GEMMs under-fill the GPU), and never faster than its
+operands can be streamed from HBM (roofline), plus a fixed launch overhead per kernel.
+FlashAttention uses ``GpuSpec.attention_efficiency`` on the same curve; its backward takes
+``CostParams.flash_backward_factor`` times the forward. Element-wise kernels are bound by HBM
+bandwidth at ``GpuSpec.memory_efficiency``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from plait.plan.params import CostParams
+from plait.spec.hardware import GpuSpec
+from plait.spec.model import ModelSpec
+
+BF16 = 2
+
+
+def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, precision: str = "bf16") -> float:
+    """Time of an (m×k)·(k×n) GEMM, seconds."""
+    flops = 2.0 * m * k * n
+    if precision == "fp8":
+        peak = gpu.fp8_flops * params.fp8_gemm_efficiency
+        operand_bytes = 1.0
+    else:
+        peak = gpu.bf16_flops * gpu.gemm_efficiency
+        operand_bytes = BF16
+    compute = flops / peak * (flops + params.gemm_half_flops) / flops
+    memory = operand_bytes * (m * k + k * n + m * n) / (gpu.hbm_bandwidth * gpu.memory_efficiency)
+    return max(compute, memory) + gpu.kernel_overhead
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Kernel times of one transformer layer for one micro-batch on one GPU, seconds."""
+
+    gemm_fwd: float
+    attn_fwd: float
+    attn_bwd: float
+    elementwise_fwd: float
+    attn_softmax_gemm_fwd: float  # the Q·Kᵀ GEMM alone (re-run by balanced ckpt with eager attention)
+
+    @property
+    def fwd(self) -> float:
+        return self.gemm_fwd + self.attn_fwd + self.elementwise_fwd
+
+    @property
+    def bwd(self) -> float:
+        return 2 * self.gemm_fwd + self.attn_bwd + 2 * self.elementwise_fwd
+
+
+@lru_cache(maxsize=65536)
+def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, seq_len: int,
+                tp: int, cp: int, sequence_parallel: bool, attn: str, precision: str) -> LayerTimes:
+    """Times for ``tokens`` = (seq_len / cp) · micro-batch tokens on this rank."""
+    h, f, t = model.hidden, model.ffn_hidden, tp
+    kv = model.kv_hidden
+    gemm = gemm_time(gpu, params, tokens, h, (h + 2 * kv) / t, precision)
+    gemm += gemm_time(gpu, params, tokens, h / t, h, precision)
+    if model.arch == "llama":
+        gemm += gemm_time(gpu, params, tokens, h, 2 * f / t, precision)
+    else:
+        gemm += gemm_time(gpu, params, tokens, h, f / t, precision)
+    gemm += gemm_time(gpu, params, tokens, f / t, h, precision)
+
+    batch = tokens / (seq_len / cp)  # sequences in the micro-batch
+    heads = model.n_heads / t
+    s_q = seq_len / cp
+    if attn == "flash":
+        # causal: each rank's (load-balanced) queries see on average half of the keys
+        flops = 4.0 * batch * heads * model.head_dim * s_q * seq_len * (seq_len + 1) / (2.0 * seq_len)
+        peak = gpu.bf16_flops * gpu.attention_efficiency
+        attn_fwd = flops / peak * (flops + params.gemm_half_flops) / flops + gpu.kernel_overhead
+        attn_bwd = params.flash_backward_factor * attn_fwd
+        scores_gemm = 0.0
+    else:
+        # eager: the full s×s square is computed and masked; softmax (+ dropout) in HBM
+        one = gemm_time(gpu, params, batch * heads * s_q, model.head_dim, seq_len)
+        elements = batch * heads * s_q * seq_len
+        softmax_bytes = elements * (6.0 + (5.0 if model.dropout else 0.0))
+        softmax = softmax_bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency)
+        attn_fwd = 2 * one + softmax
+        attn_bwd = 4 * one + 2 * softmax
+        scores_gemm = one
+    rep = t if sequence_parallel else 1
+    passes = params.elementwise_passes
+    elementwise_bytes = BF16 * tokens * h * (passes / 2 / rep + passes / 2 / t)
+    elementwise = elementwise_bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency) + 8 * gpu.kernel_overhead
+    return LayerTimes(gemm, attn_fwd, attn_bwd, elementwise, scores_gemm)
+
+
+@lru_cache(maxsize=16384)
+def head_time(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, tp: int, precision: str) -> float:
+    """LM head forward + backward and the cross-entropy for one micro-batch, seconds."""
+    fwd = gemm_time(gpu, params, tokens, model.hidden, model.vocab / tp, precision)
+    loss_bytes = tokens * model.vocab / tp * params.logits_bytes_per_element * 2
+    return 3 * fwd + loss_bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency)

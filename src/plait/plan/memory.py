@@ -1,0 +1,184 @@
+"""Peak memory per GPU of the most loaded rank, itemized. All values in bytes.
+
+Model states (mixed-precision Adam, ZeRO accounting: 2 + 2 + 12 bytes per parameter):
+  weights bf16 (2 B), gradients (2 B), optimizer: fp32 master weights, Adam m and v (12 B).
+  ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights over
+  the shard group: dp·cp ranks, or dp/hsdp·cp with hybrid sharding. ZeRO-3 adds the gathered
+  bf16 weights of two layers (the one computing and the one prefetched) and one layer's
+  unsharded gradients before the reduce-scatter. Optimizer offload moves the 12 B to the host.
+  Tensor parallel shards the GEMM weights and the vocabulary by tp; norms stay replicated.
+
+Activations (``plait.plan.activations``): bytes per layer and micro-batch × layers on the GPU ×
+micro-batches in flight on the first stage: 1 without pipelining, all m for GPipe, min(p, m)
+for 1F1B and zero-bubble (ZB-H1 keeps 1F1B's memory), and for interleaved 1F1B the penalty
+factor (1 + (p-1)/(p·v)) of Korthikanti et al. 2022. Full checkpointing adds one layer's full
+activations, live while it is recomputed. The first stage adds the embedding output, the last
+stage the logits (bf16 logits, their fp32 log-softmax and its gradient, one micro-batch).
+Offloaded layers keep only a double buffer of two layers on the GPU.
+
+Fixed: CUDA context and library workspaces, NCCL and bucket buffers (``CostParams``), and an
+allocator-fragmentation reserve over the dynamic memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from plait.plan.activations import (
+    BF16,
+    checkpointed_items,
+    checkpointed_layer_count,
+    layer_items,
+)
+from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.spec.hardware import ClusterSpec
+from plait.spec.layout import JobSpec, Layout
+from plait.spec.model import ModelSpec
+from plait.spec.validate import stage_layers
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak bytes on the most loaded GPU, by item; ``stage`` says which pipeline stage it is."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    embedding_activations: float
+    logits: float
+    zero3_buffers: float
+    comm_buffers: float
+    cuda_context: float
+    fragmentation: float
+    capacity: float
+    stage: str
+    host_bytes: float = 0.0  # optimizer states and activations kept in host memory
+
+    @property
+    def model_states(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return (self.model_states + self.activations + self.embedding_activations + self.logits
+                + self.zero3_buffers + self.comm_buffers + self.cuda_context + self.fragmentation)
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    @property
+    def headroom(self) -> float:
+        return self.capacity - self.total
+
+    def items(self) -> dict[str, float]:
+        out = asdict(self)
+        for key in ("capacity", "stage", "host_bytes"):
+            out.pop(key)
+        return out
+
+
+def zero_shard_degree(layout: Layout) -> int:
+    """Ranks over which ZeRO shards model states (cp ranks hold identical weights)."""
+    return layout.shard_degree * layout.cp
+
+
+def stage_params(model: ModelSpec, layout: Layout) -> dict[str, float]:
+    """Parameters held by one GPU on the first and on the last pipeline stage (after TP)."""
+    t = layout.tp
+    layers = stage_layers(model, layout) * layout.vpp
+    # GEMM weights are sharded by tp; norms and biases are counted whole (they are < 0.1%)
+    layer_local = model.layer_matmul_params() / t + (model.layer_params() - model.layer_matmul_params())
+    token_embedding = model.vocab * model.hidden / t
+    positions = model.max_seq_len * model.hidden if model.arch == "gpt" else 0
+    head = model.vocab * model.hidden / t
+    first = layers * layer_local + token_embedding + positions
+    last = layers * layer_local + model.final_norm_params() + head
+    if layout.pp == 1:
+        both = layers * layer_local + token_embedding + positions + model.final_norm_params()
+        both += 0 if model.tied_embeddings else head
+        return {"first": both, "last": both}
+    return {"first": first, "last": last}
+
+
+def _model_states(params: float, model: ModelSpec, layout: Layout) -> tuple[float, float, float, float, float]:
+    """(weights, gradients, optimizer, zero-3 buffers, host bytes) for ``params`` local parameters."""
+    d = zero_shard_degree(layout)
+    weights, grads, optim = 2.0 * params, 2.0 * params, 12.0 * params
+    buffers = 0.0
+    if layout.zero >= 1:
+        optim /= d
+    if layout.zero >= 2:
+        grads /= d
+    if layout.zero >= 3:
+        weights /= d
+        layer = model.layer_params() / layout.tp
+        buffers = 2 * 2.0 * layer + 2.0 * layer  # two gathered layers + one unsharded grad
+    host = 0.0
+    if layout.opt_offload:
+        host, optim = optim, 0.0
+    return weights, grads, optim, buffers, host
+
+
+def in_flight_microbatches(layout: Layout, micro_batches: int) -> float:
+    """Micro-batches whose activations the first stage holds at its peak (see module doc)."""
+    p, m = layout.pp, micro_batches
+    if p == 1:
+        return 1.0
+    if layout.schedule == "gpipe":
+        return float(m)
+    in_flight = float(min(p, m))
+    if layout.schedule == "interleaved-1f1b":
+        in_flight *= 1 + (p - 1) / (p * layout.vpp)
+    return in_flight
+
+
+def activation_bytes(model: ModelSpec, layout: Layout, job: JobSpec, in_flight: float) -> tuple[float, float]:
+    """(activations on GPU at the peak with ``in_flight`` micro-batches, bytes offloaded)."""
+    items = layer_items(model, layout, job.seq_len)
+    full = sum(items.values())
+    kept = sum(checkpointed_items(items, layout.ckpt).values())
+    per_stage_layers = stage_layers(model, layout) * layout.vpp
+    n_ckpt = checkpointed_layer_count(model, layout, per_stage_layers)
+    per_mb = n_ckpt * kept + (per_stage_layers - n_ckpt) * full
+    total = per_mb * in_flight
+    offloaded = 0.0
+    if layout.offload > 0:
+        offloaded = total * layout.offload
+        double_buffer = min(offloaded, 2 * per_mb / per_stage_layers)
+        total = total - offloaded + double_buffer
+    if layout.ckpt == "full" and n_ckpt:
+        total += full - kept  # one layer re-materialized during its backward
+    return total, offloaded
+
+
+def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
+                    params: CostParams = DEFAULT_PARAMS) -> MemoryBreakdown:
+    """Peak memory of the most loaded GPU (the larger of the first and last stages)."""
+    s_local = job.seq_len / layout.cp
+    sb = s_local * layout.mbs
+    rep = layout.tp if layout.sequence_parallel else 1
+    in_flight = in_flight_microbatches(layout, layout.micro_batches(job.global_batch))
+    embed_per_mb = BF16 * sb * model.hidden / rep * (1.5 if model.dropout else 1.0)
+    logits = params.logits_bytes_per_element * sb * model.vocab / layout.tp
+    candidates = []
+    local = stage_params(model, layout)
+    for stage in ("first", "last"):
+        weights, grads, optim, buffers, host = _model_states(local[stage], model, layout)
+        is_first = stage == "first" or layout.pp == 1
+        is_last = stage == "last" or layout.pp == 1
+        # the last stage of 1F1B-type schedules holds one micro-batch; GPipe's holds them all
+        stage_in_flight = in_flight if is_first or layout.schedule == "gpipe" else 1.0
+        stage_acts, offloaded = activation_bytes(model, layout, job, stage_in_flight)
+        embed_acts = stage_in_flight * embed_per_mb if is_first else 0.0
+        dynamic = stage_acts + embed_acts + (logits if is_last else 0.0) + buffers
+        candidates.append(MemoryBreakdown(
+            weights=weights, gradients=grads, optimizer=optim, activations=stage_acts,
+            embedding_activations=embed_acts,
+            logits=logits if is_last else 0.0, zero3_buffers=buffers,
+            comm_buffers=params.comm_buffer_bytes, cuda_context=params.cuda_context_bytes,
+            fragmentation=params.fragmentation * dynamic, capacity=cluster.gpu.hbm_bytes,
+            stage="only" if layout.pp == 1 else stage, host_bytes=host + offloaded,
+        ))
+    return max(candidates, key=lambda m: m.total)

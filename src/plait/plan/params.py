@@ -1,0 +1,100 @@
+"""The cost model's few physical parameters, with their defaults and where they come from.
+
+One set of defaults serves every model, GPU and layout (no per-run tuning). A calibration file
+(``plait profile`` / ``plait calibrate fit``) may replace any of them; per-GPU efficiencies live
+in ``GpuSpec`` and can be overridden the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from plait.errors import PlaitError
+from plait.spec.hardware import GIB, MIB_BYTES
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Attributes (units in the names):
+
+    gemm_half_flops: a GEMM of this many FLOPs reaches half of the large-GEMM efficiency
+        (small GEMMs under-fill the SMs: efficiency = e_max · F / (F + gemm_half_flops)).
+    flash_backward_factor: FlashAttention backward time over forward time (the backward
+        re-computes the scores: 5 matmuls against 2, plus atomics) = 2.5.
+    elementwise_passes: bytes moved by the element-wise kernels of one layer's forward, in
+        units of s·b·h·2 bytes (norms, residual adds, activation function, RoPE / bias, dropout,
+        dtype casts, layout copies for attention); the backward moves twice as much. PyTorch
+        eager with an fp32 RMSNorm and complex RoPE moves ~80, fully fused kernels ~20; 45 is a
+        partly fused implementation (fitted on the published runs).
+    tp_comm_overlap: fraction of the backward tensor-parallel communication hidden behind the
+        weight-gradient GEMMs (Megatron's async all-reduce / torch's async TP).
+    dp_overlap: fraction of the backward (or forward, for ZeRO-3 gathers) compute time during
+        which data-parallel communication can run hidden.
+    overlap_slowdown: compute slowdown while a collective shares the SMs and HBM with it.
+    grad_reduce_bytes: bytes per gradient element in data-parallel reductions (fp32).
+    optimizer_bytes_per_param: HBM traffic of the fused Adam step per local parameter.
+    cpu_adam_params_per_s: host Adam throughput per GPU's share of the host (optimizer offload).
+    disk_bandwidth: activation offload to local NVMe, bytes/s per GPU.
+    step_overhead_s: fixed per-step cost (data loader, logging, launch gaps).
+    microbatch_overhead_s: fixed cost per micro-batch per pipeline stage (python, launch gaps).
+    cuda_context_bytes: CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers per GPU.
+    fragmentation: caching-allocator reserve over the dynamic (activation) memory, as a fraction.
+    logits_bytes_per_element: bf16 logits + fp32 log-softmax + fp32 gradient at the loss.
+    fp8_gemm_efficiency: fraction of the fp8 peak that fp8 GEMMs reach (scaling overheads).
+    """
+
+    gemm_half_flops: float = 2.0e9
+    flash_backward_factor: float = 2.5
+    elementwise_passes: float = 45.0
+    tp_comm_overlap: float = 0.5
+    dp_overlap: float = 0.8
+    overlap_slowdown: float = 0.05
+    grad_reduce_bytes: float = 4.0
+    optimizer_bytes_per_param: float = 30.0
+    cpu_adam_params_per_s: float = 1.0e9
+    disk_bandwidth: float = 3.0e9
+    step_overhead_s: float = 0.02
+    microbatch_overhead_s: float = 2.0e-3
+    cuda_context_bytes: float = 1.0 * GIB
+    comm_buffer_bytes: float = 256 * MIB_BYTES
+    fragmentation: float = 0.08
+    logits_bytes_per_element: float = 10.0
+    fp8_gemm_efficiency: float = 0.50
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostParams":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PlaitError(f"unknown cost parameters {unknown}; known: {sorted(known)}")
+        return cls(**{k: float(v) for k, v in data.items()})
+
+
+DEFAULT_PARAMS = CostParams()
+
+
+def load_calibration(path: str | Path):
+    """Read a calibration JSON: {"gpu": name, "params": {...}, "gpu_overrides": {...}}.
+
+    Returns (CostParams, dict of GpuSpec field overrides, gpu name or None).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PlaitError(f"calibration file {path} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlaitError(f"{path}: not a valid calibration JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise PlaitError(f"{path}: a calibration file holds a JSON object")
+    params = CostParams.from_dict(data.get("params", {}))
+    overrides = data.get("gpu_overrides", {})
+    if not isinstance(overrides, dict):
+        raise PlaitError(f"{path}: gpu_overrides must be an object")
+    return params, overrides, data.get("gpu")

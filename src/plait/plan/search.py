@@ -1,0 +1,197 @@
+"""Enumerate every valid layout for N GPUs, drop what does not fit, rank by predicted throughput.
+
+Dimensions searched: tp (divisors of the head counts and ffn, inside a node unless fixed),
+cp (when each rank keeps >= 4096 tokens), pp (with even or uneven stage splits), dp (the rest;
+must divide the global batch), micro-batch size, ZeRO stage 0-3 and hybrid sharding inside a
+node, checkpoint policy none/selective/balanced/full, schedules 1F1B, interleaved (2 and 4
+virtual stages) and zero-bubble. Offload (activations to host, then the optimizer) is tried only
+for layouts that do not fit otherwise. ``fixed`` pins any layout key (``--fix tp=8``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from plait.errors import PlaitError
+from plait.plan.cost import estimate_step
+from plait.plan.memory import estimate_memory
+from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.plan.plan import Plan
+from plait.spec.hardware import GIB, ClusterSpec
+from plait.spec.layout import JobSpec, Layout
+from plait.spec.model import ModelSpec
+from plait.spec.validate import errors_of, validate
+
+CKPT_ORDER = ("none", "selective", "balanced", "full")
+
+
+@dataclass(frozen=True)
+class SearchConstraints:
+    fixed: tuple[tuple[str, object], ...] = ()  # (key, value) pairs every layout must have
+    max_pp: int = 128
+    max_mbs: int = 16
+    schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "zero-bubble")
+    allow_offload: bool = True
+
+    def fixed_value(self, key: str):
+        return dict(self.fixed).get(key)
+
+
+@dataclass
+class SearchResult:
+    plans: list[Plan]  # fitting layouts, fastest first
+    evaluated: int  # layouts whose memory and time were predicted
+    rejected_oom: int
+    seconds: float
+    smallest: Plan | None  # the smallest-memory layout seen (for "nothing fits" messages)
+
+    @property
+    def layouts_per_second(self) -> float:
+        return self.evaluated / self.seconds if self.seconds > 0 else float("inf")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _options(constraints: SearchConstraints, key: str, default: list) -> list:
+    value = constraints.fixed_value(key)
+    return [value] if value is not None else default
+
+
+def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
+                      constraints: SearchConstraints = SearchConstraints()):
+    """Yield the layouts the search considers (before the memory check)."""
+    n = cluster.n_gpus
+    heads_gcd = _gcd(model.n_heads, model.n_kv_heads, model.ffn_hidden)
+    tps = _options(constraints, "tp", [t for t in _divisors(heads_gcd) if n % t == 0 and t <= cluster.gpus_per_node])
+    cps = _options(constraints, "cp", [c for c in _divisors(n) if c & (c - 1) == 0 and job.seq_len % (2 * c) == 0
+                                         and (c == 1 or job.seq_len // c >= 4096)])
+    zeros = _options(constraints, "zero", [0, 1, 2, 3])
+    ckpts = _options(constraints, "ckpt", list(CKPT_ORDER))
+    for tp in tps:
+        for cp in cps:
+            if n % (tp * cp):
+                continue
+            rest = n // (tp * cp)
+            pps = _options(constraints, "pp", [p for p in _divisors(rest) if p <= min(constraints.max_pp, model.n_layers)])
+            for pp in pps:
+                if rest % pp:
+                    continue
+                dp = rest // pp
+                if constraints.fixed_value("dp") not in (None, dp) or job.global_batch % dp:
+                    continue
+                per_rank = job.global_batch // dp
+                mbss = _options(constraints, "mbs", [m for m in _divisors(per_rank) if m <= constraints.max_mbs])
+                for mbs in mbss:
+                    if per_rank % mbs:
+                        continue
+                    micro = per_rank // mbs
+                    for schedule, vpp in _schedules(model, pp, micro, constraints):
+                        split = "even" if model.n_layers % (pp * vpp) == 0 else "uneven"
+                        for zero in zeros:
+                            if zero and dp * cp == 1:
+                                continue
+                            for hsdp in _hsdp_options(zero, dp, tp * cp, cluster.gpus_per_node, constraints):
+                                for ckpt in ckpts:
+                                    yield Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, zero=zero, hsdp=hsdp,
+                                                 ckpt=ckpt, schedule=schedule, split=split,
+                                                 precision=constraints.fixed_value("precision") or "bf16")
+
+
+def _gcd(*values: int) -> int:
+    from math import gcd
+
+    out = 0
+    for v in values:
+        out = gcd(out, v)
+    return out
+
+
+def _schedules(model: ModelSpec, pp: int, micro: int, constraints: SearchConstraints):
+    if pp == 1:
+        yield "1f1b", 1
+        return
+    fixed_vpp = constraints.fixed_value("vpp")
+    for schedule in _options(constraints, "schedule", list(constraints.schedules)):
+        if schedule == "interleaved-1f1b":
+            for vpp in ([fixed_vpp] if fixed_vpp else (2, 4)):
+                if vpp > 1 and pp * vpp <= model.n_layers and micro % pp == 0:
+                    yield schedule, vpp
+        elif not fixed_vpp or fixed_vpp == 1:
+            yield schedule, 1
+
+
+def _hsdp_options(zero: int, dp: int, model_parallel: int, gpus_per_node: int, constraints: SearchConstraints):
+    fixed = constraints.fixed_value("hsdp")
+    if fixed is not None:
+        yield fixed
+        return
+    yield 1
+    shard_in_node = max(1, gpus_per_node // model_parallel)
+    if zero >= 1 and dp > shard_in_node and dp % shard_in_node == 0:
+        yield dp // shard_in_node  # shard inside a node, replicate across nodes
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
+           constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS) -> SearchResult:
+    """All fitting layouts, fastest first (ties: less memory first)."""
+    start = time.perf_counter()
+    plans: list[Plan] = []
+    evaluated = rejected = 0
+    smallest = None
+    for layout in candidate_layouts(model, cluster, job, constraints):
+        memory = estimate_memory(model, cluster, job, layout, params)
+        evaluated += 1
+        if not memory.fits and constraints.allow_offload and layout.ckpt == "full":
+            layout, memory = _with_offload(model, cluster, job, layout, memory, params)
+        if smallest is None or memory.total < smallest[1].total:
+            smallest = (layout, memory)
+        if not memory.fits:
+            rejected += 1
+            continue
+        violations = validate(model, cluster, job, layout)
+        if errors_of(violations):
+            continue
+        step = estimate_step(model, cluster, job, layout, params)
+        plans.append(Plan(model, cluster, job, layout, memory, step, tuple(violations)))
+    plans.sort(key=lambda p: (-p.step.tokens_per_s_per_gpu, p.memory.total))
+    seconds = time.perf_counter() - start
+    smallest_plan = None
+    if smallest is not None:
+        layout, memory = smallest
+        smallest_plan = Plan(model, cluster, job, layout, memory, estimate_step(model, cluster, job, layout, params))
+    return SearchResult(plans, evaluated, rejected, seconds, smallest_plan)
+
+
+def _with_offload(model, cluster, job, layout, memory, params):
+    """Try activation offload, then optimizer offload, on a layout that does not fit."""
+    for changes in ({"offload": 1.0}, {"offload": 1.0, "opt_offload": True}):
+        candidate = replace(layout, **changes)
+        candidate_memory = estimate_memory(model, cluster, job, candidate, params)
+        if candidate_memory.fits:
+            return candidate, candidate_memory
+    return candidate, candidate_memory
+
+
+def nothing_fits_message(model: ModelSpec, cluster: ClusterSpec, result: SearchResult) -> str:
+    """Say by how much the best attempt misses and what would make the model fit."""
+    capacity = cluster.gpu.hbm_bytes
+    states = 16.0 * model.total_params()
+    needed_gpus = -(-int(states / (0.85 * capacity)) // cluster.gpus_per_node) * cluster.gpus_per_node
+    text = f"no layout of {model.name} fits on {cluster.n_gpus} x {cluster.gpu.name} ({capacity / GIB:.0f} GiB)"
+    if result.smallest is not None:
+        memory = result.smallest.memory
+        text += (f": the smallest, {result.smallest.layout}, needs {memory.total / GIB:.1f} GiB per GPU "
+                 f"({(memory.total - capacity) / GIB:.1f} GiB over)")
+    text += (f"; model states alone are {states / GIB:.0f} GiB (16 bytes/parameter), so use at least "
+             f"~{max(needed_gpus, cluster.gpus_per_node)} GPUs, a shorter sequence or smaller batch, "
+             "or allow more pp / offload")
+    return text
+
+
+def require_plans(model: ModelSpec, cluster: ClusterSpec, result: SearchResult) -> list[Plan]:
+    if not result.plans:
+        raise PlaitError(nothing_fits_message(model, cluster, result))
+    return result.plans

@@ -1,0 +1,238 @@
+"""GpuSpec and ClusterSpec: the hardware as plain data. Units: FLOP/s, bytes, bytes/s, seconds.
+
+Peaks are the vendors' *dense* figures (sparse peaks are twice these and are never used).
+Bandwidths are per GPU and per direction. ``gemm_efficiency`` and friends are the achievable
+fractions that the cost model starts from; a calibration file (``plait profile``) replaces them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from plait.errors import PlaitError
+
+GIB = 1024**3
+GB = 1e9
+MIB_BYTES = 1024**2
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One accelerator.
+
+    Attributes:
+        bf16_flops: dense bf16/fp16 tensor-core peak, FLOP/s (the MFU denominator).
+        fp8_flops: dense fp8 peak, FLOP/s (0 when the GPU has no fp8 tensor cores).
+        hbm_bytes: memory capacity visible to the framework, bytes.
+        hbm_bandwidth: memory bandwidth, bytes/s.
+        gemm_efficiency: fraction of the bf16 peak reached by large, well-shaped GEMMs.
+        attention_efficiency: fraction of the peak reached by the FlashAttention forward kernel.
+        memory_efficiency: fraction of ``hbm_bandwidth`` reached by element-wise kernels.
+        kernel_overhead: fixed cost per kernel launch and tail, seconds.
+    """
+
+    name: str
+    bf16_flops: float
+    fp8_flops: float
+    hbm_bytes: float
+    hbm_bandwidth: float
+    gemm_efficiency: float = 0.80
+    attention_efficiency: float = 0.60
+    memory_efficiency: float = 0.80
+    kernel_overhead: float = 6e-6
+
+    def peak_flops(self, precision: str = "bf16") -> float:
+        """Dense peak for the GEMMs of a run in ``precision`` (bf16/fp16 or fp8), FLOP/s."""
+        if precision == "fp8":
+            if self.fp8_flops <= 0:
+                raise PlaitError(f"{self.name} has no fp8 tensor cores; use precision=bf16")
+            return self.fp8_flops
+        return self.bf16_flops
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """N GPUs of one type, ``gpus_per_node`` per node.
+
+    Attributes:
+        intra_node_bandwidth: NVLink/NVSwitch (or Infinity Fabric) bandwidth per GPU per
+            direction, bytes/s.
+        inter_node_bandwidth: network bandwidth per GPU per direction (its NIC share), bytes/s.
+        intra_node_latency / inter_node_latency: per-hop latency of a collective step, seconds.
+        host_link_bandwidth: GPU <-> host (PCIe) bandwidth per GPU per direction, bytes/s.
+        link_efficiency: fraction of link bandwidth a large collective reaches (bus bandwidth).
+        n_gpus: GPUs in the job (``plait plan --gpus`` sets it).
+    """
+
+    name: str
+    gpu: GpuSpec
+    gpus_per_node: int
+    intra_node_bandwidth: float
+    inter_node_bandwidth: float
+    intra_node_latency: float = 5e-6
+    inter_node_latency: float = 12e-6
+    host_link_bandwidth: float = 25 * GB
+    link_efficiency: float = 0.80
+    n_gpus: int = 8
+
+    def with_gpus(self, n_gpus: int) -> "ClusterSpec":
+        return dataclasses.replace(self, n_gpus=int(n_gpus))
+
+    @property
+    def n_nodes(self) -> int:
+        return max(1, -(-self.n_gpus // self.gpus_per_node))
+
+    # --------------------------------------------------------- serialization
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ClusterSpec":
+        data = dict(data)
+        gpu = data.pop("gpu", None)
+        if isinstance(gpu, str):
+            gpu_spec = get_gpu(gpu)
+        elif isinstance(gpu, dict):
+            gpu_spec = _dataclass_from_dict(GpuSpec, gpu, "gpu")
+        else:
+            raise PlaitError("cluster spec needs a 'gpu': a preset name or an object of GPU fields")
+        return _dataclass_from_dict(cls, {**data, "gpu": gpu_spec}, "cluster")
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ClusterSpec":
+        return cls.from_dict(json.loads(text))
+
+
+def _dataclass_from_dict(cls, data: dict, what: str):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise PlaitError(f"unknown {what} fields {unknown}; expected some of {sorted(known)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise PlaitError(f"{what} spec is incomplete: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------ presets
+# Peaks and capacities from the vendors' data sheets (dense, no sparsity):
+#   A100 SXM: 312 TFLOP/s bf16, 40 GiB HBM2 1.555 TB/s or 80 GiB HBM2e 2.039 TB/s, NVLink3 600 GB/s.
+#   A800: A100 80 GB with NVLink cut to 400 GB/s.  H800: H100 SXM with NVLink cut to 400 GB/s.
+#   H100 SXM: 989 TFLOP/s bf16, 1979 fp8, 80 GiB HBM3 3.35 TB/s, NVLink4 900 GB/s.
+#   H100 96 GB HBM2e, 500 W (Meta Grand Teton): same chip, 2.4 TB/s, power-capped clocks.
+#   H200: H100 silicon with 141 GB HBM3e at 4.8 TB/s.
+#   B200 (HGX, 1000 W): 2250 TFLOP/s bf16, 4500 fp8, 180 GB HBM3e 8 TB/s, NVLink5 1.8 TB/s.
+#   MI250X, per GCD (what the framework sees as one device): 191.5 TFLOP/s bf16, 64 GiB at
+#   1.6 TB/s; GCDs of a node talk over Infinity Fabric (~100 GB/s per GCD per direction).
+# NVLink bandwidths quoted bidirectional are halved to per-direction.
+# Achievable fractions (gemm_efficiency, attention_efficiency) are sustained end-to-end values,
+# fitted once on the published-runs calibration set (shared/data) with one value per GPU
+# generation: A100 GEMMs 0.74 of peak (~230 TFLOP/s), H100 0.65 (~640 TFLOP/s, power-limited),
+# FlashAttention forward 0.35 (A100) and 0.22 (H100) of peak on causal FLOPs - the kernels of
+# 2021-2024 (Megatron softmax, Triton and FlashAttention-2). The 500 W H100 is derated by its
+# power cap (x0.85). Newer parts (H200, B200) and MI250X use the same reasoning, unvalidated:
+# run ``plait profile`` to replace them with measurements.
+_A100 = dict(gemm_efficiency=0.74, attention_efficiency=0.35)
+_H100 = dict(gemm_efficiency=0.65, attention_efficiency=0.22)
+_H100_500W = dict(gemm_efficiency=0.55, attention_efficiency=0.19)
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in [
+        GpuSpec("a100-40g", 312e12, 0.0, 40 * GIB, 1.555e12, **_A100),
+        GpuSpec("a100-80g", 312e12, 0.0, 80 * GIB, 2.039e12, **_A100),
+        GpuSpec("a800", 312e12, 0.0, 80 * GIB, 2.039e12, **_A100),
+        GpuSpec("h100-sxm", 989e12, 1979e12, 80 * GIB, 3.35e12, **_H100),
+        GpuSpec("h100-96g-500w", 989e12, 1979e12, 96 * GB, 2.4e12, **_H100_500W),
+        GpuSpec("h800", 989e12, 1979e12, 80 * GIB, 3.35e12, **_H100),
+        GpuSpec("h200", 989e12, 1979e12, 141 * GB, 4.8e12, **_H100),
+        GpuSpec("b200", 2250e12, 4500e12, 180 * GB, 8.0e12, gemm_efficiency=0.62, attention_efficiency=0.22),
+        GpuSpec("mi250x", 191.5e12, 0.0, 64 * GIB, 1.6e12, gemm_efficiency=0.55, attention_efficiency=0.25),
+    ]
+}
+
+CLUSTERS: dict[str, ClusterSpec] = {
+    c.name: c
+    for c in [
+        # DGX A100: 8 GPUs, NVSwitch, 8x HDR 200 Gb/s InfiniBand (25 GB/s per GPU), PCIe Gen4.
+        ClusterSpec("dgx-a100", GPUS["a100-80g"], 8, 300 * GB, 25 * GB, host_link_bandwidth=25 * GB),
+        ClusterSpec("dgx-a100-40g", GPUS["a100-40g"], 8, 300 * GB, 25 * GB, host_link_bandwidth=25 * GB),
+        ClusterSpec("hgx-a800", GPUS["a800"], 8, 200 * GB, 25 * GB, host_link_bandwidth=25 * GB),
+        # DGX H100: NVLink4 via NVSwitch, 8x NDR 400 Gb/s (50 GB/s per GPU), PCIe Gen5.
+        ClusterSpec("dgx-h100", GPUS["h100-sxm"], 8, 450 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        ClusterSpec("hgx-h800", GPUS["h800"], 8, 200 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        # Meta Grand Teton: 8x H100 96 GB HBM2e (500 W), 400 Gb/s RDMA per GPU.
+        ClusterSpec("grand-teton-h100", GPUS["h100-96g-500w"], 8, 450 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        ClusterSpec("dgx-h200", GPUS["h200"], 8, 450 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        # DGX B200: NVLink5 1.8 TB/s bidirectional, 8x 400 Gb/s.
+        ClusterSpec("dgx-b200", GPUS["b200"], 8, 900 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        # Frontier node: 4 MI250X = 8 GCDs, Slingshot 4x 25 GB/s per node (12.5 GB/s per GCD).
+        ClusterSpec("frontier", GPUS["mi250x"], 8, 50 * GB, 12.5 * GB, host_link_bandwidth=36 * GB),
+    ]
+}
+
+# The source's words for a GPU (as in the published-runs table) -> preset. Explicit, never guessed.
+GPU_ALIASES: dict[str, str] = {
+    "a100": "a100-80g",
+    "a100-80g": "a100-80g",
+    "a100-80gb": "a100-80g",
+    "a100-40g": "a100-40g",
+    "a100-40gb": "a100-40g",
+    "h100": "h100-sxm",
+    "h100-sxm": "h100-sxm",
+    "h100_80gb (as given)": "h100-sxm",
+    "h100-80gb": "h100-sxm",
+    "h100 (96gb hbm2e, 500w)": "h100-96g-500w",
+    "h100 (95gb hbm2e, lower-tdp sxm variant)": "h100-96g-500w",
+}
+
+# Cluster preset used for a GPU when only the GPU is known.
+DEFAULT_CLUSTER_FOR_GPU: dict[str, str] = {
+    "a100-40g": "dgx-a100-40g",
+    "a100-80g": "dgx-a100",
+    "a800": "hgx-a800",
+    "h100-sxm": "dgx-h100",
+    "h100-96g-500w": "grand-teton-h100",
+    "h800": "hgx-h800",
+    "h200": "dgx-h200",
+    "b200": "dgx-b200",
+    "mi250x": "frontier",
+}
+
+
+def get_gpu(name: str) -> GpuSpec:
+    key = GPU_ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key in GPUS:
+        return GPUS[key]
+    raise PlaitError(f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)}")
+
+
+def get_cluster(name: str, n_gpus: int | None = None) -> ClusterSpec:
+    """A cluster preset by name, or a JSON file of ClusterSpec fields (``gpu`` may be a preset name)."""
+    if name in CLUSTERS:
+        cluster = CLUSTERS[name]
+    elif name.endswith(".json") or Path(name).is_file():
+        path = Path(name)
+        if not path.is_file():
+            raise PlaitError(f"cluster file {path} does not exist")
+        try:
+            cluster = ClusterSpec.from_json(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise PlaitError(f"{path}: not a valid cluster JSON file ({exc})") from None
+    else:
+        raise PlaitError(f"unknown cluster {name!r}; known clusters: {', '.join(CLUSTERS)} (or a JSON file)")
+    return cluster.with_gpus(n_gpus) if n_gpus is not None else cluster
+
+
+def cluster_for_gpu(gpu_name: str, n_gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
+    """The default cluster of a GPU type (used by the published-runs validator)."""
+    gpu = get_gpu(gpu_name)
+    cluster = CLUSTERS[DEFAULT_CLUSTER_FOR_GPU[gpu.name]].with_gpus(n_gpus)
+    if gpus_per_node and gpus_per_node != cluster.gpus_per_node:
+        cluster = dataclasses.replace(cluster, gpus_per_node=int(gpus_per_node))
+    return cluster

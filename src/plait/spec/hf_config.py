@@ -1,0 +1,70 @@
+"""Read a Hugging Face ``config.json`` from local disk into a ModelSpec (no download, no torch)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from plait.errors import PlaitError
+from plait.spec.model import ModelSpec
+
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2")
+GPT_TYPES = ("gpt2", "gpt_bigcode")
+
+
+def _require(config: dict, *keys: str, source: Path):
+    for key in keys:
+        if key in config and config[key] is not None:
+            return config[key]
+    raise PlaitError(f"{source}: config.json has none of the keys {', '.join(keys)}")
+
+
+def model_from_hf_config(path: str | Path) -> ModelSpec:
+    """A directory holding ``config.json``, or the file itself."""
+    source = Path(path)
+    if source.is_dir():
+        source = source / "config.json"
+    if not source.is_file():
+        raise PlaitError(f"no Hugging Face config at {source} (expected a config.json file)")
+    try:
+        config = json.loads(source.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlaitError(f"{source}: not a readable JSON config ({exc})") from None
+    if not isinstance(config, dict):
+        raise PlaitError(f"{source}: config.json must hold a JSON object")
+    model_type = str(config.get("model_type", "")).lower()
+    name = config.get("_name_or_path") or source.parent.name or "hf-model"
+    if model_type in LLAMA_TYPES:
+        hidden = int(_require(config, "hidden_size", source=source))
+        heads = int(_require(config, "num_attention_heads", source=source))
+        return ModelSpec(
+            name=str(name),
+            arch="llama",
+            n_layers=int(_require(config, "num_hidden_layers", source=source)),
+            hidden=hidden,
+            ffn_hidden=int(_require(config, "intermediate_size", source=source)),
+            n_heads=heads,
+            n_kv_heads=int(config.get("num_key_value_heads") or heads),
+            vocab=int(_require(config, "vocab_size", source=source)),
+            max_seq_len=int(config.get("max_position_embeddings") or 2048),
+            tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        )
+    if model_type in GPT_TYPES:
+        hidden = int(_require(config, "n_embd", "hidden_size", source=source))
+        heads = int(_require(config, "n_head", "num_attention_heads", source=source))
+        return ModelSpec(
+            name=str(name),
+            arch="gpt",
+            n_layers=int(_require(config, "n_layer", "num_hidden_layers", source=source)),
+            hidden=hidden,
+            ffn_hidden=int(config.get("n_inner") or 4 * hidden),
+            n_heads=heads,
+            n_kv_heads=heads,
+            vocab=int(_require(config, "vocab_size", source=source)),
+            max_seq_len=int(config.get("n_positions") or config.get("n_ctx") or 1024),
+            tied_embeddings=bool(config.get("tie_word_embeddings", True)),
+        )
+    raise PlaitError(
+        f"{source}: model_type={model_type or '(missing)'!r} is not supported; "
+        f"supported: {', '.join(LLAMA_TYPES + GPT_TYPES)}"
+    )

@@ -1,0 +1,136 @@
+"""validate(model, cluster, job, layout): every rule a layout breaks, each with its numbers.
+
+Errors make a layout impossible; warnings flag a layout that runs but is likely slow.
+Each message names the rule and, where it can, what would work instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plait.errors import PlaitError
+from plait.spec.hardware import ClusterSpec
+from plait.spec.layout import JobSpec, Layout, placement
+from plait.spec.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str  # short rule id, e.g. "tp-divides-kv-heads"
+    message: str
+    severity: str = "error"  # "error" or "warning"
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.message}"
+
+
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    return [d for d in range(1, (limit or n) + 1) if n % d == 0]
+
+
+def _fmt(values: list[int], most: int = 8) -> str:
+    return ", ".join(str(v) for v in values[:most]) + (", ..." if len(values) > most else "")
+
+
+def stage_layers(model: ModelSpec, layout: Layout) -> int:
+    """Transformer layers in the most loaded virtual stage (ceiling for split=uneven)."""
+    chunks = layout.pp * layout.vpp
+    return -(-model.n_layers // chunks)
+
+
+def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout) -> list[Violation]:
+    """Return every violated rule (errors first, then warnings); an empty list means valid."""
+    out: list[Violation] = []
+
+    def error(rule: str, message: str) -> None:
+        out.append(Violation(rule, message, "error"))
+
+    def warn(rule: str, message: str) -> None:
+        out.append(Violation(rule, message, "warning"))
+
+    lay, n = layout, cluster.n_gpus
+    # ---- world size and nodes
+    if lay.world_size != n:
+        error("world-size", f"dp·tp·pp·cp = {lay.dp}·{lay.tp}·{lay.pp}·{lay.cp} = {lay.world_size} "
+              f"but the cluster has {n} GPUs")
+    if n > cluster.gpus_per_node and n % cluster.gpus_per_node:
+        error("whole-nodes", f"{n} GPUs is not a whole number of {cluster.gpus_per_node}-GPU nodes")
+    # ---- tensor parallel
+    if model.n_heads % lay.tp:
+        error("tp-divides-heads", f"tp={lay.tp} does not divide n_heads={model.n_heads}; "
+              f"tp that would: {_fmt(_divisors(model.n_heads))}")
+    if model.n_kv_heads % lay.tp:
+        error("tp-divides-kv-heads", f"tp={lay.tp} does not divide n_kv_heads={model.n_kv_heads}; "
+              f"tp that would: {_fmt(_divisors(model.n_kv_heads))}")
+    if model.ffn_hidden % lay.tp:
+        error("tp-divides-ffn", f"tp={lay.tp} does not divide ffn_hidden={model.ffn_hidden}")
+    # ---- pipeline
+    chunks = lay.pp * lay.vpp
+    if chunks > model.n_layers:
+        error("pp-layers", f"pp·vpp = {chunks} stages but the model has only n_layers={model.n_layers}")
+    elif model.n_layers % chunks and lay.split == "even":
+        what = f"pp={lay.pp}" if lay.vpp == 1 else f"pp·vpp = {lay.pp}·{lay.vpp} = {chunks}"
+        error("pp-divides-layers", f"{what} does not divide n_layers={model.n_layers}; "
+              f"pp that would: {_fmt([d for d in _divisors(model.n_layers) if d <= n])} "
+              "(or split=uneven)")
+    if lay.vpp > 1 and lay.schedule != "interleaved-1f1b":
+        error("vpp-schedule", f"vpp={lay.vpp} needs schedule=interleaved-1f1b, not {lay.schedule}")
+    if lay.schedule == "interleaved-1f1b" and lay.vpp == 1 and lay.pp > 1:
+        error("interleaved-vpp", "schedule=interleaved-1f1b needs vpp >= 2 virtual stages per GPU")
+    # ---- batch
+    per_step = lay.dp * lay.mbs
+    if job.global_batch % per_step:
+        error("batch-divides", f"global batch {job.global_batch} is not a multiple of dp·mbs = "
+              f"{lay.dp}·{lay.mbs} = {per_step}; mbs that would: "
+              f"{_fmt([m for m in _divisors(job.global_batch) if job.global_batch % (lay.dp * m) == 0]) or 'none (change dp)'}")
+    else:
+        micro = job.global_batch // per_step
+        if lay.schedule == "interleaved-1f1b" and lay.pp > 1 and micro % lay.pp:
+            error("interleaved-microbatches", f"interleaved-1f1b needs the {micro} micro-batches per step "
+                  f"to be a multiple of pp={lay.pp}")
+        if lay.pp > 1 and micro < lay.pp:
+            warn("pp-microbatches", f"only {micro} micro-batches for pp={lay.pp} stages: "
+                 f"the pipeline bubble is over {100 * (lay.pp - 1) / (micro + lay.pp - 1):.0f}% of the step")
+    # ---- context parallel
+    if lay.cp > 1 and job.seq_len % (2 * lay.cp):
+        error("cp-divides-seq", f"seq_len={job.seq_len} is not a multiple of 2·cp = {2 * lay.cp} "
+              "(load-balanced causal context parallel splits each sequence into 2·cp chunks)")
+    if model.arch == "gpt" and job.seq_len > model.max_seq_len:
+        error("seq-positions", f"seq_len={job.seq_len} exceeds the {model.max_seq_len} learned positions of {model.name}")
+    # ---- ZeRO / hybrid sharding
+    if lay.dp % lay.hsdp:
+        error("hsdp-divides-dp", f"hsdp={lay.hsdp} replicas do not divide dp={lay.dp}")
+    if lay.hsdp > 1 and lay.zero == 0:
+        error("hsdp-needs-zero", "hsdp>1 (hybrid sharding) needs zero >= 1")
+    # ---- checkpointing, offload, precision
+    per_stage = -(-model.n_layers // lay.pp)
+    if lay.ckpt_layers > per_stage:
+        error("ckpt-layers", f"ckpt on {lay.ckpt_layers} layers but a pipeline stage has only {per_stage}")
+    if lay.ckpt_layers and lay.ckpt == "none":
+        error("ckpt-layers-policy", "ckpt_layers is set but ckpt=none: give a policy, e.g. ckpt=full:4")
+    if lay.precision == "fp8" and cluster.gpu.fp8_flops <= 0:
+        error("fp8-hardware", f"precision=fp8 but {cluster.gpu.name} has no fp8 tensor cores")
+    # ---- placement warnings
+    groups = placement(lay, cluster.gpus_per_node)
+    if groups["tp"].spans_nodes:
+        warn("tp-inside-node", f"tp={lay.tp} spans {groups['tp'].nodes} nodes of {cluster.gpus_per_node}: "
+             "tensor parallel over the inter-node network")
+    if groups["cp"].spans_nodes and lay.cp > 1:
+        warn("cp-inside-node", f"cp={lay.cp} spans {groups['cp'].nodes} nodes: context-parallel "
+             "exchange over the inter-node network")
+    if lay.zero and lay.dp == 1:
+        warn("zero-without-dp", f"zero={lay.zero} with dp=1 shards nothing")
+    return sorted(out, key=lambda v: v.severity != "error")
+
+
+def errors_of(violations: list[Violation]) -> list[Violation]:
+    return [v for v in violations if v.severity == "error"]
+
+
+def check(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout) -> list[Violation]:
+    """Raise PlaitError listing every error; return the warnings."""
+    violations = validate(model, cluster, job, layout)
+    errs = errors_of(violations)
+    if errs:
+        raise PlaitError(f"layout {layout} is impossible: " + "; ".join(v.message for v in errs))
+    return violations
