@@ -73,6 +73,9 @@ def _cost_params(path: str | None, cluster=None):
         if gpu_name and gpu_name != cluster.gpu.name:
             print(f"plait: warning: calibration {path} is for {gpu_name}, the cluster has {cluster.gpu.name}",
                   file=sys.stderr)
+        bad = {k: v for k, v in overrides.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
+        if bad:
+            raise PlaitError(f"{path}: gpu_overrides must be numbers, got {bad}")
         try:
             cluster = dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, **overrides))
         except TypeError as exc:
@@ -112,7 +115,7 @@ def cmd_plan(args) -> int:
     job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
     params, cluster = _cost_params(args.calibration, cluster)
     console = _console()
-    if args.layout:
+    if args.layout is not None:
         plans = [evaluate(model, cluster, job, Layout.parse(args.layout), params)]
         title = f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name}: given layout"
         stats = ""
@@ -126,7 +129,7 @@ def cmd_plan(args) -> int:
         if args.schedule:
             Layout(schedule=args.schedule)  # validates the name
         result = search(model, cluster, job, constraints, params)
-        plans = require_plans(model, cluster, result)
+        plans = require_plans(model, cluster, job, result, constraints)
         title = (f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name} ({cluster.name}), global batch "
                  f"{job.global_batch} x {job.seq_len}: top {min(args.top, len(plans))} of {len(plans)} fitting layouts")
         stats = (f"searched {result.evaluated:,} layouts in {result.seconds:.2f} s "
@@ -140,7 +143,7 @@ def cmd_plan(args) -> int:
     console.print(report.plans_table(plans[: args.top], title))
     if stats:
         console.print(f"[dim]{stats}[/dim]")
-    if args.explain or args.layout:
+    if args.explain or args.layout is not None:
         explain_plan = best
         report.explain(console, explain_plan)
     if not best.fits:

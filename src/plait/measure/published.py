@@ -16,6 +16,7 @@ row's notes.
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,9 +85,10 @@ def _num(row: dict, key: str) -> float | None:
     if not text:
         return None
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         return None
+    return value if math.isfinite(value) else None
 
 
 def _int(row: dict, key: str) -> int | None:

@@ -26,7 +26,7 @@ def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, pr
     """Time of an (m×k)·(k×n) GEMM, seconds."""
     flops = 2.0 * m * k * n
     if precision == "fp8":
-        peak = gpu.fp8_flops * params.fp8_gemm_efficiency
+        peak = gpu.peak_flops("fp8") * params.fp8_gemm_efficiency
         operand_bytes = 1.0
     else:
         peak = gpu.bf16_flops * gpu.gemm_efficiency

@@ -11,8 +11,8 @@ Model states (mixed-precision Adam, ZeRO accounting: 2 + 2 + 12 bytes per parame
 Activations (``plait.plan.activations``): bytes per layer and micro-batch × layers on the GPU ×
 micro-batches in flight on the first stage: 1 without pipelining, all m for GPipe, min(p, m)
 for 1F1B and zero-bubble (ZB-H1 keeps 1F1B's memory), and for interleaved 1F1B the penalty
-factor (1 + (p-1)/(p·v)) of Korthikanti et al. 2022. Full checkpointing adds one layer's full
-activations, live while it is recomputed. The first stage adds the embedding output, the last
+factor (1 + (p-1)/(p·v)) of Korthikanti et al. 2022. Checkpointing adds the tensors that one
+layer dropped, live again while it is recomputed for its backward. The first stage adds the embedding output, the last
 stage the logits (bf16 logits, their fp32 log-softmax and its gradient, one micro-batch).
 Offloaded layers keep only a double buffer of two layers on the GPU.
 
@@ -148,8 +148,8 @@ def activation_bytes(model: ModelSpec, layout: Layout, job: JobSpec, in_flight: 
         offloaded = total * layout.offload
         double_buffer = min(offloaded, 2 * per_mb / per_stage_layers)
         total = total - offloaded + double_buffer
-    if layout.ckpt == "full" and n_ckpt:
-        total += full - kept  # one layer re-materialized during its backward
+    if n_ckpt:
+        total += full - kept  # the dropped tensors of one layer, re-materialized during its backward
     return total, offloaded
 
 

@@ -8,12 +8,12 @@ in ``GpuSpec`` and can be overridden the same way.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.spec.hardware import GIB, MIB_BYTES
+from plait.spec.serialize import dataclass_from_dict, read_json_file
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,11 @@ class CostParams:
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostParams":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise PlaitError(f"unknown cost parameters {unknown}; known: {sorted(known)}")
-        return cls(**{k: float(v) for k, v in data.items()})
+        try:
+            values = {k: float(v) for k, v in data.items()}
+        except (TypeError, ValueError, AttributeError):
+            raise PlaitError(f"cost parameters must be numbers: {data!r}") from None
+        return dataclass_from_dict(cls, values, "cost parameter")
 
 
 DEFAULT_PARAMS = CostParams()
@@ -84,15 +84,9 @@ def load_calibration(path: str | Path):
 
     Returns (CostParams, dict of GpuSpec field overrides, gpu name or None).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise PlaitError(f"calibration file {path} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlaitError(f"{path}: not a valid calibration JSON file ({exc})") from None
-    if not isinstance(data, dict):
-        raise PlaitError(f"{path}: a calibration file holds a JSON object")
+    data = read_json_file(path, "calibration file")
+    if not isinstance(data, dict) or not isinstance(data.get("params", {}), dict):
+        raise PlaitError(f"{path}: a calibration file holds a JSON object with a \"params\" object")
     params = CostParams.from_dict(data.get("params", {}))
     overrides = data.get("gpu_overrides", {})
     if not isinstance(overrides, dict):

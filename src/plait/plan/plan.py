@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.spec.serialize import read_json_file
 from plait.plan.cost import StepBreakdown, estimate_step
 from plait.plan.memory import MemoryBreakdown, estimate_memory
 from plait.plan.params import DEFAULT_PARAMS, CostParams
@@ -60,7 +61,10 @@ class Plan:
         }
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        try:
+            Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        except OSError as exc:
+            raise PlaitError(f"cannot write the plan to {path}: {exc}") from None
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
@@ -73,13 +77,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
 
 def load_plan(path: str | Path) -> dict:
     """Read a saved plan file (the dict form); checks the format tag."""
-    path = Path(path)
-    if not path.is_file():
-        raise PlaitError(f"plan file {path} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlaitError(f"{path}: not a plan JSON file ({exc})") from None
+    data = read_json_file(path, "plan file")
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         raise PlaitError(f"{path}: not a plait plan (expected format {PLAN_FORMAT!r})")
     return data

@@ -41,6 +41,7 @@ class SearchConstraints:
 @dataclass
 class SearchResult:
     plans: list[Plan]  # fitting layouts, fastest first
+    candidates: int  # layouts that pass the divisibility rules (before memory)
     evaluated: int  # layouts whose memory and time were predicted
     rejected_oom: int
     seconds: float
@@ -137,11 +138,20 @@ def _hsdp_options(zero: int, dp: int, model_parallel: int, gpus_per_node: int, c
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
            constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS) -> SearchResult:
     """All fitting layouts, fastest first (ties: less memory first)."""
+    check_cluster(model, cluster, job)
     start = time.perf_counter()
     plans: list[Plan] = []
     evaluated = rejected = 0
     smallest = None
+    first_errors = None
+    candidates = 0
     for layout in candidate_layouts(model, cluster, job, constraints):
+        candidates += 1
+        violations = validate(model, cluster, job, layout)
+        errors = errors_of(violations)
+        if errors:
+            first_errors = first_errors or errors
+            continue
         memory = estimate_memory(model, cluster, job, layout, params)
         evaluated += 1
         if not memory.fits and constraints.allow_offload and layout.ckpt == "full":
@@ -151,18 +161,18 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
         if not memory.fits:
             rejected += 1
             continue
-        violations = validate(model, cluster, job, layout)
-        if errors_of(violations):
-            continue
         step = estimate_step(model, cluster, job, layout, params)
         plans.append(Plan(model, cluster, job, layout, memory, step, tuple(violations)))
+    if evaluated == 0 and first_errors:
+        raise PlaitError(f"no valid layout of {model.name} on {cluster.n_gpus} GPUs: "
+                         + "; ".join(e.message for e in first_errors))
     plans.sort(key=lambda p: (-p.step.tokens_per_s_per_gpu, p.memory.total))
     seconds = time.perf_counter() - start
     smallest_plan = None
     if smallest is not None:
         layout, memory = smallest
         smallest_plan = Plan(model, cluster, job, layout, memory, estimate_step(model, cluster, job, layout, params))
-    return SearchResult(plans, evaluated, rejected, seconds, smallest_plan)
+    return SearchResult(plans, candidates, evaluated, rejected, seconds, smallest_plan)
 
 
 def _with_offload(model, cluster, job, layout, memory, params):
@@ -191,7 +201,26 @@ def nothing_fits_message(model: ModelSpec, cluster: ClusterSpec, result: SearchR
     return text
 
 
-def require_plans(model: ModelSpec, cluster: ClusterSpec, result: SearchResult) -> list[Plan]:
+def check_cluster(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> None:
+    """Rules on the GPU count and batch that no layout can repair."""
+    n, per_node = cluster.n_gpus, cluster.gpus_per_node
+    if n < 1:
+        raise PlaitError(f"--gpus {n}: need at least one GPU")
+    if n > per_node and n % per_node:
+        lower, upper = n // per_node * per_node, -(-n // per_node) * per_node
+        raise PlaitError(f"{n} GPUs is not a whole number of {per_node}-GPU nodes; use {lower} or {upper}")
+
+
+def require_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, result: SearchResult,
+                  constraints: SearchConstraints = SearchConstraints()) -> list[Plan]:
+    if result.candidates == 0:
+        fixed = ", ".join(f"{k}={v}" for k, v in constraints.fixed)
+        raise PlaitError(
+            f"no valid layout of {model.name} for {cluster.n_gpus} GPUs and global batch {job.global_batch}"
+            + (f" with {fixed}" if fixed else "")
+            + f": dp = GPUs/(tp·pp·cp) must divide the global batch, tp must divide n_heads={model.n_heads}, "
+            f"n_kv_heads={model.n_kv_heads} and ffn_hidden={model.ffn_hidden}, pp must be <= n_layers={model.n_layers}; "
+            "try a global batch that is a multiple of the GPU count")
     if not result.plans:
         raise PlaitError(nothing_fits_message(model, cluster, result))
     return result.plans

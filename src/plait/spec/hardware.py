@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.spec.serialize import dataclass_from_dict, read_json_file
 
 GIB = 1024**3
 GB = 1e9
@@ -96,10 +97,10 @@ class ClusterSpec:
         if isinstance(gpu, str):
             gpu_spec = get_gpu(gpu)
         elif isinstance(gpu, dict):
-            gpu_spec = _dataclass_from_dict(GpuSpec, gpu, "gpu")
+            gpu_spec = dataclass_from_dict(GpuSpec, gpu, "gpu")
         else:
             raise PlaitError("cluster spec needs a 'gpu': a preset name or an object of GPU fields")
-        return _dataclass_from_dict(cls, {**data, "gpu": gpu_spec}, "cluster")
+        return dataclass_from_dict(cls, {**data, "gpu": gpu_spec}, "cluster")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -107,17 +108,6 @@ class ClusterSpec:
     @classmethod
     def from_json(cls, text: str) -> "ClusterSpec":
         return cls.from_dict(json.loads(text))
-
-
-def _dataclass_from_dict(cls, data: dict, what: str):
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise PlaitError(f"unknown {what} fields {unknown}; expected some of {sorted(known)}")
-    try:
-        return cls(**data)
-    except TypeError as exc:
-        raise PlaitError(f"{what} spec is incomplete: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------ presets
@@ -217,13 +207,10 @@ def get_cluster(name: str, n_gpus: int | None = None) -> ClusterSpec:
     if name in CLUSTERS:
         cluster = CLUSTERS[name]
     elif name.endswith(".json") or Path(name).is_file():
-        path = Path(name)
-        if not path.is_file():
-            raise PlaitError(f"cluster file {path} does not exist")
-        try:
-            cluster = ClusterSpec.from_json(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise PlaitError(f"{path}: not a valid cluster JSON file ({exc})") from None
+        data = read_json_file(name, "cluster file")
+        if not isinstance(data, dict):
+            raise PlaitError(f"{name}: a cluster file holds a JSON object")
+        cluster = ClusterSpec.from_dict(data)
     else:
         raise PlaitError(f"unknown cluster {name!r}; known clusters: {', '.join(CLUSTERS)} (or a JSON file)")
     return cluster.with_gpus(n_gpus) if n_gpus is not None else cluster

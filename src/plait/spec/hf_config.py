@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.spec.serialize import read_json_file
 from plait.spec.model import ModelSpec
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2")
@@ -15,8 +15,14 @@ GPT_TYPES = ("gpt2", "gpt_bigcode")
 def _require(config: dict, *keys: str, source: Path):
     for key in keys:
         if key in config and config[key] is not None:
-            return config[key]
+            return _integer(config[key], key, source)
     raise PlaitError(f"{source}: config.json has none of the keys {', '.join(keys)}")
+
+
+def _integer(value, key: str, source: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise PlaitError(f"{source}: {key}={value!r} must be an integer")
+    return int(value)
 
 
 def model_from_hf_config(path: str | Path) -> ModelSpec:
@@ -24,12 +30,7 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     source = Path(path)
     if source.is_dir():
         source = source / "config.json"
-    if not source.is_file():
-        raise PlaitError(f"no Hugging Face config at {source} (expected a config.json file)")
-    try:
-        config = json.loads(source.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlaitError(f"{source}: not a readable JSON config ({exc})") from None
+    config = read_json_file(source, "Hugging Face config.json")
     if not isinstance(config, dict):
         raise PlaitError(f"{source}: config.json must hold a JSON object")
     model_type = str(config.get("model_type", "")).lower()
@@ -44,9 +45,9 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
             hidden=hidden,
             ffn_hidden=int(_require(config, "intermediate_size", source=source)),
             n_heads=heads,
-            n_kv_heads=int(config.get("num_key_value_heads") or heads),
+            n_kv_heads=_integer(config.get("num_key_value_heads") or heads, "num_key_value_heads", source),
             vocab=int(_require(config, "vocab_size", source=source)),
-            max_seq_len=int(config.get("max_position_embeddings") or 2048),
+            max_seq_len=_integer(config.get("max_position_embeddings") or 2048, "max_position_embeddings", source),
             tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         )
     if model_type in GPT_TYPES:
@@ -57,11 +58,11 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
             arch="gpt",
             n_layers=int(_require(config, "n_layer", "num_hidden_layers", source=source)),
             hidden=hidden,
-            ffn_hidden=int(config.get("n_inner") or 4 * hidden),
+            ffn_hidden=_integer(config.get("n_inner") or 4 * hidden, "n_inner", source),
             n_heads=heads,
             n_kv_heads=heads,
             vocab=int(_require(config, "vocab_size", source=source)),
-            max_seq_len=int(config.get("n_positions") or config.get("n_ctx") or 1024),
+            max_seq_len=_integer(config.get("n_positions") or config.get("n_ctx") or 1024, "n_positions", source),
             tied_embeddings=bool(config.get("tie_word_embeddings", True)),
         )
     raise PlaitError(

@@ -33,6 +33,7 @@ import json
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
+from plait.spec.serialize import dataclass_from_dict
 
 CKPT_POLICIES = ("none", "selective", "balanced", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
@@ -147,8 +148,8 @@ class Layout:
             parts.append(f"schedule={self.schedule}")
         if self.split != defaults.split:
             parts.append(f"split={self.split}")
-        if self.offload:
-            parts.append(f"offload={self.offload_target}:{self.offload:g}")
+        if self.offload or self.offload_target != defaults.offload_target:
+            parts.append(f"offload={self.offload_target}:{float(self.offload)!r}")
         if self.opt_offload:
             parts.append("opt_offload=1")
         if self.precision != defaults.precision:
@@ -173,6 +174,8 @@ class Layout:
             if key in values or (key == "ckpt" and "ckpt_layers" in values):
                 raise PlaitError(f"layout key {key!r} given twice")
             values.update(_parse_item(key, raw.lower()))
+        if not values:
+            raise PlaitError("empty layout: give key=value items, e.g. dp=8,tp=4,pp=2")
         if "schedule" not in values:
             values["schedule"] = _default_schedule(values.get("vpp", 1))
         return cls(**values)
@@ -183,11 +186,7 @@ class Layout:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Layout":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise PlaitError(f"unknown layout fields {unknown}; expected some of {sorted(known)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data, "layout")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.spec.serialize import dataclass_from_dict
 
 ARCHS = ("llama", "gpt")
 
@@ -131,14 +132,7 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelSpec":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise PlaitError(f"unknown model fields {unknown}; expected {sorted(known)}")
-        try:
-            return cls(**data)
-        except TypeError as exc:  # a required field is missing
-            raise PlaitError(f"model spec is incomplete: {exc}") from None
+        return dataclass_from_dict(cls, data, "model")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
