@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
