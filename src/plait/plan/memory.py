@@ -12,8 +12,9 @@ Activations (``plait.plan.activations``): bytes per layer and micro-batch × lay
 micro-batches in flight on the first stage: 1 without pipelining, all m for GPipe, min(p, m)
 for 1F1B and zero-bubble (ZB-H1 keeps 1F1B's memory), and for interleaved 1F1B the penalty
 factor (1 + (p-1)/(p·v)) of Korthikanti et al. 2022. Checkpointing adds the tensors that one
-layer dropped, live again while it is recomputed for its backward. The first stage adds the embedding output, the last
-stage the logits (bf16 logits, their fp32 log-softmax and its gradient, one micro-batch).
+layer dropped, live again while it is recomputed for its backward. The first stage adds the
+embedding output, the last stage the logits (bf16 logits, their fp32 log-softmax and its
+gradient, one micro-batch).
 Offloaded layers keep only a double buffer of two layers on the GPU.
 
 Fixed: CUDA context and library workspaces, NCCL and bucket buffers (``CostParams``), and an

@@ -41,11 +41,12 @@ class SearchConstraints:
 @dataclass
 class SearchResult:
     plans: list[Plan]  # fitting layouts, fastest first
-    candidates: int  # layouts that pass the divisibility rules (before memory)
-    evaluated: int  # layouts whose memory and time were predicted
+    candidates: int  # layouts the enumeration produced (before validation and memory)
+    evaluated: int  # valid layouts whose memory was predicted
     rejected_oom: int
     seconds: float
     smallest: Plan | None  # the smallest-memory layout seen (for "nothing fits" messages)
+    rule_errors: tuple = ()  # the broken rules of the first candidate, when none was valid
 
     @property
     def layouts_per_second(self) -> float:
@@ -138,7 +139,7 @@ def _hsdp_options(zero: int, dp: int, model_parallel: int, gpus_per_node: int, c
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
            constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS) -> SearchResult:
     """All fitting layouts, fastest first (ties: less memory first)."""
-    check_cluster(model, cluster, job)
+    check_cluster(cluster)
     start = time.perf_counter()
     plans: list[Plan] = []
     evaluated = rejected = 0
@@ -163,16 +164,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
             continue
         step = estimate_step(model, cluster, job, layout, params)
         plans.append(Plan(model, cluster, job, layout, memory, step, tuple(violations)))
-    if evaluated == 0 and first_errors:
-        raise PlaitError(f"no valid layout of {model.name} on {cluster.n_gpus} GPUs: "
-                         + "; ".join(e.message for e in first_errors))
     plans.sort(key=lambda p: (-p.step.tokens_per_s_per_gpu, p.memory.total))
     seconds = time.perf_counter() - start
     smallest_plan = None
     if smallest is not None:
         layout, memory = smallest
         smallest_plan = Plan(model, cluster, job, layout, memory, estimate_step(model, cluster, job, layout, params))
-    return SearchResult(plans, candidates, evaluated, rejected, seconds, smallest_plan)
+    return SearchResult(plans, candidates, evaluated, rejected, seconds, smallest_plan,
+                        tuple(first_errors or ()) if evaluated == 0 else ())
 
 
 def _with_offload(model, cluster, job, layout, memory, params):
@@ -201,8 +200,8 @@ def nothing_fits_message(model: ModelSpec, cluster: ClusterSpec, result: SearchR
     return text
 
 
-def check_cluster(model: ModelSpec, cluster: ClusterSpec, job: JobSpec) -> None:
-    """Rules on the GPU count and batch that no layout can repair."""
+def check_cluster(cluster: ClusterSpec) -> None:
+    """Rules on the GPU count that no layout can repair."""
     n, per_node = cluster.n_gpus, cluster.gpus_per_node
     if n < 1:
         raise PlaitError(f"--gpus {n}: need at least one GPU")
@@ -221,6 +220,9 @@ def require_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, result: 
             + f": dp = GPUs/(tp·pp·cp) must divide the global batch, tp must divide n_heads={model.n_heads}, "
             f"n_kv_heads={model.n_kv_heads} and ffn_hidden={model.ffn_hidden}, pp must be <= n_layers={model.n_layers}; "
             "try a global batch that is a multiple of the GPU count")
+    if result.rule_errors:
+        raise PlaitError(f"no valid layout of {model.name} on {cluster.n_gpus} GPUs: "
+                         + "; ".join(e.message for e in result.rule_errors))
     if not result.plans:
         raise PlaitError(nothing_fits_message(model, cluster, result))
     return result.plans

@@ -12,7 +12,7 @@ LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2")
 GPT_TYPES = ("gpt2", "gpt_bigcode")
 
 
-def _require(config: dict, *keys: str, source: Path):
+def _require(config: dict, *keys: str, source: Path) -> int:
     for key in keys:
         if key in config and config[key] is not None:
             return _integer(config[key], key, source)
@@ -36,32 +36,32 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     model_type = str(config.get("model_type", "")).lower()
     name = config.get("_name_or_path") or source.parent.name or "hf-model"
     if model_type in LLAMA_TYPES:
-        hidden = int(_require(config, "hidden_size", source=source))
-        heads = int(_require(config, "num_attention_heads", source=source))
+        hidden = _require(config, "hidden_size", source=source)
+        heads = _require(config, "num_attention_heads", source=source)
         return ModelSpec(
             name=str(name),
             arch="llama",
-            n_layers=int(_require(config, "num_hidden_layers", source=source)),
+            n_layers=_require(config, "num_hidden_layers", source=source),
             hidden=hidden,
-            ffn_hidden=int(_require(config, "intermediate_size", source=source)),
+            ffn_hidden=_require(config, "intermediate_size", source=source),
             n_heads=heads,
             n_kv_heads=_integer(config.get("num_key_value_heads") or heads, "num_key_value_heads", source),
-            vocab=int(_require(config, "vocab_size", source=source)),
+            vocab=_require(config, "vocab_size", source=source),
             max_seq_len=_integer(config.get("max_position_embeddings") or 2048, "max_position_embeddings", source),
             tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         )
     if model_type in GPT_TYPES:
-        hidden = int(_require(config, "n_embd", "hidden_size", source=source))
-        heads = int(_require(config, "n_head", "num_attention_heads", source=source))
+        hidden = _require(config, "n_embd", "hidden_size", source=source)
+        heads = _require(config, "n_head", "num_attention_heads", source=source)
         return ModelSpec(
             name=str(name),
             arch="gpt",
-            n_layers=int(_require(config, "n_layer", "num_hidden_layers", source=source)),
+            n_layers=_require(config, "n_layer", "num_hidden_layers", source=source),
             hidden=hidden,
             ffn_hidden=_integer(config.get("n_inner") or 4 * hidden, "n_inner", source),
             n_heads=heads,
             n_kv_heads=heads,
-            vocab=int(_require(config, "vocab_size", source=source)),
+            vocab=_require(config, "vocab_size", source=source),
             max_seq_len=_integer(config.get("n_positions") or config.get("n_ctx") or 1024, "n_positions", source),
             tied_embeddings=bool(config.get("tie_word_embeddings", True)),
         )
