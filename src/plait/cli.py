@@ -1,4 +1,4 @@
-"""plait command line: ``plait plan``, ``plait validate``, ``plait models``, ``plait clusters``.
+"""plait command line: ``plait plan``, ``train``, ``data prepare``, ``validate``, ``models``, ``clusters``.
 
 Every user error ends with one line on stderr and exit status 2, never a traceback.
 """
@@ -26,6 +26,41 @@ def _add_plan_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration", help="calibration JSON replacing the default cost parameters")
 
 
+def _add_train_args(train: argparse.ArgumentParser) -> None:
+    what = train.add_argument_group("what to train (a saved plan, or model + layout + batch)")
+    what.add_argument("--plan", help="plan file written by plait plan --save")
+    what.add_argument("--model", help="model preset, config.json or model JSON")
+    what.add_argument("--layout", help='e.g. "dp=2,tp=2,pp=2,zero=3,ckpt=selective" (default: dp over all processes)')
+    what.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    what.add_argument("--seq-len", type=int, help="tokens per sequence")
+    what.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
+    what.add_argument("--seed", type=int, default=0, help="seed of weights, data order and dropout")
+    what.add_argument("--data", default="synthetic", help="synthetic, or a token file (plait data prepare)")
+    what.add_argument("--log", help="JSONL metrics file: one line per step, then a summary line")
+    opt = train.add_argument_group("optimizer")
+    opt.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
+    opt.add_argument("--warmup-steps", type=int, default=None, help="linear warm-up steps (default: 10%% of steps)")
+    opt.add_argument("--weight-decay", type=float, default=0.1)
+    opt.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm (0: off)")
+    where = train.add_argument_group("where to run (torchrun)")
+    where.add_argument("--nproc-per-node", "--nproc", type=int, help="processes (GPUs) per node")
+    where.add_argument("--gpus", type=int, help="processes in all (alternative to --nproc-per-node)")
+    where.add_argument("--nnodes", type=int, default=1, help="nodes (run the same command on each)")
+    where.add_argument("--rdzv-endpoint", help="host:port of the rendezvous, for several nodes")
+    where.add_argument("--rdzv-id", default="plait", help="job id shared by the nodes of one run")
+    where.add_argument("--node-rank", type=int, help="this node's rank (static rendezvous, with --master-addr)")
+    where.add_argument("--master-addr", help="address of node 0 (static rendezvous)")
+    where.add_argument("--master-port", type=int, help="port on node 0 (static rendezvous; default 29500)")
+    where.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda if present")
+    where.add_argument("--gpu", help="GPU spec for MFU and the memory check (plait clusters); default: from the device name")
+    where.add_argument("--compile", action="store_true", help="torch.compile every block")
+    where.add_argument("--timeout", type=float, default=120.0, help="collective timeout in seconds (a failed rank stops the rest)")
+    where.add_argument("--allow-oom", action="store_true", help="run even if the planner predicts out-of-memory")
+    where.add_argument("--log-every", type=int, default=1, help="print every N steps when not on a terminal")
+    where.add_argument("--run-dir", help="keep the run's config and error files here (default: a temporary dir)")
+    where.add_argument("--dry-run", action="store_true", help="check everything, print the torchrun command, do not run")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plait", description="Plan, run and measure LLM parallelization layouts.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -49,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--out", help="write per-run predictions to this CSV")
     validate.add_argument("--calibration", help="calibration JSON replacing the default cost parameters")
     validate.add_argument("--json", action="store_true", help="print the error summary as JSON")
+
+    _add_train_args(sub.add_parser("train", help="train a layout with torchrun (CPU: gloo, GPU: NCCL)"))
+
+    data = sub.add_parser("data", help="prepare training data")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    prepare = data_sub.add_parser("prepare", help="tokenize text files into a token file for plait train --data")
+    prepare.add_argument("inputs", nargs="*", help="text files or directories of *.txt (default: the sample corpus)")
+    prepare.add_argument("--out", required=True, help="token file to write")
+    prepare.add_argument("--tokenizer", default="bytes", help="tokenizer (bytes: UTF-8 bytes, vocab 257)")
 
     sub.add_parser("models", help="list model presets")
     sub.add_parser("clusters", help="list cluster and GPU presets")
@@ -230,7 +274,23 @@ def cmd_clusters(args) -> int:
     return 0
 
 
-COMMANDS = {"plan": cmd_plan, "validate": cmd_validate, "models": cmd_models, "clusters": cmd_clusters}
+def cmd_train(args) -> int:
+    from plait.run.train_command import train_command
+
+    return train_command(args)
+
+
+def cmd_data(args) -> int:
+    from plait.run.data import prepare, sample_corpus_path
+
+    inputs = args.inputs or [str(sample_corpus_path())]
+    summary = prepare(inputs, args.out, tokenizer=args.tokenizer)
+    print(f"wrote {summary['n_tokens']:,} tokens ({summary['dtype']}, vocab {summary['vocab_size']}) from "
+          f"{summary['n_files']} files ({summary['n_bytes_text']:,} bytes of text) to {summary['path']}")
+    return 0
+
+
+COMMANDS = {"plan": cmd_plan, "train": cmd_train, "data": cmd_data, "validate": cmd_validate, "models": cmd_models, "clusters": cmd_clusters}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -168,7 +168,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     # ---- pipeline send/recv per micro-batch (forward activations, backward gradients)
     pp_mb = 0.0
     if lay.pp > 1:
-        sent = act_bytes / (lay.tp if lay.tp > 1 else 1)  # scatter/gather or SP-sharded
+        sent = act_bytes / (max(1, lay.tp))  # scatter/gather or SP-sharded
         crosses = groups["pp"].spans_nodes
         pp_mb = 2 * lay.vpp * comm.send_recv(cluster, crosses, sent)
 

@@ -68,7 +68,7 @@ class CostParams:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CostParams":
+    def from_dict(cls, data: dict) -> CostParams:
         try:
             values = {k: float(v) for k, v in data.items()}
         except (TypeError, ValueError, AttributeError):

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.spec.serialize import read_json_file
 from plait.plan.cost import StepBreakdown, estimate_step
 from plait.plan.memory import MemoryBreakdown, estimate_memory
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
+from plait.spec.serialize import read_json_file
 from plait.spec.validate import Violation, check
 
 PLAN_FORMAT = "plait-plan/1"

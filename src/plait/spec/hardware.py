@@ -79,7 +79,7 @@ class ClusterSpec:
     link_efficiency: float = 0.80
     n_gpus: int = 8
 
-    def with_gpus(self, n_gpus: int) -> "ClusterSpec":
+    def with_gpus(self, n_gpus: int) -> ClusterSpec:
         return dataclasses.replace(self, n_gpus=int(n_gpus))
 
     @property
@@ -91,7 +91,7 @@ class ClusterSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ClusterSpec":
+    def from_dict(cls, data: dict) -> ClusterSpec:
         data = dict(data)
         gpu = data.pop("gpu", None)
         if isinstance(gpu, str):
@@ -106,7 +106,7 @@ class ClusterSpec:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "ClusterSpec":
+    def from_json(cls, text: str) -> ClusterSpec:
         return cls.from_dict(json.loads(text))
 
 

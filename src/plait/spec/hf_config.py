@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.spec.serialize import read_json_file
 from plait.spec.model import ModelSpec
+from plait.spec.serialize import read_json_file
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2")
 GPT_TYPES = ("gpt2", "gpt_bigcode")

@@ -161,7 +161,7 @@ class Layout:
         return ",".join(parts)
 
     @classmethod
-    def parse(cls, text: str) -> "Layout":
+    def parse(cls, text: str) -> Layout:
         """Parse ``"dp=8,tp=4,pp=2,mbs=1,ckpt=selective"`` (see the module docstring)."""
         values: dict = {}
         for item in (part.strip() for part in text.replace(" ", ",").split(",")):
@@ -185,14 +185,14 @@ class Layout:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Layout":
+    def from_dict(cls, data: dict) -> Layout:
         return dataclass_from_dict(cls, data, "layout")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
 
     @classmethod
-    def from_json(cls, text: str) -> "Layout":
+    def from_json(cls, text: str) -> Layout:
         return cls.from_dict(json.loads(text))
 
 

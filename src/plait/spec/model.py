@@ -131,18 +131,18 @@ class ModelSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelSpec":
+    def from_dict(cls, data: dict) -> ModelSpec:
         return dataclass_from_dict(cls, data, "model")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "ModelSpec":
+    def from_json(cls, text: str) -> ModelSpec:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def from_hf_config(cls, path: str | Path) -> "ModelSpec":
+    def from_hf_config(cls, path: str | Path) -> ModelSpec:
         """Read a local Hugging Face ``config.json`` (Llama-family or GPT-2-family)."""
         from plait.spec.hf_config import model_from_hf_config
 

@@ -12,7 +12,7 @@ Sources:
     (70B uses grouped-query attention with 8 KV heads; context 4096).
   * ``llama3-*`` / ``llama3.2-1b``: Llama Team 2024, "The Llama 3 Herd of Models", Table 3 and the
     released config.json files (vocabulary 128,256, 8 KV heads; 3.2-1B ties its embeddings).
-  * ``tiny``, ``llama-125m``, ``gpt-125m``: small models for the runtime tests and examples
+  * ``tiny``, ``tiny-gpt``, ``llama-125m``, ``gpt-125m``: small models for the runtime tests and examples
     (``gpt-125m`` is GPT-3 Small from Brown et al. 2020).
 """
 
@@ -66,6 +66,8 @@ _PRESETS = [
     ModelSpec(name="gpt-125m", arch="gpt", n_layers=12, hidden=768, ffn_hidden=3072,
               n_heads=12, n_kv_heads=12, vocab=50257, max_seq_len=2048, tied_embeddings=True),
     _llama("tiny", 4, 128, 384, 4, 2, 512, 256),
+    ModelSpec(name="tiny-gpt", arch="gpt", n_layers=4, hidden=128, ffn_hidden=512, n_heads=4,
+              n_kv_heads=4, vocab=512, max_seq_len=256),
 ]
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _PRESETS}

@@ -38,6 +38,23 @@ def stage_layers(model: ModelSpec, layout: Layout) -> int:
     return -(-model.n_layers // chunks)
 
 
+def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
+    """Transformer layers of each of the pp·vpp virtual stages, in pipeline order.
+
+    ``split=even`` gives every stage n_layers / (pp·vpp). ``split=uneven`` gives every stage the
+    floor and hands the remaining layers one each to the middle stages first, then to the first
+    stage (which also holds the token embedding), and the last stage (which also runs the LM
+    head, the most expensive non-layer work) last. The most loaded stage has ``stage_layers``.
+    """
+    chunks = layout.pp * layout.vpp
+    base, extra = divmod(model.n_layers, chunks)
+    counts = [base] * chunks
+    order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 1 else [0]
+    for index in order[:extra]:
+        counts[index] += 1
+    return counts
+
+
 def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout) -> list[Violation]:
     """Return every violated rule (errors first, then warnings); an empty list means valid."""
     out: list[Violation] = []

@@ -1,0 +1,147 @@
+"""RunConfig: everything one training run needs, as plain data (no torch import).
+
+``plait train`` builds it, checks it before launching anything, writes it to a JSON file and
+hands that file to every worker. The same value can be built from a saved plan
+(``from_plan``), whose model, layout and job it reuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plait.errors import PlaitError
+from plait.spec.layout import JobSpec, Layout
+from plait.spec.model import ModelSpec
+from plait.spec.serialize import dataclass_from_dict, read_json_file
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay to ``min_lr_ratio``·lr."""
+
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+
+
+
+# Layout features that the planner models but this runtime does not run yet.
+NOT_RUN_YET = {
+    "cp": "context parallelism (cp > 1)",
+    "offload": "activation offload (offload > 0)",
+    "opt_offload": "optimizer offload (opt_offload=1)",
+    "balanced": "ckpt=balanced",
+    "fp8": "precision=fp8",
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run. Sizes in sequences and tokens; times in seconds."""
+
+    model: ModelSpec
+    layout: Layout
+    global_batch: int
+    seq_len: int
+    steps: int = 20
+    seed: int = 0
+    data: str = "synthetic"  # "synthetic" or a token file written by `plait data prepare`
+    log: str | None = None  # JSONL metrics file (rank 0 writes it)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    compile: bool = False  # torch.compile each block
+    device: str = "auto"  # auto (cuda if available) | cpu | cuda
+    gpu: str | None = None  # GpuSpec preset: the MFU peak and the memory/time prediction
+    timeout_s: float = 120.0  # collective timeout: a failed rank brings the others down after this
+    log_every: int = 1  # print a line every N steps when stdout is not a terminal
+    prediction: dict | None = None  # the planner's step time and memory for this run, if known
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("global_batch", "seq_len", "steps", "log_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{name}={value!r} must be a positive integer")
+        if self.device not in ("auto", "cpu", "cuda"):
+            problems.append(f"device={self.device!r} must be auto, cpu or cuda")
+        if self.timeout_s <= 0:
+            problems.append(f"timeout_s={self.timeout_s!r} must be positive")
+        if problems:
+            raise PlaitError("invalid run: " + "; ".join(problems))
+
+    @property
+    def job(self) -> JobSpec:
+        return JobSpec(global_batch=self.global_batch, seq_len=self.seq_len)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    # ------------------------------------------------------------ checks
+    def runtime_problems(self) -> list[str]:
+        """Why the runtime cannot run this layout (empty when it can); no hardware needed."""
+        lay, model, out = self.layout, self.model, []
+        if lay.cp > 1:
+            out.append(f"{NOT_RUN_YET['cp']} is planned but not run yet; use cp=1")
+        if lay.offload:
+            out.append(f"{NOT_RUN_YET['offload']} is planned but not run yet; use offload=0")
+        if lay.opt_offload:
+            out.append(f"{NOT_RUN_YET['opt_offload']} is planned but not run yet")
+        if lay.ckpt == "balanced":
+            out.append(f"{NOT_RUN_YET['balanced']} is planned but not run yet; use ckpt=selective or ckpt=full")
+        if lay.precision == "fp8":
+            out.append(f"{NOT_RUN_YET['fp8']} is planned but not run yet; use precision=bf16")
+        if lay.pp > 1 and model.tied_embeddings:
+            out.append(f"model {model.name} ties its embeddings, which needs the first and last pipeline "
+                       "stage on one GPU; use pp=1")
+        if self.seq_len > model.max_seq_len:
+            out.append(f"seq_len={self.seq_len} exceeds the model's max_seq_len={model.max_seq_len}")
+        if self.global_batch % (lay.dp * lay.mbs):
+            out.append(f"global batch {self.global_batch} is not a multiple of dp·mbs = {lay.dp}·{lay.mbs}; "
+                       f"use a multiple of {lay.dp * lay.mbs}")
+        micro = self.global_batch // (lay.dp * lay.mbs) if not self.global_batch % (lay.dp * lay.mbs) else 0
+        if lay.pp > 1 and micro and lay.schedule == "interleaved-1f1b" and micro % lay.pp:
+            out.append(f"interleaved-1f1b needs the {micro} micro-batches per step to be a multiple of pp={lay.pp}")
+        return out
+
+    # ----------------------------------------------------------- JSON
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["layout"] = str(self.layout)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunConfig:
+        data = dict(data)
+        data["model"] = ModelSpec.from_dict(data["model"])
+        layout = data["layout"]
+        data["layout"] = Layout.parse(layout) if isinstance(layout, str) else Layout.from_dict(layout)
+        data["optim"] = dataclass_from_dict(OptimConfig, data.get("optim", {}), "optimizer")
+        return dataclass_from_dict(cls, data, "run")
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        return cls.from_dict(read_json_file(path, "run config"))
+
+
+def plan_parts(plan: dict, path: str) -> tuple[ModelSpec, Layout, JobSpec, str, dict]:
+    """(model, layout, job, GPU name, prediction) of a saved plan, with clear errors."""
+    try:
+        model = ModelSpec.from_dict(plan["model"])
+        layout = Layout.from_dict(plan["layout"])
+        job = JobSpec.from_dict(plan["job"])
+        gpu = plan["cluster"]["gpu"]["name"]
+        prediction = plan.get("prediction", {})
+    except (KeyError, TypeError) as exc:
+        raise PlaitError(f"{path}: plan file is missing {exc}; write it with plait plan --save") from None
+    return model, layout, job, gpu, prediction

@@ -1,0 +1,128 @@
+"""Launch the workers of a run through torchrun (``torch.distributed.run``), in this process.
+
+``plait train`` does what ``torchrun [flags] -m plait.run.worker RUN_DIR`` does, with the
+flags built from its own options (``torchrun_args`` shows them; ``--dry-run`` prints the
+equivalent command). One node: torchrun's standalone rendezvous. Several nodes: run the same
+``plait train`` command on every node with ``--nnodes``, ``--rdzv-endpoint`` (host:port of
+one of them) and ``--rdzv-id``; torchrun's c10d rendezvous assigns ranks.
+
+When a worker fails, torchrun stops the others; each failed rank left an error file in the
+run directory, and the launcher turns the first one into a PlaitError naming the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from plait.errors import PlaitError
+from plait.run.config import RunConfig
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """torchrun's process placement: processes per node, nodes, rendezvous."""
+
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None  # host:port of the rendezvous (multi-node)
+    rdzv_id: str = "plait"
+    node_rank: int | None = None  # only with the static rendezvous (no endpoint)
+    master_addr: str | None = None
+    master_port: int | None = None
+    max_restarts: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
+def torchrun_args(options: LaunchOptions, run_dir: str) -> list[str]:
+    """The torchrun command-line arguments of this launch (without the program name)."""
+    args = [f"--nproc-per-node={options.nproc_per_node}", f"--max-restarts={options.max_restarts}"]
+    if options.nnodes == 1 and not options.rdzv_endpoint and options.master_addr is None:
+        args.append("--standalone")
+    elif options.rdzv_endpoint:
+        args += [f"--nnodes={options.nnodes}", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint={options.rdzv_endpoint}", f"--rdzv-id={options.rdzv_id}"]
+    else:  # static rendezvous: every node names its rank and the master
+        if options.node_rank is None or options.master_addr is None:
+            raise PlaitError("multi-node without --rdzv-endpoint needs --node-rank and --master-addr")
+        args += [f"--nnodes={options.nnodes}", f"--node-rank={options.node_rank}",
+                 f"--master-addr={options.master_addr}", f"--master-port={options.master_port or 29500}"]
+    return args + ["-m", "plait.run.worker", run_dir]
+
+
+def command_line(options: LaunchOptions, run_dir: str) -> str:
+    """The equivalent shell command (what ``--dry-run`` prints)."""
+    return shlex.join(["torchrun", *torchrun_args(options, run_dir)])
+
+
+def launch(config: RunConfig, options: LaunchOptions, run_dir: str | None = None) -> dict:
+    """Run the job to completion; returns rank 0's summary (a dict), or raises PlaitError."""
+    if config.layout.world_size != options.world_size:
+        raise PlaitError(
+            f"layout {config.layout} needs dp·tp·pp·cp = {config.layout.world_size} processes but "
+            f"--nproc-per-node {options.nproc_per_node} × --nnodes {options.nnodes} = {options.world_size}; "
+            f"use --nproc-per-node {config.layout.world_size // options.nnodes or 1} or a layout of "
+            f"{options.world_size} processes")
+    owned = run_dir is None
+    directory = Path(run_dir or tempfile.mkdtemp(prefix="plait-run-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    config.save(directory / "config.json")
+    for stale in directory.glob("error-rank*.json"):
+        stale.unlink()
+    try:
+        _run_torchrun(torchrun_args(options, str(directory)), directory, options.nproc_per_node)
+        summary_file = directory / "summary.json"
+        return json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    finally:
+        if owned:
+            for path in directory.iterdir():
+                path.unlink()
+            directory.rmdir()
+
+
+def _run_torchrun(args: list[str], run_dir: Path, nproc_per_node: int) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    # torchrun sets 1 thread per worker (and warns) when unset; share the cores instead
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
+    try:
+        run(parse_args(args))
+    except ChildFailedError as exc:
+        raise PlaitError(_failure_message(run_dir, exc)) from None
+
+
+def _failure_message(run_dir: Path, exc: Exception) -> str:
+    errors = []
+    for path in sorted(run_dir.glob("error-rank*.json")):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if not errors:
+        return f"training failed: a worker died without a message ({str(exc).strip().splitlines()[0]})"
+    errors.sort(key=lambda e: e["rank"])
+    # a root cause beats the timeouts it caused on the other ranks
+    first = next((e for e in errors if "timed out" not in e["message"].lower()), errors[0])
+    text = f"training failed on rank {first['rank']}: {first['message']}"
+    if "traceback" in first:
+        text += "\n" + first["traceback"].rstrip()
+    others = [e["rank"] for e in errors if e is not first]
+    if others:
+        text += f"\n(ranks {', '.join(map(str, others))} also stopped)"
+    return text
+
+
+def print_dry_run(config: RunConfig, options: LaunchOptions) -> None:
+    print(command_line(options, "RUN_DIR"))
+    print("# RUN_DIR/config.json:")
+    json.dump(config.to_dict(), sys.stdout, indent=2)
+    print()

@@ -1,0 +1,95 @@
+"""One DeviceMesh per run, built from a Layout, and the rank's place in it.
+
+Mesh dimensions (outermost first, in the reverse of ``Layout.order``, whose innermost
+dimension comes first): ``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``. Data parallelism
+is split in two so that every ZeRO stage is one of two shapes:
+
+  * zero=0 (DDP): ``dp_replicate = dp``, ``dp_shard = 1``;
+  * zero=1/2/3: ``dp_replicate = hsdp``, ``dp_shard = dp / hsdp`` (hsdp=1: plain FSDP).
+
+Size-1 dimensions are kept, so code never asks whether a dimension exists. Nothing here is
+global: the ``ParallelDims`` value is passed to whatever needs a group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from plait.errors import PlaitError
+from plait.spec.layout import Layout
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def mesh_shape(layout: Layout) -> dict[str, int]:
+    """Size of every mesh dimension, keyed by name."""
+    if layout.zero == 0:
+        replicate, shard = layout.dp, 1
+    else:
+        if layout.dp % layout.hsdp:
+            raise PlaitError(f"hsdp={layout.hsdp} does not divide dp={layout.dp}")
+        replicate, shard = layout.hsdp, layout.dp // layout.hsdp
+    return {"pp": layout.pp, "dp_replicate": replicate, "dp_shard": shard, "cp": layout.cp, "tp": layout.tp}
+
+
+def mesh_dim_order(layout: Layout) -> tuple[str, ...]:
+    """Mesh dimension names outermost first, following ``layout.order`` (innermost first)."""
+    names: list[str] = []
+    for dim in reversed(layout.order.split("-")):
+        names.extend(("dp_replicate", "dp_shard") if dim == "dp" else (dim,))
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """The run's mesh and this rank's coordinates in it."""
+
+    layout: Layout
+    mesh: DeviceMesh
+
+    def group(self, name: str) -> dist.ProcessGroup:
+        return self.mesh[name].get_group()
+
+    def rank_in(self, name: str) -> int:
+        return self.mesh[name].get_local_rank()
+
+    def size(self, name: str) -> int:
+        return self.mesh[name].size()
+
+    @property
+    def dp_rank(self) -> int:
+        """Index of this rank's share of the global batch (0 .. dp-1)."""
+        return self.rank_in("dp_replicate") * self.size("dp_shard") + self.rank_in("dp_shard")
+
+    @property
+    def dp_mesh(self) -> DeviceMesh:
+        """2-D (dp_replicate, dp_shard) mesh: what FSDP2 shards and replicates over."""
+        return self.mesh["dp_replicate", "dp_shard"]
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank_in("pp")
+
+    @property
+    def is_last_stage_rank(self) -> bool:
+        return self.pp_rank == self.layout.pp - 1
+
+    @property
+    def loss_owner(self) -> bool:
+        """One rank per data-parallel replica reports the loss: last stage, tp rank 0, cp rank 0."""
+        return self.is_last_stage_rank and self.rank_in("tp") == 0 and self.rank_in("cp") == 0
+
+
+def build_parallel_dims(layout: Layout, device_type: str) -> ParallelDims:
+    """Build the mesh of ``layout`` over the initialized default process group."""
+    world = dist.get_world_size()
+    if layout.world_size != world:
+        raise PlaitError(f"layout {layout} needs dp·tp·pp·cp = {layout.world_size} processes "
+                         f"but {world} were launched; change --nproc-per-node/--nnodes or the layout")
+    shape = mesh_shape(layout)
+    names = mesh_dim_order(layout)
+    mesh = init_device_mesh(device_type, tuple(shape[n] for n in names), mesh_dim_names=names)
+    return ParallelDims(layout=layout, mesh=mesh)

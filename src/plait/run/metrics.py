@@ -1,0 +1,157 @@
+"""Step metrics: tokens/s, MFU, memory; the JSONL log and the rank-0 console display.
+
+MFU has one definition in plait: model FLOPs (``ModelSpec.model_flops_per_token``: 6·N per
+token plus the causal attention term, no recomputation) times tokens per second, over the
+dense bf16 peak of the GPU spec times the number of GPUs. On CPU, or when the GPU is not a
+known spec, MFU is reported as null rather than guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plait.spec.model import ModelSpec
+
+
+def mfu(model: ModelSpec, seq_len: int, tokens_per_s: float, n_gpus: int, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilization (0..1) or None without a peak."""
+    if not peak_flops:
+        return None
+    return model.model_flops_per_token(seq_len) * tokens_per_s / (n_gpus * peak_flops)
+
+
+@dataclass
+class StepRecord:
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float | None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RunSummary:
+    """What the last JSONL line says. Steady-state figures skip the first (warm-up) steps."""
+
+    steps: int
+    final_loss: float
+    step_time_s: float  # median over the steady-state steps
+    tokens_per_s: float
+    mfu: float | None
+    peak_memory_bytes: int | None  # max over ranks of the accelerator's peak allocation
+    peak_host_rss_bytes: int  # max over ranks of the process's peak resident memory
+    device: str
+    world_size: int
+    layout: str
+    predicted_step_time_s: float | None = None
+    predicted_memory_bytes: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        data = dict(self.__dict__)
+        data.pop("extra")
+        data.update(self.extra)
+        return {"summary": True, **data}
+
+    def comparison_line(self) -> str:
+        """One line of predicted vs measured step time and memory."""
+        parts = [f"step time {self.step_time_s:.3f} s measured"]
+        if self.predicted_step_time_s:
+            ratio = self.step_time_s / self.predicted_step_time_s
+            parts[0] += f" vs {self.predicted_step_time_s:.3f} s predicted ({ratio:.2f}×)"
+        if self.peak_memory_bytes is not None:
+            text = f"peak memory {self.peak_memory_bytes / 2**30:.2f} GiB measured"
+            if self.predicted_memory_bytes:
+                text += (f" vs {self.predicted_memory_bytes / 2**30:.2f} GiB predicted "
+                         f"({self.peak_memory_bytes / self.predicted_memory_bytes:.2f}×)")
+            parts.append(text)
+        else:
+            parts.append(f"peak host RSS {self.peak_host_rss_bytes / 2**30:.2f} GiB (CPU run: no GPU prediction)")
+        mfu_text = f"MFU {100 * self.mfu:.1f}%" if self.mfu is not None else "MFU n/a (no GPU peak)"
+        return "; ".join(parts) + f"; {self.tokens_per_s:,.0f} tokens/s; {mfu_text}"
+
+
+def steady_state(records: list[StepRecord]) -> list[StepRecord]:
+    """Steps after warm-up: drop the first step, and the first two when there are at least six."""
+    skip = 2 if len(records) >= 6 else 1 if len(records) >= 2 else 0
+    return records[skip:]
+
+
+def median_step_time(records: list[StepRecord]) -> float:
+    return statistics.median(r.step_time_s for r in steady_state(records))
+
+
+class JsonlLog:
+    """Appends one JSON object per line; a no-op without a path."""
+
+    def __init__(self, path: str | None):
+        self.handle = None
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def write(self, record: dict) -> None:
+        if self.handle:
+            self.handle.write(json.dumps(record) + "\n")
+            self.handle.flush()
+
+    def close(self) -> None:
+        if self.handle:
+            self.handle.close()
+            self.handle = None
+
+
+class Display:
+    """Rank 0's console: a rich progress bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, total_steps: int, enabled: bool, log_every: int):
+        self.enabled = enabled
+        self.log_every = log_every
+        self.total = total_steps
+        self.progress = None
+        if enabled and sys.stdout.isatty():
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[status]}"), TimeRemainingColumn())
+            self.task = self.progress.add_task("train", total=total_steps, status="")
+            self.progress.start()
+
+    def step(self, record: StepRecord) -> None:
+        if not self.enabled:
+            return
+        mfu_text = f" mfu {100 * record.mfu:.1f}%" if record.mfu is not None else ""
+        status = (f"loss {record.loss:.4f} | {record.tokens_per_s:,.0f} tok/s | "
+                  f"{record.step_time_s * 1e3:.0f} ms{mfu_text}")
+        if self.progress is not None:
+            self.progress.update(self.task, advance=1, status=status)
+        elif record.step % self.log_every == 0 or record.step == self.total - 1:
+            print(f"step {record.step + 1}/{self.total} {status}", flush=True)
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.progress is not None:
+            self.progress.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

@@ -1,0 +1,87 @@
+"""Tensor parallelism (Megatron-style) and sequence parallelism with ``torch.distributed.tensor.parallel``.
+
+Inside a block, Q/K/V and the MLP's up-projections are column-parallel (each rank owns whole
+heads and a slice of the FFN width) and the output projections row-parallel. With sequence
+parallelism (``Layout.sp``) the residual stream, the norms and dropout between the blocks run on
+a 1/tp slice of the sequence: the column-parallel input is all-gathered and the row-parallel
+output reduce-scattered, instead of one all-reduce in each place.
+
+The token embedding is row-parallel (vocabulary-sharded); the LM head is column-parallel and,
+with ``loss_parallel``, its vocabulary-sharded logits go straight into a parallel cross entropy
+(``loss_parallel()`` context in the training step), so the full logits are never gathered.
+GPT's learned position table is small and kept whole on every rank; with sequence parallelism
+each rank adds its slice of the positions.
+
+Apply tensor parallelism first, before activation checkpointing, ``torch.compile`` and FSDP:
+a plan key that does not resolve only warns, and the model would train wrongly.
+"""
+
+from __future__ import annotations
+
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from plait.run.model import Transformer
+
+
+def block_plan(sequence_parallel: bool, gated: bool) -> dict:
+    """The plan of one transformer block (keys relative to the block); ``gated``: SwiGLU's w3."""
+    plan: dict = {
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "feed_forward.w1": ColwiseParallel(),
+    }
+    if gated:
+        plan["feed_forward.w3"] = ColwiseParallel()
+    if sequence_parallel:
+        plan.update({
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        })
+    else:
+        plan.update({"attention.wo": RowwiseParallel(), "feed_forward.w2": RowwiseParallel()})
+    return plan
+
+
+def root_plan(model: Transformer, sequence_parallel: bool, loss_parallel: bool) -> dict:
+    """The plan of the embedding, final norm and LM head that this (stage) model holds."""
+    residual = Shard(1) if sequence_parallel else Replicate()
+    plan: dict = {}
+    if model.tok_embeddings is not None:
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
+        if model.pos_embeddings is not None and sequence_parallel:
+            plan["pos_embeddings"] = PrepareModuleOutput(output_layouts=Replicate(),
+                                                         desired_output_layouts=Shard(0))
+    if model.norm is not None and sequence_parallel:
+        plan["norm"] = SequenceParallel()
+    if model.output is not None:
+        plan["output"] = ColwiseParallel(input_layouts=residual,
+                                         output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                         use_local_output=not loss_parallel)
+    return plan
+
+
+def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool,
+                          loss_parallel: bool = True) -> None:
+    """Shard ``model`` (a full model or a pipeline stage) over the 1-D ``tp_mesh``, in place."""
+    tied = (model.spec.tied_embeddings and model.tok_embeddings is not None and model.output is not None)
+    parallelize_module(model, tp_mesh, root_plan(model, sequence_parallel, loss_parallel))
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, block_plan(sequence_parallel, block.feed_forward.gated))
+    if tied:
+        # both are Shard(0) over the vocabulary: tie them again after sharding
+        model.output.weight = model.tok_embeddings.weight

@@ -1,0 +1,46 @@
+"""A byte-level tokenizer that needs no download: one token per UTF-8 byte, plus end-of-text.
+
+Ids 0..255 are the bytes of the UTF-8 encoding; id 256 marks the end of a document. The
+vocabulary therefore has 257 entries. Pure Python (no torch, no files).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from plait.errors import PlaitError
+
+
+class ByteTokenizer:
+    """Text <-> token ids, one id per UTF-8 byte (so n_tokens == n_bytes of the text)."""
+
+    name = "bytes"
+    eot_id = 256  # end of text: appended after every document by ``prepare``
+    vocab_size = 257  # 256 byte values + end of text
+
+    def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes of ``text`` as ids 0..255 (no end-of-text id is added)."""
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids back to text; end-of-text ids are skipped, invalid UTF-8 becomes U+FFFD."""
+        data = bytearray()
+        for i in ids:
+            i = int(i)
+            if i == self.eot_id:
+                continue
+            if not 0 <= i < 256:
+                raise PlaitError(f"token id {i} is not in the byte tokenizer's vocabulary (0..{self.eot_id})")
+            data.append(i)
+        return data.decode("utf-8", errors="replace")
+
+
+TOKENIZERS = {ByteTokenizer.name: ByteTokenizer}
+
+
+def get_tokenizer(name: str) -> ByteTokenizer:
+    """The tokenizer called ``name``; a PlaitError lists the known names otherwise."""
+    try:
+        return TOKENIZERS[name]()
+    except KeyError:
+        raise PlaitError(f"unknown tokenizer {name!r}; known: {', '.join(sorted(TOKENIZERS))}") from None

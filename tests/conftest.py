@@ -1,0 +1,39 @@
+"""Suite-wide pytest setup. Must not import torch at import time (tests/test_no_torch.py)."""
+
+import os
+import sys
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a long test (still run in CI)")
+    # A TP plan key that does not resolve only warns, and the grads are then silently wrong (pitfall E7).
+    config.addinivalue_line("filterwarnings", "error:Parallelize plan key")
+
+
+@pytest.fixture(scope="session")
+def dist_pool():
+    """Factory: ``dist_pool(world_size)`` gives the session's live DistPool of that size (see tests/distpool.py).
+
+    A pool killed by a failed task is replaced by a fresh one on the next call; all are closed at session end.
+    """
+    if TESTS_DIR not in sys.path:
+        sys.path.insert(0, TESTS_DIR)
+    from distpool import DistPool
+
+    pools = {}
+
+    def get(world_size: int) -> DistPool:
+        pool = pools.get(world_size)
+        if pool is None or not pool.alive:
+            if pool is not None:
+                pool.close()
+            pool = pools[world_size] = DistPool(world_size)
+        return pool
+
+    yield get
+    for pool in pools.values():
+        pool.close()

@@ -1,0 +1,258 @@
+"""A persistent pool of gloo ranks on CPU for distributed test bodies.
+
+Spawning N processes and importing torch in each costs 1.5 s (2 ranks) to 4 s
+(4 ranks) on 2 cores, so the suite keeps one pool per world size and runs many
+test bodies on it::
+
+    pool = DistPool(2)                              # spawn + init_process_group("gloo") once
+    out = pool.run(pool_tasks.allreduce_sum, 3.0)   # fn(3.0) on every rank; rank-ordered results
+    pool.close()                                    # barrier, destroy_process_group, os._exit(0)
+
+Task functions must be module-level (they are imported by name in the workers;
+the ``tests`` directory and, if needed, ``src`` are on the workers' sys.path).
+A task learns its rank from ``torch.distributed.get_rank()`` (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR and MASTER_PORT are set as well). Arguments and return
+values are pickled: return plain Python/numpy values or CPU tensors. ``timeout``
+is run()'s own keyword. Tasks share the default process group, so they must not
+init or destroy it, and every rank must issue the same collectives.
+
+On the first error (a rank raises, dies, or the run times out) every worker is
+killed - the others may be stuck in a collective - and ``run`` raises
+``DistTaskError`` with the failing rank's traceback. The pool is then dead and
+refuses further work; the ``dist_pool`` fixture replaces it with a fresh one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import importlib.util
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+import warnings
+import weakref
+from datetime import timedelta
+from multiprocessing import connection, get_context
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+SRC_DIR = os.path.join(os.path.dirname(TESTS_DIR), "src")
+PG_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective gives up after this (pitfall P2)
+# Warnings (message regexes) that are errors inside the workers too: pytest's filters apply only to the parent.
+ERROR_WARNINGS = ("Parallelize plan key",)
+
+
+class DistTaskError(RuntimeError):
+    """A task failed on some rank, timed out, or the pool could not start / is dead."""
+
+
+def _worker(rank, world_size, port, conn, parent_pid, error_warnings):
+    """Worker main loop: init gloo once, then run (module, name, args, kwargs) tasks until told to stop."""
+    os.setpgid(0, 0)  # own process group: Ctrl-C is the parent's business, and kill covers any children
+    if sys.platform.startswith("linux"):  # die with the parent, even if it is SIGKILLed
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    sys.path.insert(0, TESTS_DIR)
+    if importlib.util.find_spec("plait") is None:  # e.g. a stale editable install
+        sys.path.append(SRC_DIR)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # pitfall P9: N ranks share 2 cores
+        store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=PG_TIMEOUT)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=PG_TIMEOUT)
+        conn.send(("ready", None))
+    except BaseException:  # noqa: BLE001 - report anything, SystemExit included
+        conn.send(("err", traceback.format_exc()))
+        os._exit(1)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):  # parent gone
+            os._exit(1)
+        if task is None:
+            break
+        module, name, args, kwargs = task
+        try:
+            with warnings.catch_warnings():  # filter changes made by a task do not leak into the next
+                for pattern in error_warnings:
+                    warnings.filterwarnings("error", message=pattern)
+                value = getattr(importlib.import_module(module), name)(*args, **kwargs)
+        except BaseException:  # noqa: BLE001 - report anything, SystemExit included
+            reply = ("err", traceback.format_exc())
+        else:
+            try:
+                reply = ("ok", pickle.dumps(value))
+            except Exception as e:  # noqa: BLE001 - pickling raises many kinds
+                hint = "return plain Python/numpy values or CPU tensors"
+                reply = ("err", f"the result {type(value).__name__} cannot be pickled ({e!r}); {hint}\n")
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            os._exit(1)
+    # Clean exit; without it gloo sometimes aborts at exit with "terminate called without an active exception" (E10).
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+class DistPool:
+    """``world_size`` spawned gloo ranks that run module-level functions on every rank."""
+
+    def __init__(self, world_size: int, start_timeout: float = 120.0, error_warnings=ERROR_WARNINGS):
+        import torch.distributed as dist  # the parent hosts the rendezvous store: no free-port race
+
+        self.world_size = world_size
+        self._alive = False
+        self._store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=PG_TIMEOUT, wait_for_workers=False)
+        ctx = get_context("spawn")
+        self.processes, self._conns = [], []
+        _LIVE.add(self)
+        try:
+            for rank in range(world_size):
+                parent_end, child_end = ctx.Pipe()
+                p = ctx.Process(target=_worker, name=f"distpool-ws{world_size}-rank{rank}",
+                                args=(rank, world_size, self._store.port, child_end, os.getpid(), tuple(error_warnings)))
+                p.start()
+                child_end.close()  # so that a dead worker reads as EOF here
+                self.processes.append(p)
+                self._conns.append(parent_end)
+            self._collect(start_timeout, "starting the pool")
+        except BaseException:
+            self.kill()
+            raise
+        self._alive = True
+
+    @property
+    def alive(self) -> bool:
+        """True while the pool can take work: started, no task failed, not closed, no worker gone."""
+        return self._alive and all(p.exitcode is None for p in self.processes)
+
+    def run(self, fn, *args, timeout: float = 120.0, **kwargs) -> list:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the per-rank results in rank order.
+
+        ``fn`` is a module-level function (or a "module:function" string). Raises DistTaskError
+        (and kills the pool) if any rank raises, dies, or the run takes longer than ``timeout`` s.
+        """
+        if not self.alive:
+            raise DistTaskError(f"DistPool(world_size={self.world_size}) is dead (an earlier task failed or it was closed)")
+        if isinstance(fn, str):
+            module, _, name = fn.partition(":")
+        else:
+            module, name = fn.__module__, fn.__qualname__
+        if module == "__main__" or "<locals>" in name or not name:
+            raise ValueError(f"{fn!r} is not a module-level function the workers can import")
+        task, what = (module, name, args, kwargs), f"running {module}.{name}"
+        try:
+            for rank, conn in enumerate(self._conns):
+                try:
+                    conn.send(task)
+                except OSError:
+                    raise DistTaskError(f"rank {rank} is gone (exit code {self.processes[rank].exitcode})") from None
+            return [pickle.loads(v) for v in self._collect(timeout, what)]
+        except BaseException:
+            self.kill()  # on any failure, or Ctrl-C: the ranks may be stuck in a collective
+            raise
+
+    def _collect(self, timeout: float, what: str) -> list:
+        """One reply from every rank, or DistTaskError naming the first failing rank (its traceback included)."""
+        replies, pending = {}, dict(zip(self._conns, range(self.world_size)))
+        deadline = time.monotonic() + timeout
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(pending.values())
+                raise DistTaskError(f"timeout: {what} took longer than {timeout:g} s; no reply from rank(s) {missing}")
+            for conn in connection.wait(list(pending), timeout=remaining):
+                rank = pending.pop(conn)
+                try:
+                    status, value = conn.recv()
+                except (EOFError, OSError):
+                    proc = self.processes[rank]
+                    proc.join(1)
+                    raise DistTaskError(f"rank {rank} died while {what} (exit code {proc.exitcode})") from None
+                if status == "err":
+                    errors = sorted([(rank, value), *self._late_errors(pending)])
+                    text = "".join(f"\n--- rank {r} also raised:\n{tb}" for r, tb in errors[1:])
+                    raise DistTaskError(f"rank {errors[0][0]} raised while {what}:\n{errors[0][1]}{text}")
+                replies[rank] = value
+        return [replies[r] for r in range(self.world_size)]
+
+    @staticmethod
+    def _late_errors(pending, grace: float = 0.2) -> list:
+        """(rank, traceback) of other ranks that fail within ``grace`` s (they may have failed on their own, too)."""
+        errors, deadline = [], time.monotonic() + grace
+        while pending and (remaining := deadline - time.monotonic()) > 0:
+            for conn in connection.wait(list(pending), timeout=remaining):
+                rank = pending.pop(conn)
+                try:
+                    status, value = conn.recv()
+                except (EOFError, OSError):
+                    continue
+                if status == "err":
+                    errors.append((rank, value))
+        return errors
+
+    def kill(self) -> None:
+        """SIGKILL every worker (and anything it started); the pool is dead afterwards."""
+        self._alive = False
+        for p in self.processes:
+            if p.pid is None:
+                continue
+            try:  # the worker's process group outlives it while its children do
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if p.exitcode is None:  # not yet in its own group (still starting)
+                p.kill()
+        for p in self.processes:
+            p.join(5)
+        self._release()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the workers cleanly (barrier, destroy_process_group, exit 0); kill whatever is left after ``timeout`` s."""
+        if self.alive:
+            self._alive = False
+            for conn in self._conns:
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+            deadline = time.monotonic() + timeout
+            for p in self.processes:
+                p.join(max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def _release(self) -> None:
+        for conn in self._conns:
+            conn.close()
+        self._conns = []
+        self._store = None  # drops the parent's rendezvous server
+        _LIVE.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for pool in list(_LIVE):
+        pool.close(timeout=5.0)

@@ -1,0 +1,93 @@
+"""Tests of the DistPool harness itself (tests/distpool.py) through the dist_pool fixture."""
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pool_tasks
+from distpool import DistTaskError
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_results_per_rank(dist_pool, ws):
+    pool = dist_pool(ws)
+    out = pool.run(pool_tasks.allreduce_sum, 2.0, offset=1.0)
+    total = sum((r + 1) * 2.0 + 1.0 for r in range(ws))
+    assert [o["rank"] for o in out] == list(range(ws))
+    assert all(o["world"] == ws and o["sum"] == total and o["threads"] == 1 for o in out)
+    assert len({o["pid"] for o in out}) == ws
+    for t in pool.run("pool_tasks:gather_tensor"):  # CPU tensors come back by value
+        assert torch.equal(t, torch.arange(ws, dtype=torch.float32))
+
+
+def test_pool_is_reused(dist_pool):
+    pool = dist_pool(2)
+    assert dist_pool(2) is pool
+    pids = [o["pid"] for o in pool.run(pool_tasks.allreduce_sum)]
+    t0 = time.monotonic()
+    assert [o["pid"] for o in pool.run(pool_tasks.allreduce_sum)] == pids
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_non_importable_function_is_refused(dist_pool):
+    pool = dist_pool(2)
+    with pytest.raises(ValueError, match="module-level"):
+        pool.run(lambda: None)
+    assert pool.alive
+
+
+def test_error_on_one_rank_kills_pool_then_fixture_respawns(dist_pool):
+    pool = dist_pool(2)
+    with pytest.raises(DistTaskError) as info:
+        pool.run(pool_tasks.raise_on_rank, 1, timeout=30)
+    msg = str(info.value)
+    assert "rank 1 raised while running pool_tasks.raise_on_rank" in msg
+    assert "Traceback" in msg and "pool_tasks.py" in msg and "ValueError: boom from rank 1" in msg
+    assert not pool.alive and not any(p.is_alive() for p in pool.processes)  # rank 0 was stuck in a barrier
+    with pytest.raises(DistTaskError, match="dead"):
+        pool.run(pool_tasks.allreduce_sum)
+    fresh = dist_pool(2)
+    assert fresh is not pool and fresh.alive
+    assert [o["sum"] for o in fresh.run(pool_tasks.allreduce_sum)] == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("task, expected", [
+    (pool_tasks.exit_on_rank, r"rank 1 died while running pool_tasks.exit_on_rank \(exit code 7\)"),
+    (pool_tasks.unpicklable_result, r"(?s)rank 0 raised.*cannot be pickled.*rank 1 also raised"),
+    (pool_tasks.warn_plan_key, r"(?s)rank 0 raised.*UserWarning: Parallelize plan key"),
+])
+def test_other_failures_raise(dist_pool, task, expected):
+    pool = dist_pool(2)
+    with pytest.raises(DistTaskError, match=expected):
+        pool.run(task, timeout=30)
+    assert not pool.alive
+
+
+def test_hang_hits_timeout(dist_pool):
+    pool = dist_pool(2)
+    t0 = time.monotonic()
+    with pytest.raises(DistTaskError, match=r"timeout: running pool_tasks.hang_on_rank took longer than 3 s; "
+                                            r"no reply from rank\(s\) \[0\]"):
+        pool.run(pool_tasks.hang_on_rank, 0, timeout=3)
+    assert time.monotonic() - t0 < 8
+    assert not pool.alive and not any(p.is_alive() for p in pool.processes)
+
+
+def test_worker_killed_while_idle_is_replaced(dist_pool):
+    pool = dist_pool(2)
+    pool.processes[1].kill()
+    pool.processes[1].join(5)
+    assert not pool.alive
+    fresh = dist_pool(2)
+    assert fresh is not pool and not any(p.is_alive() for p in pool.processes)
+    assert [o["sum"] for o in fresh.run(pool_tasks.allreduce_sum)] == [3.0, 3.0]
+
+
+def test_close_is_clean(dist_pool):
+    pool = dist_pool(2)
+    procs = list(pool.processes)
+    pool.close()
+    assert [p.exitcode for p in procs] == [0, 0]  # barrier + destroy_process_group + os._exit(0) (E10)
+    assert not pool.alive
