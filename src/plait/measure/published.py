@@ -251,7 +251,9 @@ def predict_row(row: dict, params: CostParams = DEFAULT_PARAMS) -> RunResult:
         result.status = f"unsupported: {exc}"
         return result
     step = estimate_step(model, cluster, job, layout, params)
-    memory = estimate_memory(model, cluster, job, layout, params)
+    # Megatron-LM saves the sharded sequence-parallel GEMM input; PyTorch runtimes save it gathered
+    megatron = any(word in result.source.lower() for word in ("narayanan", "korthikanti", "megatron"))
+    memory = estimate_memory(model, cluster, job, layout, params, runtime="megatron" if megatron else "torch")
     result.seq_len = job.seq_len
     result.predicted_step_time_s = step.step_time
     result.predicted_mfu = step.mfu

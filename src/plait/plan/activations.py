@@ -22,6 +22,37 @@ Checkpoint policies, per checkpointed layer:
     activation-function outputs, dropout masks - and keep only the layer input, the MLP residual
     input, the GEMM outputs Q, K, V, attention output and the MLP up-projection outputs.
   * ``full``: keep only the layer input (2·s·b·h, sharded by t with sequence parallel).
+
+Runtimes (``runtime=``): what a layer saves depends on the implementation, not only on the math.
+  * ``"megatron"`` (default): Megatron-LM, as in Korthikanti et al. - the formulas above.
+  * ``"torch"``: plait's own runtime (``plait.run``: PyTorch modules, DTensor tensor parallelism),
+    as measured tensor by tensor with saved-tensor hooks in tests/test_memory_truth.py. It
+    differs from Megatron in two places:
+      - sequence parallelism: ``PrepareModuleInput`` all-gathers the norm output before the
+        column-parallel GEMMs, and autograd saves that gathered, full-sequence tensor (DTensor
+        has no "save the shard, gather again in the backward" as Megatron's
+        ``LinearWithGradAccumulationAndAsyncCommunication`` does): ``attn_norm_output`` and
+        ``mlp_norm_output`` are 2·s·b·h each, not 2·s·b·h/t - 4·s·b·h·(1 - 1/t) more per layer.
+      - eager attention builds its s×s boolean causal mask in every layer and ``masked_fill``
+        saves it (item ``attn_causal_mask``, 1 byte per query-key pair, the same on every
+        tensor-parallel rank); Megatron passes one mask to all layers.
+Both runtimes: eager attention with grouped-query attention repeats K and V to all a heads
+before the batched GEMMs, which save the repeated copies (item ``attn_kv_repeat``: the
+2·2·s·b·(h - kv)/t bytes beyond ``kv``; zero for multi-head attention; recomputed under
+``selective``). The flash kernel takes the un-repeated K and V.
+
+Measured on the CPU (tests/test_memory_truth.py) the torch runtime saves exactly these items,
+up to CPU kernel choices that the GPU runtime does not make (the test adds them explicitly):
+  * RMSNorm: on the CPU ``torch.rms_norm`` is the composite upcast-to-fp32 implementation,
+    which saves the fp32 input and the fp32 normalized output (4 + 4 bytes per element) instead
+    of the bf16 input; CUDA's fused ``_fused_rms_norm`` saves the bf16 input and the fp32 rstd.
+  * LayerNorm: the CPU kernel keeps mean and rstd in bf16 (2 bytes each, not 4).
+  * dropout: the CPU kernel saves a scaled mask in the input dtype (2 bytes per element for
+    bf16); CUDA's ``native_dropout`` saves a 1-byte bool mask, as Megatron does.
+  * SDPA with dropout has no fused CPU kernel and runs the fp32 math fallback (not modeled;
+    the GPU flash kernel with dropout saves the same tensors as without, plus an RNG state).
+Not counted anywhere: constant tensors shared by all layers (RoPE cos/sin tables) and a few
+bytes per layer (the flash kernel's RNG state).
 """
 
 from __future__ import annotations
@@ -33,12 +64,23 @@ BF16 = 2
 MASK = 1
 FP32 = 4
 
-SELECTIVE_DROPS = {"attn_scores", "attn_dropout_mask", "attn_dropout_out", "attn_lse"}
+RUNTIMES = ("megatron", "torch")
+
+SELECTIVE_DROPS = {"attn_scores", "attn_dropout_mask", "attn_dropout_out", "attn_lse", "attn_kv_repeat",
+                   "attn_causal_mask"}
 BALANCED_KEEPS = {"attn_norm_input", "mlp_norm_input", "q", "kv", "attn_out", "mlp_up"}
 
 
-def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None = None) -> dict[str, float]:
-    """Bytes saved for the backward by one layer, one micro-batch, no recomputation."""
+def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None = None, *,
+                runtime: str = "megatron") -> dict[str, float]:
+    """Bytes saved for the backward by one layer, one micro-batch, no recomputation.
+
+    ``runtime`` is ``"megatron"`` (Korthikanti's accounting) or ``"torch"`` (plait's runtime);
+    see the module docstring for the difference.
+    """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
+    torch_sp = runtime == "torch" and layout.sequence_parallel
     s = seq_len / layout.cp
     b = layout.mbs if mbs is None else mbs
     h, f, a, t = model.hidden, model.ffn_hidden, model.n_heads, layout.tp
@@ -48,10 +90,15 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
     items: dict[str, float] = {}
     # ---- attention block
     items["attn_norm_input"] = BF16 * sb * h / rep
-    items["attn_norm_output"] = BF16 * sb * h / rep  # input of the QKV GEMM
+    # input of the QKV GEMM: saved sharded (Megatron) or all-gathered (DTensor)
+    items["attn_norm_output"] = BF16 * sb * h / (1 if torch_sp else rep)
     items["q"] = BF16 * sb * h / t
     items["kv"] = BF16 * sb * 2 * kv / t
     if layout.attn == "eager":
+        if kv < h:  # GQA: K and V repeated to every query head for the batched GEMMs
+            items["attn_kv_repeat"] = BF16 * sb * 2 * (h - kv) / t
+        if runtime == "torch":  # built per layer (s local queries × seq_len keys, bool)
+            items["attn_causal_mask"] = MASK * s * seq_len
         # probabilities after softmax: s local queries × seq_len keys per head
         items["attn_scores"] = BF16 * a / t * b * s * seq_len
         if model.dropout:
@@ -64,7 +111,7 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
         items["attn_resid_dropout_mask"] = MASK * sb * h / rep
     # ---- MLP block
     items["mlp_norm_input"] = BF16 * sb * h / rep
-    items["mlp_norm_output"] = BF16 * sb * h / rep  # input of the up-projection GEMM
+    items["mlp_norm_output"] = BF16 * sb * h / (1 if torch_sp else rep)  # input of the up-projection GEMM
     if model.arch == "llama":
         items["mlp_up"] = 2 * BF16 * sb * f / t  # gate and up outputs
         items["mlp_act_out"] = 2 * BF16 * sb * f / t  # silu(gate) and silu(gate)·up
@@ -91,9 +138,10 @@ def checkpointed_items(items: dict[str, float], policy: str) -> dict[str, float]
     raise ValueError(f"unknown checkpoint policy {policy!r}")
 
 
-def layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, policy: str | None = None) -> float:
+def layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, policy: str | None = None, *,
+                runtime: str = "megatron") -> float:
     """Saved bytes of one layer and micro-batch under ``policy`` (default: the layout's)."""
-    items = layer_items(model, layout, seq_len)
+    items = layer_items(model, layout, seq_len, runtime=runtime)
     return sum(checkpointed_items(items, layout.ckpt if policy is None else policy).values())
 
 

@@ -163,7 +163,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         bandwidth = cluster.host_link_bandwidth
         if lay.offload_target == "disk":
             bandwidth = min(bandwidth, params.disk_bandwidth)
-        moved = lay.offload * layers * layer_bytes(model, lay, job.seq_len)
+        moved = lay.offload * layers * layer_bytes(model, lay, job.seq_len, runtime="torch")
         offload_mb = max(0.0, moved / bandwidth - layers * times.fwd) + max(0.0, moved / bandwidth - layers * times.bwd)
     # ---- pipeline send/recv per micro-batch (forward activations, backward gradients)
     pp_mb = 0.0

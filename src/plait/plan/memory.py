@@ -135,9 +135,14 @@ def in_flight_microbatches(layout: Layout, micro_batches: int) -> float:
     return in_flight
 
 
-def activation_bytes(model: ModelSpec, layout: Layout, job: JobSpec, in_flight: float) -> tuple[float, float]:
-    """(activations on GPU at the peak with ``in_flight`` micro-batches, bytes offloaded)."""
-    items = layer_items(model, layout, job.seq_len)
+def activation_bytes(model: ModelSpec, layout: Layout, job: JobSpec, in_flight: float,
+                     runtime: str = "torch") -> tuple[float, float]:
+    """(activations on GPU at the peak with ``in_flight`` micro-batches, bytes offloaded).
+
+    ``runtime``: whose saved tensors to count (``plait.plan.activations``): ``torch`` for plait's
+    own runtime (the default: what ``plait train`` runs), ``megatron`` for Megatron-LM.
+    """
+    items = layer_items(model, layout, job.seq_len, runtime=runtime)
     full = sum(items.values())
     kept = sum(checkpointed_items(items, layout.ckpt).values())
     per_stage_layers = stage_layers(model, layout) * layout.vpp
@@ -155,7 +160,7 @@ def activation_bytes(model: ModelSpec, layout: Layout, job: JobSpec, in_flight: 
 
 
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
-                    params: CostParams = DEFAULT_PARAMS) -> MemoryBreakdown:
+                    params: CostParams = DEFAULT_PARAMS, runtime: str = "torch") -> MemoryBreakdown:
     """Peak memory of the most loaded GPU (the larger of the first and last stages)."""
     s_local = job.seq_len / layout.cp
     sb = s_local * layout.mbs
@@ -171,7 +176,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
         is_last = stage == "last" or layout.pp == 1
         # the last stage of 1F1B-type schedules holds one micro-batch; GPipe's holds them all
         stage_in_flight = in_flight if is_first or layout.schedule == "gpipe" else 1.0
-        stage_acts, offloaded = activation_bytes(model, layout, job, stage_in_flight)
+        stage_acts, offloaded = activation_bytes(model, layout, job, stage_in_flight, runtime)
         embed_acts = stage_in_flight * embed_per_mb if is_first else 0.0
         dynamic = stage_acts + embed_acts + (logits if is_last else 0.0) + buffers
         candidates.append(MemoryBreakdown(

@@ -134,14 +134,13 @@ class RunConfig:
         return cls.from_dict(read_json_file(path, "run config"))
 
 
-def plan_parts(plan: dict, path: str) -> tuple[ModelSpec, Layout, JobSpec, str, dict]:
-    """(model, layout, job, GPU name, prediction) of a saved plan, with clear errors."""
+def plan_parts(plan: dict, path: str) -> tuple[ModelSpec, Layout, JobSpec, str]:
+    """(model, layout, job, GPU name) of a saved plan, with clear errors."""
     try:
         model = ModelSpec.from_dict(plan["model"])
         layout = Layout.from_dict(plan["layout"])
         job = JobSpec.from_dict(plan["job"])
         gpu = plan["cluster"]["gpu"]["name"]
-        prediction = plan.get("prediction", {})
     except (KeyError, TypeError) as exc:
         raise PlaitError(f"{path}: plan file is missing {exc}; write it with plait plan --save") from None
-    return model, layout, job, gpu, prediction
+    return model, layout, job, gpu

@@ -109,9 +109,9 @@ def _failure_message(run_dir: Path, exc: Exception) -> str:
             continue
     if not errors:
         return f"training failed: a worker died without a message ({str(exc).strip().splitlines()[0]})"
-    errors.sort(key=lambda e: e["rank"])
-    # a root cause beats the timeouts it caused on the other ranks
-    first = next((e for e in errors if "timed out" not in e["message"].lower()), errors[0])
+    # the root cause failed first; the other ranks then fail in collectives with their dead peer
+    errors.sort(key=lambda e: (e.get("time", 0.0), e["rank"]))
+    first = errors[0]
     text = f"training failed on rank {first['rank']}: {first['message']}"
     if "traceback" in first:
         text += "\n" + first["traceback"].rstrip()

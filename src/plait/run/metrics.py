@@ -47,13 +47,13 @@ class RunSummary:
     step_time_s: float  # median over the steady-state steps
     tokens_per_s: float
     mfu: float | None
-    peak_memory_bytes: int | None  # max over ranks of the accelerator's peak allocation
+    peak_memory_bytes: int | None  # max over ranks of torch.cuda.max_memory_allocated
     peak_host_rss_bytes: int  # max over ranks of the process's peak resident memory
     device: str
     world_size: int
     layout: str
     predicted_step_time_s: float | None = None
-    predicted_memory_bytes: float | None = None
+    predicted_memory_bytes: float | None = None  # planner's peak minus CUDA context, NCCL, fragmentation
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -69,7 +69,7 @@ class RunSummary:
             ratio = self.step_time_s / self.predicted_step_time_s
             parts[0] += f" vs {self.predicted_step_time_s:.3f} s predicted ({ratio:.2f}×)"
         if self.peak_memory_bytes is not None:
-            text = f"peak memory {self.peak_memory_bytes / 2**30:.2f} GiB measured"
+            text = f"peak allocated {self.peak_memory_bytes / 2**30:.2f} GiB measured"
             if self.predicted_memory_bytes:
                 text += (f" vs {self.predicted_memory_bytes / 2**30:.2f} GiB predicted "
                          f"({self.peak_memory_bytes / self.predicted_memory_bytes:.2f}×)")

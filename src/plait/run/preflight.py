@@ -100,9 +100,11 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
     from plait.plan.plan import evaluate
 
     plan = evaluate(model, run_cluster(config, options), config.job, layout)
+    memory = plan.memory
     config = dataclasses.replace(config, prediction={
-        "step_time_s": plan.step.step_time, "memory_bytes": plan.memory.total, "mfu": plan.step.mfu,
-        "gpu": config.gpu})
+        "step_time_s": plan.step.step_time, "memory_bytes": memory.total, "mfu": plan.step.mfu, "gpu": config.gpu,
+        # what torch's caching allocator should hand out at the peak (no context, NCCL, fragmentation)
+        "allocated_bytes": memory.total - memory.cuda_context - memory.comm_buffers - memory.fragmentation})
     if not plan.fits:
         over = (plan.memory.total - plan.memory.capacity) / GIB
         message = (f"layout {layout} is predicted to need {plan.memory.total / GIB:.1f} GiB per GPU, "

@@ -25,6 +25,17 @@ def loss_context(pdims: ParallelDims):
     return loss_parallel() if pdims.layout.tp > 1 else contextlib.nullcontext()
 
 
+def compute_context(parts: ModelParts, device: torch.device):
+    """bf16 autocast on GPU when FSDP's mixed-precision policy does not already cast.
+
+    Weights, gradients and optimizer states stay fp32 (the master copy); matmuls and attention
+    run in bf16; data-parallel reductions are fp32. On CPU everything is fp32.
+    """
+    if device.type == "cuda" and not parts.fsdp:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def _gradient_sync(module: torch.nn.Module, enabled: bool):
     """Skip the data-parallel gradient reduction on all but the last micro-batch."""
     if isinstance(module, DistributedDataParallel):
@@ -42,7 +53,7 @@ def forward_backward(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tenso
         return _pipelined(parts, pdims, inputs, labels)
     model = parts.chunks[0]
     total = torch.zeros((), device=inputs.device)
-    with loss_context(pdims):
+    with loss_context(pdims), compute_context(parts, inputs.device):
         for index, (x, y) in enumerate(zip(inputs.chunk(n_microbatches), labels.chunk(n_microbatches))):
             with _gradient_sync(model, index == n_microbatches - 1):
                 loss = token_loss(model(x), y) / n_microbatches
@@ -57,7 +68,7 @@ def _pipelined(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tensor, lab
     first, last = 0 in parts.stage_ids, n_stages - 1 in parts.stage_ids
     losses: list[torch.Tensor] = []
     kwargs = {"target": labels, "losses": losses} if last else {}
-    with loss_context(pdims):
+    with loss_context(pdims), compute_context(parts, inputs.device):
         if first:
             parts.schedule.step(inputs, **kwargs)
         else:

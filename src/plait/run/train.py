@@ -9,6 +9,7 @@ AdamW step with the scheduled learning rate, metrics.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import time
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ def pick_device(config: RunConfig) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise PlaitError("device=cuda but torch sees no GPU")
-    index = dist.get_rank() % torch.cuda.device_count()
+    index = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
@@ -60,6 +61,15 @@ def local_batch(source, config: RunConfig, pdims: ParallelDims, step: int, devic
     rows = source.batch(step, range(start, start + per_rank), config.seq_len, config.global_batch)
     tokens = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(device)
     return tokens[:, :-1], tokens[:, 1:]
+
+
+def injected_fault(rank: int) -> int | None:
+    """The step at which this rank must fail, from ``PLAIT_INJECT_FAULT="rank=R,step=S"`` (tests)."""
+    spec = os.environ.get("PLAIT_INJECT_FAULT")
+    if not spec:
+        return None
+    fields = dict(item.split("=", 1) for item in spec.split(","))
+    return int(fields["step"]) if int(fields["rank"]) == rank else None
 
 
 def peak_flops(config: RunConfig, device: torch.device) -> float | None:
@@ -96,12 +106,15 @@ def run_training(config: RunConfig, device: torch.device | None = None) -> Train
     log = JsonlLog(config.log if is_rank0 else None)
     display = Display(config.steps, is_rank0, config.log_every)
     records: list[StepRecord] = []
+    fault_step = injected_fault(rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
         parts.train()
         for step in range(config.steps):
             start = time.perf_counter()
+            if step == fault_step:
+                raise RuntimeError(f"injected fault (PLAIT_INJECT_FAULT) on rank {rank} at step {step}")
             inputs, labels = local_batch(source, config, pdims, step, device)
             lr = lr_at(step, config.steps, config.optim)
             set_lr(optimizer, lr)
@@ -151,5 +164,5 @@ def _summarize(config: RunConfig, records: list[StepRecord], pdims: ParallelDims
         peak_memory_bytes=peak_memory, peak_host_rss_bytes=int(rss), device=device.type,
         world_size=config.layout.world_size, layout=str(config.layout),
         predicted_step_time_s=prediction.get("step_time_s") if device.type == "cuda" else None,
-        predicted_memory_bytes=prediction.get("memory_bytes") if device.type == "cuda" else None,
+        predicted_memory_bytes=prediction.get("allocated_bytes") if device.type == "cuda" else None,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 from plait.errors import PlaitError
@@ -37,9 +36,9 @@ def run_config(args, options: LaunchOptions) -> RunConfig:
     from plait.plan.plan import load_plan
     from plait.spec.models import get_model
 
-    gpu, prediction = args.gpu, None
+    gpu = args.gpu
     if args.plan:
-        model, layout, job, plan_gpu, prediction = plan_parts(load_plan(args.plan), args.plan)
+        model, layout, job, plan_gpu = plan_parts(load_plan(args.plan), args.plan)
         if args.model and get_model(args.model) != model:
             raise PlaitError(f"{args.plan} is a plan for model {model.name}, not {args.model}")
         if args.layout:
@@ -64,8 +63,6 @@ def run_config(args, options: LaunchOptions) -> RunConfig:
         from plait.run.data import open_tokens
 
         open_tokens(args.data, model.vocab, args.seed, seq_len=seq_len, model_name=model.name)  # fail early
-    if prediction and args.plan and (global_batch, seq_len) == (job.global_batch, job.seq_len):
-        config = dataclasses.replace(config, prediction=prediction)
     return config
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -44,7 +45,7 @@ def init_process_group(config: RunConfig) -> None:
 
 
 def write_error(run_dir: Path, rank: int, exc: BaseException) -> None:
-    record = {"rank": rank, "type": type(exc).__name__, "message": str(exc)}
+    record = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "time": time.time()}
     if not isinstance(exc, PlaitError):
         record["traceback"] = traceback.format_exc()
     (run_dir / f"error-rank{rank}.json").write_text(json.dumps(record))

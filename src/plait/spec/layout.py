@@ -263,6 +263,10 @@ class JobSpec:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> JobSpec:
+        return dataclass_from_dict(cls, data, "job")
+
 
 @dataclass(frozen=True)
 class GroupPlacement:

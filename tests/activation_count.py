@@ -1,0 +1,289 @@
+"""Measure the bytes one transformer layer of the runtime saves for its backward (tests/test_memory_truth.py).
+
+``measure_layer(spec, layout, seq_len, mbs)`` builds a one-layer ``plait.run.model.Transformer`` in
+bf16 on the CPU exactly as the runtime would for ``layout`` (eager or SDPA kernel, tensor/sequence
+parallel via ``apply_tensor_parallel`` when ``layout.tp > 1``, the runtime's own
+``apply_activation_checkpointing``), runs the block's forward for one micro-batch and counts what
+autograd keeps, in two independent ways:
+
+  * **saved**: a ``torch.autograd.graph.saved_tensors_hooks`` pack hook sees every tensor an
+    autograd node saves. It counts the bytes of each distinct storage once (Q, K and V linears
+    save the same input; a transposed view is the same memory), on this rank (a DTensor counts
+    its local shard), excluding parameters (and their transposed views) and model buffers (the
+    RoPE cos/sin tables, shared by all layers).
+    Under non-reentrant checkpointing (``torch.utils.checkpoint``, ``use_reentrant=False``) the
+    checkpoint pushes its own saved-tensor hooks inside the checkpointed region: the outer hook
+    sees only what the checkpoint keeps, i.e. the region's tensor inputs that its
+    ``_NoopSaveInputs`` node saves; the inner tensors are packed into placeholders and
+    recomputed in the backward.
+  * **live**: a ``TorchDispatchMode`` takes a weak reference to the storage of every tensor
+    created during the forward; after it, with only the block output held, the storages still
+    alive (minus the output's) are what the layer really keeps in memory. Any tensor held by
+    something else than a saved-tensor slot (a checkpoint frame, a custom Function's ctx) would
+    show here.
+
+The results are plain data (picklable), so that ``measure_layer`` also runs as a DistPool task
+on every rank (``tests/distpool.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    is_traceable_wrapper_subclass,
+)
+from torch.utils._pytree import tree_flatten
+
+from plait.run.checkpointing import apply_activation_checkpointing
+from plait.run.model import build_model, canonical_name, eager_attention, rope_tables
+from plait.spec.layout import Layout
+from plait.spec.model import ModelSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Saved:
+    """One tensor that a node saved, as the pack hook saw it (local shard of a DTensor)."""
+
+    module: str  # innermost module running when it was saved ("" = the checkpoint wrapper)
+    grad_fn: str  # the saved tensor's own grad_fn (what produced it; a DTensor's), "" for none
+    shape: tuple
+    dtype: str
+    nbytes: int  # bytes of its storage
+    kind: str  # "act" (counted), "dup" (storage already counted), "param", "buffer", "empty" (0 bytes)
+
+
+def _leaves(t: torch.Tensor):
+    """The plain tensors inside ``t``: itself, or the inner tensors of a DTensor / wrapper subclass."""
+    if is_traceable_wrapper_subclass(t):
+        attrs, _ = t.__tensor_flatten__()
+        for attr in attrs:
+            inner = getattr(t, attr)
+            if isinstance(inner, torch.Tensor):  # DTensor also lists its device_mesh
+                yield from _leaves(inner)
+    else:
+        yield t
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class _Births(TorchDispatchMode):
+    """Weak references to the storage of every tensor that an op creates (keyed by address)."""
+
+    def __init__(self):
+        super().__init__()
+        self.born: dict[int, tuple[StorageWeakRef, int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor):
+                for leaf in _leaves(value):
+                    storage = leaf.untyped_storage()
+                    if storage.nbytes():
+                        self.born[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
+        return out
+
+
+def build_layer(spec: ModelSpec, layout: Layout, seed: int = 0):
+    """A one-layer model as the runtime builds it for ``layout``, bf16 weights, on the CPU."""
+    spec1 = dataclasses.replace(spec, n_layers=1)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # the planner's bf16 activations (FSDP's param_dtype)
+    try:
+        model = build_model(spec1)
+    finally:
+        torch.set_default_dtype(previous)
+    if layout.attn == "eager":
+        model.layers["0"].attention.kernel = eager_attention
+    if layout.tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from plait.run.tensor_parallel import apply_tensor_parallel
+
+        mesh = init_device_mesh("cpu", (layout.tp,), mesh_dim_names=("tp",))
+        apply_tensor_parallel(model, mesh, layout.sequence_parallel)
+    apply_activation_checkpointing([model], layout)
+    model.to_empty(device="cpu")
+    # Values do not change what is saved: random bf16 weights (cheaper than init_weights) and the
+    # runtime's fp32 RoPE tables.
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param
+            local.copy_(torch.randn(local.shape, generator=generator) * 0.02)
+    model.rope_cos, model.rope_sin = rope_tables(spec.head_dim, spec.max_seq_len, "cpu")
+    model.train()
+    return model
+
+
+def measure_layer(spec: ModelSpec, layout: Layout, seq_len: int, mbs: int, seed: int = 0) -> dict:
+    """Saved and live bytes of one layer for one micro-batch of ``mbs`` sequences, on this rank.
+
+    Returns {"saved": bytes counted by the pack hook, "live": bytes alive after the forward,
+    "records": [Saved, ...] in save order, "live_not_saved"/"saved_not_live": storage sizes that
+    only one method saw}.
+    """
+    torch.manual_seed(seed)
+    model = build_layer(spec, layout, seed)
+    block = model.layers["0"]
+    s_local = seq_len // layout.tp if layout.sequence_parallel else seq_len
+    x0 = torch.randn(mbs, s_local, spec.hidden, dtype=torch.bfloat16, requires_grad=True)
+
+    def local_ptrs(tensors):
+        return {_ptr(leaf) for t in tensors for leaf in _leaves(t)}
+
+    params = local_ptrs(model.parameters())
+    buffers = local_ptrs(model.buffers())
+    stack: list[str] = []
+
+    def enter(name):
+        def hook(module, args):
+            stack.append(name)
+        return hook
+
+    def leave(module, args, output):
+        stack.pop()
+
+    hooks = []
+    for name, module in block.named_modules():
+        name = canonical_name(name + ".").rstrip(".") if name else ""
+        hooks += [module.register_forward_pre_hook(enter(name)), module.register_forward_hook(leave)]
+    records: list[Saved] = []
+    counted: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        grad_fn = t.grad_fn.name() if t.grad_fn is not None else ""
+        for leaf in _leaves(t):
+            key, nbytes = _ptr(leaf), leaf.untyped_storage().nbytes()
+            if key in params:
+                kind = "param"
+            elif key in buffers:
+                kind = "buffer"
+            elif nbytes == 0:
+                kind = "empty"
+            elif key in counted:
+                kind = "dup"
+            else:
+                kind = "act"
+                counted[key] = nbytes
+            records.append(Saved(stack[-1] if stack else "", grad_fn, tuple(leaf.shape), str(leaf.dtype).removeprefix("torch."), nbytes, kind))
+        return t
+
+    births = _Births()
+    with births, saved_tensors_hooks(pack, lambda t: t):
+        x = x0.clone()  # the layer input, created under the mode: alive afterwards only if saved
+        y = block(x, model.rope_cos, model.rope_sin)
+    del x
+    for h in hooks:
+        h.remove()
+    held = local_ptrs([y]) | params | buffers
+
+    def alive() -> dict[int, int]:
+        return {ptr: n for ptr, (ref, n) in births.born.items() if not ref.expired() and ptr not in held}
+
+    live = alive()
+    if set(live) - set(counted):  # garbage in a reference cycle? (a full collection is slow: only then)
+        gc.collect()
+        live = alive()
+    result = {
+        "saved": sum(counted.values()),
+        "live": sum(live.values()),
+        "records": records,
+        "live_not_saved": sorted(n for p, n in live.items() if p not in counted),
+        "saved_not_live": sorted(n for p, n in counted.items() if p not in live),
+    }
+    del y
+    return result
+
+
+# ------------------------------------------------------------------ attribution to planner items
+QKV = "q+kv"  # the planner's q, kv and attn_kv_repeat, merged (their shapes coincide for MHA)
+
+
+def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int, mbs: int) -> dict[str, int]:
+    """Bytes of the counted ("act") records by ``plait.plan.activations`` item name.
+
+    The rule is by the module that saved the tensor, then dtype and shape:
+      block wrapper ("", full checkpoint)   -> attn_norm_input (the checkpoint's input)
+      attention_norm / ffn_norm             -> attn/mlp_norm_input (compute dtype, width h),
+                                               norm_stats (one value per token),
+                                               cpu_rmsnorm_fp32 (fp32, width h: CPU composite RMSNorm)
+      attention.wq/wk/wv, feed_forward.w1/w3 -> attn_norm_output, mlp_norm_output (GEMM inputs)
+      attention.wo, feed_forward.w2          -> attn_out, mlp_act_out
+      attention (kernel, RoPE, checkpoint)   -> attn_causal_mask (bool), attn_lse (fp32),
+                                               attn_scores / attn_dropout_mask / attn_dropout_out
+                                               (the s×s tensors), attn_out (SDPA's output), q+kv
+      feed_forward                           -> mlp_act_out (silu / gelu output), mlp_up
+      dropout (1st, 2nd call)                -> attn_resid_dropout_mask, mlp_dropout_mask
+    Anything else is reported as "other:<module>" (and fails the comparison). The s×s tensors are
+    told from Q, K, V by their element count (they coincide only if seq_len == head_dim).
+    """
+    s_q = seq_len // layout.cp
+    scores_numel = mbs * (spec.n_heads // layout.tp) * s_q * seq_len
+    items: dict[str, int] = {}
+    dropout_calls = 0
+
+    def add(item: str, n: int) -> None:
+        items[item] = items.get(item, 0) + n
+
+    for r in records:
+        if r.kind != "act":
+            continue
+        m, last = r.module, r.shape[-1] if r.shape else 1
+        if m == "":
+            add("attn_norm_input", r.nbytes)
+        elif m in ("attention_norm", "ffn_norm"):
+            part = "attn" if m == "attention_norm" else "mlp"
+            if last == 1 or len(r.shape) < 2:
+                add("norm_stats", r.nbytes)
+            elif r.dtype == "bfloat16":
+                add(f"{part}_norm_input", r.nbytes)
+            else:
+                add("cpu_rmsnorm_fp32", r.nbytes)
+        elif m in ("attention.wq", "attention.wk", "attention.wv"):
+            add("attn_norm_output", r.nbytes)
+        elif m in ("feed_forward.w1", "feed_forward.w3"):
+            add("mlp_norm_output", r.nbytes)
+        elif m == "attention.wo":
+            add("attn_out", r.nbytes)
+        elif m == "feed_forward.w2":
+            add("mlp_act_out", r.nbytes)
+        elif m == "feed_forward":
+            add("mlp_act_out" if r.grad_fn.startswith(("Silu", "Gelu")) else "mlp_up", r.nbytes)
+        elif m == "dropout":
+            add("attn_resid_dropout_mask" if dropout_calls == 0 else "mlp_dropout_mask", r.nbytes)
+            dropout_calls += 1
+        elif m == "attention":
+            if r.dtype == "bool":
+                add("attn_causal_mask", r.nbytes)
+            elif r.dtype == "float32":
+                add("attn_lse", r.nbytes)
+            elif math.prod(r.shape) == scores_numel:
+                if r.grad_fn.startswith("Softmax"):
+                    add("attn_scores", r.nbytes)
+                elif r.grad_fn == "":
+                    add("attn_dropout_mask", r.nbytes)
+                else:
+                    add("attn_dropout_out", r.nbytes)
+            elif r.grad_fn.startswith("ScaledDotProduct"):
+                add("attn_out", r.nbytes)
+            else:
+                add(QKV, r.nbytes)
+        else:
+            add(f"other:{m}", r.nbytes)
+    return items
+
+
+
+def measure_layers(cases: list[tuple]) -> list[dict]:
+    """``measure_layer(*case)`` for each case: many configurations in one DistPool round trip."""
+    return [measure_layer(*case) for case in cases]

@@ -1,0 +1,160 @@
+"""Memory truth: the bytes one runtime layer saves for its backward, measured, against the planner.
+
+For each checkpoint policy (none, selective, full), attention kernel (SDPA "flash", eager) and
+tensor-parallel layout (tp=1; tp=2 with and without sequence parallelism, on two gloo ranks),
+``tests/activation_count.py`` builds one bf16 layer of the runtime's model on the CPU and counts,
+for one micro-batch, the distinct storages that autograd saves (``saved_tensors_hooks``; DTensors
+by their local shard; parameters and the RoPE tables excluded) and, independently, the storages
+still alive after the forward. The two must agree, and must equal the planner's
+``plait.plan.activations`` items for the same configuration (``runtime="torch"``), byte for byte,
+after the CPU kernels' documented differences (``cpu_kernel_deltas``; the module docstring of
+``plait.plan.activations`` explains each).
+
+Not measured: ``balanced`` (a planner-only policy) and SDPA with dropout without recomputation
+(no fused CPU kernel: the fp32 math fallback runs, unlike the GPU's flash kernel).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from activation_count import QKV, classify, measure_layer, measure_layers
+
+from plait.plan.activations import checkpointed_items, layer_items
+from plait.spec.layout import Layout
+from plait.spec.models import get_model
+
+SEQ, MBS = 64, 2  # seq_len must differ from head_dim (32): s×s tensors are told from Q/K/V by size
+LLAMA = get_model("tiny")  # hidden 128, 4 heads, 2 KV heads (GQA), SwiGLU 384, RMSNorm, RoPE
+GPT = dataclasses.replace(get_model("tiny-gpt"), dropout=True)  # hidden 128, 4 heads, GELU 512, LayerNorm
+GPT_NO_DROPOUT = get_model("tiny-gpt")
+POLICIES = ("none", "selective", "full")
+ATTN = ("flash", "eager")
+DROPOUT_MASKS = ("attn_resid_dropout_mask", "mlp_dropout_mask", "attn_dropout_mask")
+
+
+def measurable(spec, attn: str, policy: str) -> bool:
+    """SDPA with dropout runs the CPU math fallback; under recomputation its tensors are not kept."""
+    return not (spec.dropout and attn == "flash" and policy == "none")
+
+
+def cases(specs, tp: int, sp: bool) -> list[tuple]:
+    return [(spec, Layout(tp=tp, sp=sp, mbs=MBS, ckpt=policy, attn=attn), SEQ, MBS)
+            for spec in specs for policy in POLICIES for attn in ATTN if measurable(spec, attn, policy)]
+
+
+def case_id(case) -> str:
+    spec, layout = case[0], case[1]
+    name = spec.name + ("+dropout" if spec.dropout else "")
+    tp = f"-tp{layout.tp}{'-sp' if layout.sequence_parallel else ''}" if layout.tp > 1 else ""
+    return f"{name}-{layout.ckpt}-{layout.attn}{tp}"
+
+
+def planner_items(spec, layout: Layout, runtime: str) -> dict[str, float]:
+    return checkpointed_items(layer_items(spec, layout, SEQ, MBS, runtime=runtime), layout.ckpt)
+
+
+def cpu_kernel_deltas(spec, items: dict[str, float]) -> dict[str, float]:
+    """Bytes the CPU kernels save beyond the GPU runtime, by item (negative: fewer).
+
+    * RMSNorm (llama): the composite CPU ``rms_norm`` saves its fp32 input and fp32 normalized
+      output (8 bytes per element, item ``cpu_rmsnorm_fp32``) instead of the bf16 input (2).
+      Under ``full`` the only norm input kept is the checkpoint's input (bf16, unchanged).
+    * LayerNorm (gpt): mean and rstd in bf16 on the CPU: half of ``norm_stats``.
+    * dropout: a mask in the input dtype (bf16, 2 bytes) instead of CUDA's bool (1 byte).
+    """
+    deltas: dict[str, float] = {}
+    norms_run = "norm_stats" in items  # false under full recomputation
+    if spec.arch == "llama" and norms_run:
+        for item in ("attn_norm_input", "mlp_norm_input"):
+            deltas[item] = -items[item]
+            deltas["cpu_rmsnorm_fp32"] = deltas.get("cpu_rmsnorm_fp32", 0.0) + 4 * items[item]
+    if spec.arch == "gpt" and norms_run:
+        deltas["norm_stats"] = -items["norm_stats"] / 2
+    for item in DROPOUT_MASKS:
+        if item in items:
+            deltas[item] = items[item]
+    return deltas
+
+
+def merge_qkv(items: dict[str, float]) -> dict[str, float]:
+    """q, kv and attn_kv_repeat as one item (the measurement cannot tell them apart for MHA)."""
+    out = {k: v for k, v in items.items() if k not in ("q", "kv", "attn_kv_repeat")}
+    out[QKV] = sum(items.get(k, 0.0) for k in ("q", "kv", "attn_kv_repeat"))
+    return {k: v for k, v in out.items() if v}
+
+
+def comparison(spec, layout: Layout, result: dict) -> tuple[dict, dict, str]:
+    """(expected items, measured items, a per-item table of both for the failure message)."""
+    megatron = merge_qkv(planner_items(spec, layout, "megatron"))
+    torch_items = planner_items(spec, layout, "torch")
+    deltas = merge_qkv(cpu_kernel_deltas(spec, torch_items))
+    torch_items = merge_qkv(torch_items)
+    expected = {k: torch_items.get(k, 0.0) + deltas.get(k, 0.0) for k in {*torch_items, *deltas}}
+    expected = {k: v for k, v in expected.items() if v}
+    measured = classify(result["records"], spec, layout, SEQ, MBS)
+    rows = [f"{'item':26} {'megatron':>9} {'torch':>9} {'cpu delta':>9} {'expected':>9} {'measured':>9}"]
+    for item in sorted({*megatron, *torch_items, *deltas, *measured}):
+        values = [megatron.get(item, 0), torch_items.get(item, 0), deltas.get(item, 0),
+                  expected.get(item, 0), measured.get(item, 0)]
+        flag = "" if values[3] == values[4] else "   <-- differs"
+        rows.append(f"{item:26} " + " ".join(f"{v:9.0f}" for v in values) + flag)
+    totals = [sum(megatron.values()), sum(torch_items.values()), sum(deltas.values()),
+              sum(expected.values()), sum(measured.values())]
+    rows.append(f"{'TOTAL':26} " + " ".join(f"{v:9.0f}" for v in totals))
+    rows.append(f"saved-tensor hooks: {result['saved']} B; alive after forward: {result['live']} B "
+                f"(only alive: {result['live_not_saved']}, only saved: {result['saved_not_live']})")
+    rows.append("saved tensors (module, grad_fn, local shape, dtype, storage bytes, kind):")
+    rows += [f"  {r.module or '<block>':18} {r.grad_fn or '-':44} {r.shape!s:18} {r.dtype:9} {r.nbytes:8} {r.kind}"
+             for r in result["records"]]
+    return expected, measured, "\n".join(rows)
+
+
+def check(spec, layout: Layout, result: dict) -> None:
+    expected, measured, table = comparison(spec, layout, result)
+    label = case_id((spec, layout))
+    assert result["saved"] == result["live"], f"{label}: hooks and liveness disagree\n{table}"
+    assert result["saved"] == sum(measured.values()), f"{label}: classification lost bytes\n{table}"
+    assert measured == expected, f"{label}: measured != planner + CPU deltas\n{table}"
+
+
+# ------------------------------------------------------------------ one rank (tp=1)
+SINGLE = cases([LLAMA, GPT, GPT_NO_DROPOUT], tp=1, sp=False)
+
+
+@pytest.mark.parametrize("case", SINGLE, ids=[case_id(c) for c in SINGLE])
+def test_saved_bytes_match_planner(case):
+    check(case[0], case[1], measure_layer(*case))
+
+
+# ------------------------------------------------------------------ tensor parallel (tp=2, gloo)
+PARALLEL = cases([LLAMA, GPT], tp=2, sp=False) + cases([LLAMA, GPT], tp=2, sp=True)
+
+
+@pytest.fixture(scope="module")
+def parallel_results(dist_pool):
+    """Every tp=2 case measured on both ranks in one round trip: {case_id: [rank0, rank1]}."""
+    per_rank = dist_pool(2).run(measure_layers, PARALLEL, timeout=120)
+    return {case_id(c): [ranks[i] for ranks in per_rank] for i, c in enumerate(PARALLEL)}
+
+
+@pytest.mark.parametrize("case", PARALLEL, ids=[case_id(c) for c in PARALLEL])
+def test_saved_bytes_per_rank_match_planner(case, parallel_results):
+    for result in parallel_results[case_id(case)]:  # both ranks hold equal shards
+        check(case[0], case[1], result)
+
+
+def test_sequence_parallel_saves_the_gathered_gemm_input():
+    """DTensor SP keeps the all-gathered norm output; Megatron keeps the shard and gathers it again."""
+    s, b, h, t = SEQ, MBS, LLAMA.hidden, 2
+    for policy in ("none", "selective"):
+        layout = Layout(tp=t, sp=True, mbs=b, ckpt=policy)
+        megatron = sum(planner_items(LLAMA, layout, "megatron").values())
+        runtime = sum(planner_items(LLAMA, layout, "torch").values())
+        assert runtime - megatron == 2 * 2 * s * b * h * (1 - 1 / t)  # two GEMM inputs, bf16
+    full = Layout(tp=t, sp=True, mbs=b, ckpt="full")
+    assert planner_items(LLAMA, full, "torch") == planner_items(LLAMA, full, "megatron")

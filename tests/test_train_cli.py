@@ -1,0 +1,160 @@
+"""``plait train`` and ``plait data prepare`` end to end, through torchrun, and their bad input.
+
+The launches are real (torchrun, gloo ranks on CPU) and kept few: each costs a few seconds.
+Bad input that is caught before launching is checked in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from plait.cli import main
+
+pytest.importorskip("torch")
+
+
+def plait(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "plait.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False, env={**os.environ, **(env or {})})
+
+
+def run_inline(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("data") / "corpus.tok"
+    proc = plait("data", "prepare", "--out", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "tokens" in proc.stdout and path.is_file()
+    return str(path)
+
+
+def read_jsonl(path) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def test_train_on_the_sample_corpus_loss_falls(corpus, tmp_path):
+    log = tmp_path / "run.jsonl"
+    proc = plait("train", "--model", "tiny", "--layout", "dp=2,zero=3", "--global-batch", "8", "--seq-len", "64",
+                 "--nproc-per-node", "2", "--steps", "40", "--seed", "3", "--lr", "3e-3", "--data", corpus,
+                 "--log", str(log))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = read_jsonl(log)
+    steps, summary = lines[:-1], lines[-1]
+    assert [line["step"] for line in steps] == list(range(40))
+    assert all("loss" in line and line["loss"] > 0 for line in steps)
+    first, last = steps[0]["loss"], min(line["loss"] for line in steps[-5:])
+    assert first > 5.5, "byte-level start should be near ln(512) = 6.24"
+    assert last < first - 2.0, f"loss did not fall: {first:.3f} -> {last:.3f}"
+    assert summary["summary"] is True and summary["steps"] == 40
+    for key in ("tokens_per_s", "mfu", "peak_memory_bytes", "step_time_s", "peak_host_rss_bytes"):
+        assert key in summary
+    assert summary["tokens_per_s"] > 0 and summary["mfu"] is None  # CPU: no GPU peak, no guess
+    assert "step time" in proc.stdout and "measured" in proc.stdout
+
+
+def test_train_from_a_saved_plan(tmp_path):
+    plan = tmp_path / "plan.json"
+    code = main(["plan", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "2", "--global-batch", "8",
+                 "--seq-len", "64", "--fix", "pp=2", "--fix", "ckpt=none", "--no-offload", "--save", str(plan)])
+    assert code == 0 and plan.is_file()
+    log = tmp_path / "run.jsonl"
+    proc = plait("train", "--plan", str(plan), "--nproc-per-node", "2", "--steps", "2", "--device", "cpu",
+                 "--log", str(log))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = read_jsonl(log)[-1]
+    assert summary["layout"].startswith("dp=1,tp=1,pp=2")
+
+
+def test_failing_rank_stops_the_others_and_is_named(tmp_path):
+    proc = plait("train", "--model", "tiny", "--layout", "dp=2", "--global-batch", "4", "--seq-len", "32",
+                 "--nproc-per-node", "2", "--steps", "3", env={"PLAIT_INJECT_FAULT": "rank=1,step=1"}, timeout=120)
+    assert proc.returncode == 2
+    assert "training failed on rank 1: injected fault" in proc.stderr
+
+
+def test_nan_loss_stops_at_that_step(tmp_path):
+    proc = plait("train", "--model", "tiny", "--global-batch", "4", "--seq-len", "32", "--steps", "6",
+                 "--lr", "1e6", "--grad-clip", "0", "--warmup-steps", "1", timeout=120)
+    assert proc.returncode == 2
+    assert "loss is nan at step" in proc.stderr or "loss is inf at step" in proc.stderr
+    assert "Traceback" not in proc.stderr.split("plait: error:")[-1]
+
+
+# ----------------------------------------------------------------- refused before launching
+@pytest.mark.parametrize("args,expected", [
+    (["--layout", "dp=4", "--nproc-per-node", "2"], "needs dp·tp·pp·cp = 4 processes"),
+    (["--layout", "tp=3", "--nproc-per-node", "3"], "tp=3 does not divide n_heads=4"),
+    (["--layout", "cp=2", "--nproc-per-node", "2"], "context parallelism (cp > 1) is planned but not run yet"),
+    (["--layout", "dp=2,ckpt=balanced", "--nproc-per-node", "2"], "ckpt=balanced is planned but not run yet"),
+    (["--layout", "dp=3", "--nproc-per-node", "3"], "not a multiple of dp·mbs"),
+    (["--data", "/nonexistent/tokens.bin"], "token file /nonexistent/tokens.bin not found"),
+])
+def test_bad_train_input_is_one_clear_line(capsys, args, expected):
+    code, _, err = run_inline(capsys, "train", "--model", "tiny", "--global-batch", "8", "--seq-len", "32",
+                              "--device", "cpu", "--dry-run", *args)
+    assert code == 2, err
+    assert expected in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_corrupt_token_file_is_refused(capsys, tmp_path, corpus):
+    bad = tmp_path / "bad.tok"
+    with open(corpus, "rb") as handle:
+        data = bytearray(handle.read())
+    data[200] ^= 0xFF  # flip a token byte: the checksum no longer matches
+    bad.write_bytes(bytes(data))
+    code, _, err = run_inline(capsys, "train", "--model", "tiny", "--global-batch", "8", "--seq-len", "32",
+                              "--data", str(bad), "--dry-run")
+    assert code == 2 and "checksum" in err.lower() and "Traceback" not in err
+
+
+def test_plan_of_another_model_is_refused(capsys, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--model", "tiny", "--gpus", "1", "--global-batch", "8", "--seq-len", "64",
+                 "--save", str(plan)]) == 0
+    capsys.readouterr()
+    code, _, err = run_inline(capsys, "train", "--plan", str(plan), "--model", "tiny-gpt", "--dry-run")
+    assert code == 2 and "is a plan for model tiny, not tiny-gpt" in err
+
+
+def test_dry_run_prints_the_torchrun_command(capsys):
+    code, out, _ = run_inline(capsys, "train", "--model", "tiny", "--layout", "dp=2,tp=2", "--global-batch", "8",
+                              "--seq-len", "32", "--nproc-per-node", "4", "--device", "cpu", "--dry-run")
+    assert code == 0
+    assert out.startswith("torchrun --nproc-per-node=4 --max-restarts=0 --standalone -m plait.run.worker")
+    config = json.loads(out.split("config.json:\n", 1)[1])
+    assert config["layout"] == "dp=2,tp=2,pp=1,cp=1,mbs=1" and config["global_batch"] == 8
+
+
+def test_multi_node_flags_become_torchrun_rendezvous(capsys):
+    code, out, _ = run_inline(capsys, "train", "--model", "tiny", "--layout", "dp=4", "--global-batch", "8",
+                              "--seq-len", "32", "--nproc-per-node", "2", "--nnodes", "2", "--rdzv-endpoint",
+                              "node0:29400", "--rdzv-id", "job7", "--device", "cpu", "--dry-run")
+    assert code == 0
+    assert "--nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=node0:29400 --rdzv-id=job7" in out
+
+
+def test_data_prepare_bad_input(capsys, tmp_path):
+    code, _, err = run_inline(capsys, "data", "prepare", str(tmp_path / "missing.txt"), "--out",
+                              str(tmp_path / "out.tok"))
+    assert code == 2 and "missing.txt" in err and not (tmp_path / "out.tok").exists()
+
+
+def test_gpu_benchmark_script_runs_in_smoke_mode():
+    """bench/train_gpu.py is only measured on a GPU; its code paths must still run here."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "train_gpu.py")
+    proc = subprocess.run([sys.executable, script, "--smoke"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no results written" in proc.stdout and "tokens/s" in proc.stdout
