@@ -103,6 +103,13 @@ def test_eight_ranks_3d_matches_one_process(dist_pool, references):
     assert_same_training(out[0], references(), layout)
 
 
+def test_compiled_blocks_match_one_process(dist_pool, references):
+    layout = "dp=2,zero=3,ckpt=full:2"
+    out = dist_pool(2).run(runtime_tasks.train_layout, layout, compile=True, compile_backend="aot_eager",
+                           timeout=240)
+    assert_same_training(out[0], references(), layout)
+
+
 def test_checkpointing_counts_layers_per_gpu(dist_pool):
     out = dist_pool(2).run(runtime_tasks.train_layout, "pp=2,ckpt=full:1", steps=1)
     # stage 0 holds layers 0-1, stage 1 layers 2-3: the first layer of each is checkpointed

@@ -57,6 +57,7 @@ class RunConfig:
     log: str | None = None  # JSONL metrics file (rank 0 writes it)
     optim: OptimConfig = field(default_factory=OptimConfig)
     compile: bool = False  # torch.compile each block
+    compile_backend: str = "inductor"  # torch.compile backend (aot_eager: no code generation, for tests)
     device: str = "auto"  # auto (cuda if available) | cpu | cuda
     gpu: str | None = None  # GpuSpec preset: the MFU peak and the memory/time prediction
     timeout_s: float = 120.0  # collective timeout: a failed rank brings the others down after this
@@ -96,6 +97,9 @@ class RunConfig:
             out.append(f"{NOT_RUN_YET['opt_offload']} is planned but not run yet")
         if lay.ckpt == "balanced":
             out.append(f"{NOT_RUN_YET['balanced']} is planned but not run yet; use ckpt=selective or ckpt=full")
+        if self.compile and lay.tp > 1:
+            out.append("--compile with tp > 1: per-block torch.compile of DTensor tensor-parallel blocks fails "
+                       "in the backward on torch 2.13; run without --compile")
         if lay.precision == "fp8":
             out.append(f"{NOT_RUN_YET['fp8']} is planned but not run yet; use precision=bf16")
         if lay.pp > 1 and model.tied_embeddings:

@@ -55,7 +55,7 @@ class ModelParts:
 
 
 def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device, seed: int,
-                      n_microbatches: int, compile_blocks: bool = False,
+                      n_microbatches: int, compile_blocks: bool = False, compile_backend: str = "inductor",
                       loss_fn: Callable = token_loss) -> ModelParts:
     """This rank's parallelized, initialized model parts for ``pdims.layout``."""
     layout = pdims.layout
@@ -75,7 +75,7 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
     if compile_blocks:
         for chunk in chunks:
             for block in chunk.layers.values():
-                block.compile()
+                block.compile(backend=compile_backend)
     fsdp = layout.dp > 1 and uses_fsdp(pdims)
     if fsdp:
         for chunk in chunks:

@@ -98,7 +98,8 @@ def run_training(config: RunConfig, device: torch.device | None = None) -> Train
     seed_everything(config.seed, rank)
     source = open_tokens(config.data, config.model.vocab, config.seed)
     n_micro = layout.micro_batches(config.global_batch)
-    parts = build_model_parts(config.model, pdims, device, config.seed, n_micro, compile_blocks=config.compile)
+    parts = build_model_parts(config.model, pdims, device, config.seed, n_micro, compile_blocks=config.compile,
+                              compile_backend=config.compile_backend)
     params = parts.parameters()
     optimizer = build_optimizer(params, config.optim)
     peak = peak_flops(config, device)

@@ -58,6 +58,7 @@ def run_config(args, options: LaunchOptions) -> RunConfig:
     optim = OptimConfig(lr=args.lr, warmup_steps=warmup, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
     config = RunConfig(model=model, layout=layout, global_batch=global_batch, seq_len=seq_len, steps=args.steps,
                        seed=args.seed, data=args.data, log=args.log, optim=optim, compile=args.compile,
+                       compile_backend=args.compile_backend,
                        device=args.device, gpu=gpu, timeout_s=args.timeout, log_every=args.log_every)
     if args.data != "synthetic":
         from plait.run.data import open_tokens
