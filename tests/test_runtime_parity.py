@@ -4,7 +4,7 @@ Each case trains the tiny model (4 layers, hidden 128, 4 heads / 2 KV heads, voc
 AdamW steps on a global batch of 8 × 32 tokens with gloo ranks on CPU in fp32, and compares
 with the single-process run of the same global batch:
 
-  * losses of every step: relative difference ≤ 1e-5 (seen: ≤ 1e-7);
+  * losses and global gradient norms of every step: relative difference ≤ 1e-5 (seen: ≤ 1e-7);
   * every parameter after the 3 steps, gathered to full tensors: absolute difference ≤ 1e-5
     (seen: ≤ 2.4e-6 with tensor parallelism, ≤ 4e-7 without; parameters are O(0.02–1)).
     AdamW divides by the root of the squared gradients, which magnifies the rounding
@@ -71,6 +71,9 @@ def references():
 def assert_same_training(result: dict, reference: dict, layout: str) -> None:
     for step, (got, want) in enumerate(zip(result["losses"], reference["losses"], strict=True)):
         assert abs(got - want) <= LOSS_RTOL * abs(want), f"{layout}: step {step} loss {got} vs {want}"
+    for step, (got, want) in enumerate(zip(result["grad_norms"], reference["grad_norms"], strict=True)):
+        # the clipped norm is the whole model's, however it is sharded (FSDP, TP, PP, replicas once)
+        assert abs(got - want) <= LOSS_RTOL * abs(want), f"{layout}: step {step} gradient norm {got} vs {want}"
     params = result["params"]
     assert set(params) == set(reference["params"]), f"{layout}: parameter names differ"
     worst = max(((params[name] - value).abs().max().item(), name) for name, value in reference["params"].items())
