@@ -45,6 +45,9 @@ CASES_4 = [
     ("pp=2,tp=2,ckpt=full", "PP × TP"),
     ("pp=2,dp=2,zero=3", "PP × FSDP"),
     ("pp=2,dp=2", "PP × DDP"),
+    ("pp=2,dp=2,schedule=gpipe", "PP GPipe × DDP"),
+    ("pp=2,dp=2,schedule=zero-bubble", "PP zero-bubble × DDP"),
+    ("pp=2,vpp=2,dp=2,zero=3,reshard=1", "interleaved PP × ZeRO-3 resharding"),
     ("pp=4,schedule=gpipe", "PP 4 stages"),
     ("pp=2,vpp=2,dp=2,zero=1,ckpt=selective", "interleaved PP × ZeRO-1"),
 ]

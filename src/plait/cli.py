@@ -55,7 +55,8 @@ def _add_train_args(train: argparse.ArgumentParser) -> None:
     where.add_argument("--gpu", help="GPU spec for MFU and the memory check (plait clusters); default: from the device name")
     where.add_argument("--compile", action="store_true", help="torch.compile every block")
     where.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
-    where.add_argument("--timeout", type=float, default=120.0, help="collective timeout in seconds (a failed rank stops the rest)")
+    where.add_argument("--timeout", type=float, default=600.0,
+                       help="collective timeout in seconds: ranks waiting on a dead peer give up (default 600)")
     where.add_argument("--allow-oom", action="store_true", help="run even if the planner predicts out-of-memory")
     where.add_argument("--log-every", type=int, default=1, help="print every N steps when not on a terminal")
     where.add_argument("--run-dir", help="keep the run's config and error files here (default: a temporary dir)")

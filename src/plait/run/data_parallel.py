@@ -3,9 +3,10 @@
 How each planner ZeRO stage runs (``Layout.zero``):
 
   ========  ===================================================================================
-  zero=0    DDP: ``DistributedDataParallel`` over the dp group when the model has no DTensor
-            parameters; with tensor parallelism, FSDP2 on a (dp_replicate=dp, dp_shard=1) mesh,
-            which replicates parameters and all-reduces gradients exactly as DDP does.
+  zero=0    DDP: ``DistributedDataParallel`` over the dp group; with tensor or pipeline
+            parallelism, FSDP2 on a (dp_replicate=dp, dp_shard=1) mesh, which replicates
+            parameters and all-reduces gradients exactly as DDP does (DDP's reducer does not
+            survive the pipeline schedules' split backward, and cannot hold DTensors).
   zero=1    FSDP2 with ``reshard_after_forward=False``: parameters stay gathered from forward to
             backward, gradients are reduce-scattered, optimizer states sharded. FSDP2 has no
             ZeRO-1 mode (full gradients with sharded optimizer states); this is ZeRO-2, which
@@ -16,9 +17,6 @@ How each planner ZeRO stage runs (``Layout.zero``):
   hsdp=R    zero≥1 on a 2-D (dp_replicate=R, dp_shard=dp/R) mesh: shard inside groups of dp/R
             ranks, all-reduce gradients across the R groups.
   ========  ===================================================================================
-
-In a pipeline stage, parameters are never resharded after forward (every micro-batch's
-backward would gather them again), as torchtitan does.
 
 Each block is its own FSDP unit (one all-gather and one reduce-scatter per block); the root
 unit holds the embedding, final norm and LM head. Mixed precision on GPU: bf16 parameters and
@@ -39,7 +37,7 @@ from plait.run.mesh import ParallelDims
 def uses_fsdp(pdims: ParallelDims) -> bool:
     """Whether data parallelism runs through FSDP2 (else DDP or nothing)."""
     layout = pdims.layout
-    return layout.zero > 0 or (layout.dp > 1 and layout.tp > 1)
+    return layout.zero > 0 or (layout.dp > 1 and (layout.tp > 1 or layout.pp > 1))
 
 
 def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
@@ -51,10 +49,7 @@ def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
 def apply_fsdp(model: nn.Module, pdims: ParallelDims, device_type: str) -> None:
     """Shard every block and then the root of ``model`` (a model or a pipeline stage)."""
     layout = pdims.layout
-    if layout.zero == 3:
-        reshard = layout.reshard and layout.pp == 1
-    else:
-        reshard = False
+    reshard = layout.zero == 3 and layout.reshard
     options = {"mesh": pdims.dp_mesh, "mp_policy": mixed_precision(device_type)}
     for block in model.layers.values():
         fully_shard(block, reshard_after_forward=reshard, **options)

@@ -98,6 +98,8 @@ def _run_torchrun(args: list[str], run_dir: Path, nproc_per_node: int) -> None:
         run(parse_args(args))
     except ChildFailedError as exc:
         raise PlaitError(_failure_message(run_dir, exc)) from None
+    except (RuntimeError, OSError, ValueError) as exc:  # rendezvous timeouts, ports in use, bad endpoints
+        raise PlaitError(f"torchrun could not start the workers: {type(exc).__name__}: {exc}") from None
 
 
 def _failure_message(run_dir: Path, exc: Exception) -> str:

@@ -12,7 +12,7 @@ import math
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from plait.run.config import OptimConfig
 from plait.run.mesh import ParallelDims
@@ -52,7 +52,7 @@ def _sharded_dims(grad: DTensor) -> tuple[str, ...]:
         raise ValueError("gradient DTensor on a mesh without dimension names")
     out = []
     for name, placement in zip(names, grad.placements):
-        if not placement.is_replicate():  # Shard, FSDP2+TP's strided shard, Partial
+        if not placement.is_replicate():  # Shard, FSDP2+TP's strided shard (Partial is reduced before)
             out.append(name)
     return tuple(out)
 
@@ -66,6 +66,10 @@ def global_grad_norm(params: list[torch.nn.Parameter], pdims: ParallelDims) -> t
             continue
         grad = p.grad
         if isinstance(grad, DTensor):
+            if any(isinstance(p, Partial) for p in grad.placements):
+                # pending sums (e.g. sequence-parallel norm weights): ‖Σg‖² is not Σ‖g‖²; reduce first
+                grad = grad.redistribute(grad.device_mesh, [Replicate() if isinstance(p, Partial) else p
+                                                            for p in grad.placements])
             key = tuple(grad.device_mesh[name].get_group() for name in _sharded_dims(grad))
             local = grad.to_local()
         else:

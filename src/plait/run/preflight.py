@@ -42,12 +42,19 @@ def local_accelerator() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
-def runs_on_gpu(config: RunConfig) -> bool:
+def runs_on_gpu(config: RunConfig, nproc_per_node: int) -> bool:
     if config.device == "cpu":
         return False
     name = local_accelerator()
     if config.device == "cuda" and name is None:
         raise PlaitError("--device cuda but torch sees no GPU on this machine")
+    if name is not None:
+        import torch
+
+        count = torch.cuda.device_count()
+        if nproc_per_node > count:
+            raise PlaitError(f"--nproc-per-node {nproc_per_node} but this node has {count} GPU(s): one process "
+                             "per GPU; use fewer processes, more nodes, or --device cpu")
     return name is not None
 
 
@@ -55,6 +62,10 @@ def resolve_gpu(config: RunConfig, on_gpu: bool) -> RunConfig:
     """Fill ``config.gpu`` from the device name when the user did not give one."""
     if config.gpu:
         get_gpu(config.gpu)  # validates the name
+        seen = gpu_from_device_name(local_accelerator() or "") if on_gpu else None
+        if seen and get_gpu(seen).name != get_gpu(config.gpu).name:
+            raise PlaitError(f"this machine's GPU is a {seen} but the run names {config.gpu} (the plan's "
+                             f"cluster or --gpu); pass --gpu {seen} for the right peak and memory")
         return config
     if not on_gpu:
         return config
@@ -89,7 +100,7 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
     if problems:
         raise PlaitError(f"layout {layout}: " + "; ".join(problems))
     warnings = [v.message for v in violations if v.severity == "warning"]
-    on_gpu = runs_on_gpu(config)
+    on_gpu = runs_on_gpu(config, options.nproc_per_node)
     config = resolve_gpu(config, on_gpu)
     if not on_gpu:
         return config, warnings

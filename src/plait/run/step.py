@@ -37,11 +37,13 @@ def compute_context(parts: ModelParts, device: torch.device):
 
 
 def _gradient_sync(module: torch.nn.Module, enabled: bool):
-    """Skip the data-parallel gradient reduction on all but the last micro-batch."""
-    if isinstance(module, DistributedDataParallel):
-        return contextlib.nullcontext() if enabled else module.no_sync()
-    if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
-        module.set_requires_gradient_sync(enabled)
+    """DDP: skip the all-reduce on all but the last micro-batch (gradients are full anyway).
+
+    FSDP reduce-scatters after every micro-batch, so that only sharded gradients are kept
+    between micro-batches (skipping it would hold the full fp32 gradient of the whole model).
+    """
+    if isinstance(module, DistributedDataParallel) and not enabled:
+        return module.no_sync()
     return contextlib.nullcontext()
 
 

@@ -48,10 +48,15 @@ def pick_device(config: RunConfig) -> torch.device:
     return torch.device("cuda", index)
 
 
-def seed_everything(seed: int, rank: int) -> None:
-    """Per-rank RNG streams (dropout) derived from (seed, rank); weights use their own seeds."""
-    torch.manual_seed(seed * 1_000_003 + rank)
-    np.random.seed((seed * 1_000_003 + rank) % 2**32)
+def seed_everything(seed: int, pdims: ParallelDims) -> None:
+    """RNG streams (dropout) from (seed, dp rank, pp rank); weights use their own seeds.
+
+    Tensor-parallel ranks share a stream: dropout on activations they all hold (the residual
+    stream without sequence parallelism) must drop the same elements on every one of them.
+    """
+    stream = (seed * 1_000_003 + pdims.dp_rank) * 1_009 + pdims.pp_rank
+    torch.manual_seed(stream)
+    np.random.seed(stream % 2**32)
 
 
 def local_batch(source, config: RunConfig, pdims: ParallelDims, step: int, device: torch.device):
@@ -95,7 +100,7 @@ def run_training(config: RunConfig, device: torch.device | None = None) -> Train
     device = device or pick_device(config)
     layout = config.layout
     pdims = build_parallel_dims(layout, device.type)
-    seed_everything(config.seed, rank)
+    seed_everything(config.seed, pdims)
     source = open_tokens(config.data, config.model.vocab, config.seed)
     n_micro = layout.micro_batches(config.global_batch)
     parts = build_model_parts(config.model, pdims, device, config.seed, n_micro, compile_blocks=config.compile,
@@ -125,6 +130,9 @@ def run_training(config: RunConfig, device: torch.device | None = None) -> Train
                 raise PlaitError(f"loss is {loss} at step {step} (lr {lr:.3g}); stopping before the "
                                  "optimizer step. Lower the learning rate or check the data")
             grad_norm = clip_grad_norm(params, config.optim.grad_clip, pdims)
+            if not math.isfinite(grad_norm):
+                raise PlaitError(f"gradient norm is {grad_norm} at step {step} (loss {loss:.4g}, lr {lr:.3g}); "
+                                 "stopping before the optimizer step. Lower the learning rate or check the data")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if device.type == "cuda":

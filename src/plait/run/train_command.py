@@ -11,7 +11,8 @@ from plait.run.preflight import preflight
 from plait.spec.layout import Layout
 
 
-def launch_options(args) -> LaunchOptions:
+def launch_options(args, default_world: int | None = None) -> LaunchOptions:
+    """torchrun placement; without --nproc-per-node/--gpus, the layout's world size over nnodes."""
     nnodes = args.nnodes
     if nnodes < 1:
         raise PlaitError(f"--nnodes {nnodes}: need at least one node")
@@ -23,7 +24,7 @@ def launch_options(args) -> LaunchOptions:
             raise PlaitError(f"--gpus {args.gpus} disagrees with --nproc-per-node {nproc} × --nnodes {nnodes}")
         nproc = args.gpus // nnodes
     if nproc is None:
-        nproc = 1
+        nproc = max(1, (default_world or 1) // nnodes)
     if nproc < 1:
         raise PlaitError(f"--nproc-per-node {nproc}: need at least one process")
     return LaunchOptions(nproc_per_node=nproc, nnodes=nnodes, rdzv_endpoint=args.rdzv_endpoint,
@@ -67,8 +68,17 @@ def run_config(args, options: LaunchOptions) -> RunConfig:
     return config
 
 
+def _layout_world(args) -> int | None:
+    """The world size the plan or --layout asks for (the default process count)."""
+    from plait.plan.plan import load_plan
+
+    if args.plan:
+        return plan_parts(load_plan(args.plan), args.plan)[1].world_size
+    return Layout.parse(args.layout).world_size if args.layout else None
+
+
 def train_command(args) -> int:
-    options = launch_options(args)
+    options = launch_options(args, _layout_world(args))
     config = run_config(args, options)
     config, warnings = preflight(config, options, allow_oom=args.allow_oom)
     for warning in warnings:
@@ -78,5 +88,5 @@ def train_command(args) -> int:
         return 0
     print(f"plait train: {config.model.name}, layout {config.layout}, global batch {config.global_batch} × "
           f"{config.seq_len}, {config.steps} steps, {options.world_size} processes", flush=True)
-    summary = launch(config, options, run_dir=args.run_dir)
-    return 0 if summary else 1
+    launch(config, options, run_dir=args.run_dir)  # raises PlaitError when any rank failed
+    return 0

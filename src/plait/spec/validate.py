@@ -105,7 +105,11 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
         if lay.schedule == "interleaved-1f1b" and lay.pp > 1 and micro % lay.pp:
             error("interleaved-microbatches", f"interleaved-1f1b needs the {micro} micro-batches per step "
                   f"to be a multiple of pp={lay.pp}")
-        if lay.pp > 1 and micro < lay.pp:
+        if lay.pp > 1 and micro < lay.pp and lay.schedule != "gpipe":
+            error("pp-microbatches", f"schedule {lay.schedule} needs at least pp={lay.pp} micro-batches per step, "
+                  f"got {micro} (global batch {job.global_batch} / (dp·mbs = {lay.dp}·{lay.mbs})); "
+                  "lower mbs or dp, or use schedule=gpipe")
+        elif lay.pp > 1 and micro < lay.pp:
             warn("pp-microbatches", f"only {micro} micro-batches for pp={lay.pp} stages: "
                  f"the pipeline bubble is over {100 * (lay.pp - 1) / (micro + lay.pp - 1):.0f}% of the step")
     # ---- context parallel
