@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from plait.spec.model import ModelSpec
@@ -54,13 +54,9 @@ class RunSummary:
     layout: str
     predicted_step_time_s: float | None = None
     predicted_memory_bytes: float | None = None  # planner's peak minus CUDA context, NCCL, fragmentation
-    extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        data = dict(self.__dict__)
-        data.pop("extra")
-        data.update(self.extra)
-        return {"summary": True, **data}
+        return {"summary": True, **self.__dict__}
 
     def comparison_line(self) -> str:
         """One line of predicted vs measured step time and memory."""

@@ -40,7 +40,6 @@ class ModelParts:
     stage_ids: list[int]
     schedule: object | None = None
     checkpointed: list[str] = field(default_factory=list)
-    ddp: bool = False
     fsdp: bool = False
 
     def parameters(self) -> list[nn.Parameter]:
@@ -89,4 +88,4 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
     if layout.pp > 1:
         schedule = build_schedule(trained, stage_ids, pdims, n_microbatches, loss_fn, device)
     return ModelParts(chunks=trained, stage_ids=stage_ids, schedule=schedule,
-                      checkpointed=checkpointed, ddp=ddp, fsdp=fsdp)
+                      checkpointed=checkpointed, fsdp=fsdp)
