@@ -64,13 +64,10 @@ def command_line(options: LaunchOptions, run_dir: str) -> str:
 
 
 def launch(config: RunConfig, options: LaunchOptions, run_dir: str | None = None) -> dict:
-    """Run the job to completion; returns rank 0's summary (a dict), or raises PlaitError."""
-    if config.layout.world_size != options.world_size:
-        raise PlaitError(
-            f"layout {config.layout} needs dp·tp·pp·cp = {config.layout.world_size} processes but "
-            f"--nproc-per-node {options.nproc_per_node} × --nnodes {options.nnodes} = {options.world_size}; "
-            f"use --nproc-per-node {config.layout.world_size // options.nnodes or 1} or a layout of "
-            f"{options.world_size} processes")
+    """Run the job to completion; returns rank 0's summary (a dict), or raises PlaitError.
+
+    ``config`` must have passed ``plait.run.preflight.preflight`` for these ``options``.
+    """
     owned = run_dir is None
     directory = Path(run_dir or tempfile.mkdtemp(prefix="plait-run-"))
     directory.mkdir(parents=True, exist_ok=True)
