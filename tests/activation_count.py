@@ -28,6 +28,7 @@ on every rank (``tests/distpool.py``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import math
@@ -91,6 +92,29 @@ class _Births(TorchDispatchMode):
                     if storage.nbytes():
                         self.born[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
         return out
+
+
+@contextlib.contextmanager
+def _observe_balanced_cache(cache):
+    """Call ``cache(op, output)`` for every output that ``ckpt=balanced`` saves (MUST_SAVE) in the
+    selective checkpoint's cache, which saved-tensor hooks do not see (``plait.run.checkpointing``)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from plait.run import checkpointing
+
+    original = checkpointing.balanced_policy
+
+    def observing(ctx, op, *args, **kwargs):
+        policy = original(ctx, op, *args, **kwargs)
+        if policy == CheckpointPolicy.MUST_SAVE and not ctx.is_recompute:
+            cache(str(op), ctx.op_output)
+        return policy
+
+    checkpointing.balanced_policy = observing
+    try:
+        yield
+    finally:
+        checkpointing.balanced_policy = original
 
 
 def build_layer(spec: ModelSpec, layout: Layout, seed: int = 0):
@@ -178,8 +202,15 @@ def measure_layer(spec: ModelSpec, layout: Layout, seq_len: int, mbs: int, seed:
             records.append(Saved(stack[-1] if stack else "", grad_fn, tuple(leaf.shape), str(leaf.dtype).removeprefix("torch."), nbytes, kind))
         return t
 
+    def cache(op, output) -> None:  # ckpt=balanced: an op output kept in the selective checkpoint's cache
+        for value in tree_flatten(output)[0]:
+            if isinstance(value, torch.Tensor):
+                before = len(records)
+                pack(value)
+                records[before:] = [dataclasses.replace(r, grad_fn=f"cached:{op}") for r in records[before:]]
+
     births = _Births()
-    with births, saved_tensors_hooks(pack, lambda t: t):
+    with births, saved_tensors_hooks(pack, lambda t: t), _observe_balanced_cache(cache):
         x = x0.clone()  # the layer input, created under the mode: alive afterwards only if saved
         y = block(x, model.rope_cos, model.rope_sin)
     del x
@@ -224,6 +255,8 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
                                                (the s×s tensors), attn_out (SDPA's output), q+kv
       feed_forward                           -> mlp_act_out (silu / gelu output), mlp_up
       dropout (1st, 2nd call)                -> attn_resid_dropout_mask, mlp_dropout_mask
+      cached by ckpt=balanced (GEMM outputs)  -> q+kv, attn_proj_out, mlp_up, mlp_down_out; the
+                                               attention kernel's output and log-sum-exp
     Anything else is reported as "other:<module>" (and fails the comparison). The s×s tensors are
     told from Q, K, V by their element count (they coincide only if seq_len == head_dim).
     """
@@ -235,11 +268,18 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
     def add(item: str, n: int) -> None:
         items[item] = items.get(item, 0) + n
 
+    cached = {"attention.wq": QKV, "attention.wk": QKV, "attention.wv": QKV, "attention.wo": "attn_proj_out",
+              "feed_forward.w1": "mlp_up", "feed_forward.w3": "mlp_up", "feed_forward.w2": "mlp_down_out"}
     for r in records:
         if r.kind != "act":
             continue
         m, last = r.module, r.shape[-1] if r.shape else 1
-        if m == "":
+        if r.grad_fn.startswith("cached:"):  # ckpt=balanced: GEMM and attention-kernel outputs
+            if m == "attention":
+                add("attn_lse" if r.dtype == "float32" else "attn_out", r.nbytes)
+            else:
+                add(cached.get(m, f"other:{m}"), r.nbytes)
+        elif m == "":
             add("attn_norm_input", r.nbytes)
         elif m in ("attention_norm", "ffn_norm"):
             part = "attn" if m == "attention_norm" else "mlp"
@@ -287,3 +327,23 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
 def measure_layers(cases: list[tuple]) -> list[dict]:
     """``measure_layer(*case)`` for each case: many configurations in one DistPool round trip."""
     return [measure_layer(*case) for case in cases]
+
+
+def measure_offloaded_layer(spec: ModelSpec, layout: Layout, seq_len: int, mbs: int, seed: int = 0) -> dict:
+    """Bytes the runtime's activation offloader (``plait.run.offload``, cpu target) moves out and back
+    for one bf16 layer and micro-batch, built as ``measure_layer`` builds it; forward and backward."""
+    from plait.run.offload import ActivationOffloader
+
+    torch.manual_seed(seed)
+    model = build_layer(spec, layout, seed)
+    block = model.layers["0"]
+    offloader = ActivationOffloader("cpu", torch.device("cpu"), resident=lambda: list(model.buffers()))
+    offloader.attach(block)
+    s_local = seq_len // layout.tp if layout.sequence_parallel else seq_len
+    x = torch.randn(mbs, s_local, spec.hidden, dtype=torch.bfloat16, requires_grad=True)
+    y = block(x.clone(), model.rope_cos, model.rope_sin)
+    y.float().square().mean().backward()
+    stats = offloader.step_stats()
+    offloader.close()
+    return {"bytes_out": stats.bytes_out, "bytes_in": stats.bytes_in, "tensors": stats.tensors,
+            "deduplicated": stats.deduplicated}

@@ -72,3 +72,20 @@ def reference(**kwargs) -> dict:
             return train_layout("dp=1", **kwargs)
         finally:
             dist.destroy_process_group()
+
+
+def tied_model_parameters(layout: str) -> dict:
+    """Build a tied-embedding tiny model under ``layout`` and report the tie and the parameter count."""
+    import dataclasses
+
+    from plait.run.mesh import build_parallel_dims
+    from plait.run.model import count_parameters
+    from plait.run.parallelize import build_model_parts
+
+    spec = dataclasses.replace(get_model("tiny"), tied_embeddings=True, name="tiny-tied")
+    lay = Layout.parse(layout)
+    parts = build_model_parts(spec, build_parallel_dims(lay, "cpu"), torch.device("cpu"), 0, lay.micro_batches(8))
+    model = parts.chunks[0]
+    model = getattr(model, "module", model)  # DDP
+    return {"tied": model.output.weight is model.tok_embeddings.weight, "count": count_parameters(model),
+            "planned": spec.total_params()}

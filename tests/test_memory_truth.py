@@ -1,6 +1,6 @@
 """Memory truth: the bytes one runtime layer saves for its backward, measured, against the planner.
 
-For each checkpoint policy (none, selective, full), attention kernel (SDPA "flash", eager) and
+For each checkpoint policy (none, selective, balanced, full), attention kernel (SDPA "flash", eager) and
 tensor-parallel layout (tp=1; tp=2 with and without sequence parallelism, on two gloo ranks),
 ``tests/activation_count.py`` builds one bf16 layer of the runtime's model on the CPU and counts,
 for one micro-batch, the distinct storages that autograd saves (``saved_tensors_hooks``; DTensors
@@ -10,8 +10,10 @@ still alive after the forward. The two must agree, and must equal the planner's
 after the CPU kernels' documented differences (``cpu_kernel_deltas``; the module docstring of
 ``plait.plan.activations`` explains each).
 
-Not measured: ``balanced`` (a planner-only policy) and SDPA with dropout without recomputation
-(no fused CPU kernel: the fp32 math fallback runs, unlike the GPU's flash kernel).
+``balanced`` keeps its GEMM outputs in the selective checkpoint's cache, not in saved-tensor
+slots: ``activation_count`` observes them through the policy (``MUST_SAVE`` outputs) and the
+liveness count confirms them. Not measured: SDPA with dropout without recomputation or under
+``balanced`` (no fused CPU kernel: the fp32 math fallback runs, unlike the GPU's flash kernel).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ torch = pytest.importorskip("torch")
 
 from activation_count import QKV, classify, measure_layer, measure_layers
 
-from plait.plan.activations import checkpointed_items, layer_items
+from plait.plan.activations import kept_items
 from plait.spec.layout import Layout
 from plait.spec.models import get_model
 
@@ -32,14 +34,15 @@ SEQ, MBS = 64, 2  # seq_len must differ from head_dim (32): s×s tensors are tol
 LLAMA = get_model("tiny")  # hidden 128, 4 heads, 2 KV heads (GQA), SwiGLU 384, RMSNorm, RoPE
 GPT = dataclasses.replace(get_model("tiny-gpt"), dropout=True)  # hidden 128, 4 heads, GELU 512, LayerNorm
 GPT_NO_DROPOUT = get_model("tiny-gpt")
-POLICIES = ("none", "selective", "full")
+POLICIES = ("none", "selective", "balanced", "full")
 ATTN = ("flash", "eager")
 DROPOUT_MASKS = ("attn_resid_dropout_mask", "mlp_dropout_mask", "attn_dropout_mask")
 
 
 def measurable(spec, attn: str, policy: str) -> bool:
-    """SDPA with dropout runs the CPU math fallback; under recomputation its tensors are not kept."""
-    return not (spec.dropout and attn == "flash" and policy == "none")
+    """SDPA with dropout runs the CPU math fallback, not a fused kernel (whose outputs balanced keeps);
+    under recomputation its tensors are not kept."""
+    return not (spec.dropout and attn == "flash" and policy in ("none", "balanced"))
 
 
 def cases(specs, tp: int, sp: bool) -> list[tuple]:
@@ -55,7 +58,7 @@ def case_id(case) -> str:
 
 
 def planner_items(spec, layout: Layout, runtime: str) -> dict[str, float]:
-    return checkpointed_items(layer_items(spec, layout, SEQ, MBS, runtime=runtime), layout.ckpt)
+    return kept_items(spec, layout, SEQ, mbs=MBS, runtime=runtime)
 
 
 def cpu_kernel_deltas(spec, items: dict[str, float]) -> dict[str, float]:

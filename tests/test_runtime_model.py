@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+import runtime_tasks
 import torch
 
 from plait.errors import PlaitError
@@ -124,3 +125,12 @@ def test_runtime_refuses_what_it_does_not_run():
 ])
 def test_gpu_spec_is_named_only_when_certain(device, preset):
     assert gpu_from_device_name(device) == preset
+
+
+@pytest.mark.parametrize("layout", ["dp=2", "dp=2,zero=3", "tp=2"])
+def test_tied_embeddings_stay_tied_on_the_device(dist_pool, layout):
+    """Materializing off the meta device (``to_empty``) gives each module its own Parameter: re-tied."""
+    for rank in dist_pool(2).run(runtime_tasks.tied_model_parameters, layout):
+        assert rank["tied"], layout
+        if layout == "dp=2":  # unsharded: the full count
+            assert rank["count"] == rank["planned"]

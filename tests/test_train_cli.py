@@ -96,8 +96,9 @@ def test_nan_loss_stops_at_that_step(tmp_path):
 @pytest.mark.parametrize("args,expected", [
     (["--layout", "dp=4", "--nproc-per-node", "2"], "needs dp·tp·pp·cp = 4 processes"),
     (["--layout", "tp=3", "--nproc-per-node", "3"], "tp=3 does not divide n_heads=4"),
-    (["--layout", "cp=2", "--nproc-per-node", "2"], "context parallelism (cp > 1) is planned but not run yet"),
-    (["--layout", "dp=2,ckpt=balanced", "--nproc-per-node", "2"], "ckpt=balanced is planned but not run yet"),
+    (["--layout", "cp=2,pp=2", "--nproc-per-node", "4"], "context parallelism with pipeline parallelism"),
+    (["--layout", "dp=2,opt_offload=1", "--nproc-per-node", "2"], "optimizer offload (opt_offload=1) is planned but not run yet"),
+    (["--layout", "offload=disk:1", "--offload-dir", "/nonexistent"], "offload directory /nonexistent does not exist"),
     (["--layout", "dp=3", "--nproc-per-node", "3"], "not a multiple of dp·mbs"),
     (["--data", "/nonexistent/tokens.bin"], "token file /nonexistent/tokens.bin not found"),
 ])

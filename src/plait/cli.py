@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -33,19 +32,20 @@ def _add_train_args(train: argparse.ArgumentParser) -> None:
     what.add_argument("--layout", help='e.g. "dp=2,tp=2,pp=2,zero=3,ckpt=selective" (default: dp over all processes)')
     what.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     what.add_argument("--seq-len", type=int, help="tokens per sequence")
-    what.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
-    what.add_argument("--seed", type=int, default=0, help="seed of weights, data order and dropout")
+    what.add_argument("--steps", type=int, help="optimizer steps in all (default 20; resumed: the saved run's)")
+    what.add_argument("--seed", type=int, help="seed of weights, data order and dropout (default 0)")
     what.add_argument("--data", default="synthetic", help="synthetic, or a token file (plait data prepare)")
     what.add_argument("--log", help="JSONL metrics file: one line per step, then a summary line")
     opt = train.add_argument_group("optimizer")
-    opt.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
+    opt.add_argument("--lr", type=float, help="peak learning rate (default 3e-4)")
     opt.add_argument("--warmup-steps", type=int, default=None, help="linear warm-up steps (default: 10%% of steps)")
-    opt.add_argument("--weight-decay", type=float, default=0.1)
-    opt.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm (0: off)")
+    opt.add_argument("--weight-decay", type=float, help="AdamW weight decay of matrices (default 0.1)")
+    opt.add_argument("--grad-clip", type=float, help="max global gradient norm (default 1.0; 0: off)")
     where = train.add_argument_group("where to run (torchrun)")
     where.add_argument("--nproc-per-node", "--nproc", type=int, help="processes (GPUs) per node")
     where.add_argument("--gpus", type=int, help="processes in all (alternative to --nproc-per-node)")
-    where.add_argument("--nnodes", type=int, default=1, help="nodes (run the same command on each)")
+    where.add_argument("--nnodes", default="1",
+                       help="nodes (run the same command on each); elastic: MIN:MAX with --rdzv-endpoint")
     where.add_argument("--rdzv-endpoint", help="host:port of the rendezvous, for several nodes")
     where.add_argument("--rdzv-id", default="plait", help="job id shared by the nodes of one run")
     where.add_argument("--node-rank", type=int, help="this node's rank (static rendezvous, with --master-addr)")
@@ -55,12 +55,27 @@ def _add_train_args(train: argparse.ArgumentParser) -> None:
     where.add_argument("--gpu", help="GPU spec for MFU and the memory check (plait clusters); default: from the device name")
     where.add_argument("--compile", action="store_true", help="torch.compile every block")
     where.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    where.add_argument("--offload-dir", default=None,
+                       help="offload=disk:α writes activations under this directory (default: the temp dir)")
     where.add_argument("--timeout", type=float, default=600.0,
                        help="collective timeout in seconds: ranks waiting on a dead peer give up (default 600)")
     where.add_argument("--allow-oom", action="store_true", help="run even if the planner predicts out-of-memory")
     where.add_argument("--log-every", type=int, default=1, help="print every N steps when not on a terminal")
     where.add_argument("--run-dir", help="keep the run's config and error files here (default: a temporary dir)")
     where.add_argument("--dry-run", action="store_true", help="check everything, print the torchrun command, do not run")
+    ckpt = train.add_argument_group("checkpoints, resume, failures")
+    ckpt.add_argument("--checkpoint-dir", help="save checkpoints here (step_NNNNNNNN directories, DCP + manifest)")
+    ckpt.add_argument("--checkpoint-every", type=int, help="save every N steps (default: only on SIGTERM and at the end)")
+    ckpt.add_argument("--keep-checkpoints", type=int, help="keep the newest K complete checkpoints (default 3; 0: all)")
+    ckpt.add_argument("--async-checkpoint", choices=("auto", "on", "off"), default="auto",
+                      help="write checkpoints from a background thread (auto: on GPU)")
+    ckpt.add_argument("--resume", metavar="DIR",
+                      help="resume from a checkpoint directory, or the newest valid one in a --checkpoint-dir; "
+                           "with another --layout or process count (re-planned when the world size changed)")
+    ckpt.add_argument("--max-restarts", type=int, default=0,
+                      help="torchrun restarts after a worker dies; each restart resumes from the newest checkpoint")
+    ckpt.add_argument("--on-nan", choices=("stop", "skip"), default="stop",
+                      help="non-finite loss or gradient norm: stop naming the step, or skip that optimizer step")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_train_args(sub.add_parser("train", help="train a layout with torchrun (CPU: gloo, GPU: NCCL)"))
 
+    _add_calibration_args(sub)
+
     data = sub.add_parser("data", help="prepare training data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     prepare = data_sub.add_parser("prepare", help="tokenize text files into a token file for plait train --data")
@@ -98,7 +115,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list model presets")
     sub.add_parser("clusters", help="list cluster and GPU presets")
+    _add_measure_args(sub)
     return parser
+
+
+def _add_calibration_args(sub) -> None:
+    """``plait profile`` and ``plait calibrate fit``: their flags and commands live in plait.measure
+    (each parser's ``handler`` default is its command function)."""
+    from plait.measure import calibrate_command, profile_command
+
+    profile_command.register(sub)
+    calibrate_command.register(sub)
+
+
+def _add_measure_args(sub) -> None:
+    """``plait sweep`` and ``plait report``: their flags and commands live in plait.measure
+    (each parser's ``handler`` default is its command function)."""
+    from plait.measure import report_command, sweep_command
+
+    sweep_command.register(sub)
+    report_command.register(sub)
 
 
 def _console():
@@ -110,22 +146,18 @@ def _console():
 
 def _cost_params(path: str | None, cluster=None):
     """(CostParams, cluster with GPU overrides applied) from a calibration file, else defaults."""
-    from plait.plan.params import DEFAULT_PARAMS, load_calibration
+    from plait.plan.params import DEFAULT_PARAMS, read_calibration
 
     if not path:
         return DEFAULT_PARAMS, cluster
-    params, overrides, gpu_name = load_calibration(path)
+    calibration = read_calibration(path)  # checks every field; GPU and link overrides included
     if cluster is not None:
-        if gpu_name and gpu_name != cluster.gpu.name:
-            print(f"plait: warning: calibration {path} is for {gpu_name}, the cluster has {cluster.gpu.name}",
-                  file=sys.stderr)
-        bad = {k: v for k, v in overrides.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
-        if bad:
-            raise PlaitError(f"{path}: gpu_overrides must be numbers, got {bad}")
-        try:
-            cluster = dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, **overrides))
-        except TypeError as exc:
-            raise PlaitError(f"{path}: bad gpu_overrides ({exc})") from None
+        cluster, warnings = calibration.apply(cluster)
+        params = calibration.params
+    else:  # e.g. validate: published runs on other GPUs
+        params, warnings = calibration.params_for_runs_elsewhere()
+    for warning in warnings:
+        print(f"plait: warning: {warning}", file=sys.stderr)
     return params, cluster
 
 
@@ -299,10 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        handler = getattr(args, "handler", None) or COMMANDS[args.command]  # handler: commands of other modules
+        return handler(args)
     except PlaitError as exc:
         print(f"plait: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return getattr(exc, "exit_code", EXIT_USAGE)
     except KeyboardInterrupt:
         print("plait: interrupted", file=sys.stderr)
         return 130

@@ -3,3 +3,9 @@
 
 class PlaitError(Exception):
     """A user-facing error: bad input, an impossible layout, nothing fits, ..."""
+
+
+class RunStopped(PlaitError):
+    """The run was stopped by a signal (e.g. SIGTERM from a scheduler) after saving what it could."""
+
+    exit_code = 143  # 128 + SIGTERM, what schedulers expect of a terminated job

@@ -21,6 +21,15 @@ Checkpoint policies, per checkpointed layer:
   * ``balanced`` (Kwai, "GEMM-last"): also recompute the cheap element-wise work - norm outputs,
     activation-function outputs, dropout masks - and keep only the layer input, the MLP residual
     input, the GEMM outputs Q, K, V, attention output and the MLP up-projection outputs.
+    plait's runtime (``runtime="torch"``) runs it with torch's selective activation checkpoint
+    and a policy on op types (``plait.run.checkpointing``): it keeps the output of *every* linear
+    GEMM and of the fused attention kernel, i.e. the layer input, Q, K, V, (flash) the attention
+    output and its log-sum-exp, the output-projection GEMM output (``attn_proj_out``, the
+    residual is recomputed from it instead of being kept), the MLP gate/up outputs and the
+    down-projection GEMM output (``mlp_down_out``). Under tensor parallelism the two row-parallel
+    GEMM outputs are full-width partial sums before their reduction: 2·s·b·h each. With eager
+    attention the batched GEMMs of the core are recomputed (their output would be the s×s
+    scores): no attention output or log-sum-exp is kept (``torch_balanced_items``).
   * ``full``: keep only the layer input (2·s·b·h, sharded by t with sequence parallel).
 
 Runtimes (``runtime=``): what a layer saves depends on the implementation, not only on the math.
@@ -56,6 +65,8 @@ bytes per layer (the flash kernel's RNG state).
 """
 
 from __future__ import annotations
+
+import math
 
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
@@ -138,11 +149,67 @@ def checkpointed_items(items: dict[str, float], policy: str) -> dict[str, float]
     raise ValueError(f"unknown checkpoint policy {policy!r}")
 
 
+def torch_balanced_items(items: dict[str, float], model: ModelSpec, layout: Layout, seq_len: int,
+                         mbs: int | None = None) -> dict[str, float]:
+    """What a ``balanced`` layer of plait's runtime keeps (see the module docstring), from the
+    ``runtime="torch"`` items of ``layer_items``."""
+    s = seq_len / layout.cp
+    b = layout.mbs if mbs is None else mbs
+    kept = {k: items[k] for k in ("attn_norm_input", "q", "kv", "mlp_up")}
+    if layout.attn != "eager":
+        kept["attn_out"] = items["attn_out"]
+        kept["attn_lse"] = items["attn_lse"]
+    kept["attn_proj_out"] = BF16 * s * b * model.hidden  # row-parallel: full width, before the reduction
+    kept["mlp_down_out"] = BF16 * s * b * model.hidden
+    return kept
+
+
+def kept_items(model: ModelSpec, layout: Layout, seq_len: int, policy: str | None = None,
+               mbs: int | None = None, *, runtime: str = "megatron") -> dict[str, float]:
+    """Bytes a layer keeps for its backward under ``policy`` (default: the layout's), by item."""
+    items = layer_items(model, layout, seq_len, mbs, runtime=runtime)
+    policy = layout.ckpt if policy is None else policy
+    if policy == "balanced" and runtime == "torch":
+        return torch_balanced_items(items, model, layout, seq_len, mbs)
+    return checkpointed_items(items, policy)
+
+
 def layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, policy: str | None = None, *,
                 runtime: str = "megatron") -> float:
     """Saved bytes of one layer and micro-batch under ``policy`` (default: the layout's)."""
-    items = layer_items(model, layout, seq_len, runtime=runtime)
-    return sum(checkpointed_items(items, layout.ckpt if policy is None else policy).values())
+    return sum(kept_items(model, layout, seq_len, policy, runtime=runtime).values())
+
+
+def offloadable_items(kept: dict[str, float], policy: str, runtime: str = "torch") -> dict[str, float]:
+    """The part of a layer's kept bytes that activation offload moves to the host.
+
+    Offload works on autograd's saved tensors (``plait.run.offload``). A ``balanced`` layer of
+    plait's runtime keeps its GEMM outputs in the selective checkpoint's own cache, which no
+    saved-tensor hook sees: only its input (the checkpoint's saved input) is offloaded.
+    """
+    if policy == "balanced" and runtime == "torch":
+        return {"attn_norm_input": kept["attn_norm_input"]}
+    return dict(kept)
+
+
+def offloaded_layer_count(layout: Layout, layers_on_stage: int, stage: int = 0) -> int:
+    """How many of a pipeline stage's layers offload their activations (the first ones).
+
+    ``offload`` is Kwai's fraction α of the first stage's layers (``stage`` is the pipeline
+    rank). Pipeline-stage aware: with 1F1B-type schedules pipeline rank s holds p - s
+    micro-batches in flight, fewer than the first rank's p, so it offloads only what brings its
+    activations down to the first rank's level after offload: α_s = max(0, 1 - p·(1 - α)/(p - s)),
+    rounded up to whole layers. GPipe holds every micro-batch on every stage: α everywhere.
+    A stage's first layers are the ones offloaded: their activations wait longest for their
+    backward, which leaves the most time to hide the transfers.
+    """
+    alpha = float(layout.offload)
+    if alpha <= 0.0:
+        return 0
+    p = layout.pp
+    if p > 1 and layout.schedule != "gpipe" and stage > 0:
+        alpha = max(0.0, 1.0 - p * (1.0 - alpha) / (p - stage))
+    return min(layers_on_stage, math.ceil(alpha * layers_on_stage - 1e-9))
 
 
 def checkpointed_layer_count(model: ModelSpec, layout: Layout, layers_on_stage: int) -> int:
@@ -150,3 +217,21 @@ def checkpointed_layer_count(model: ModelSpec, layout: Layout, layers_on_stage: 
     if layout.ckpt == "none":
         return 0
     return min(layers_on_stage, layout.ckpt_layers) if layout.ckpt_layers else layers_on_stage
+
+
+def stage_layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, layers_on_stage: int, stage: int = 0, *,
+                      runtime: str = "torch") -> tuple[list[float], list[float]]:
+    """(bytes kept, bytes of them offloaded) by each layer a GPU holds, for one micro-batch.
+
+    The first ``checkpointed_layer_count`` layers use the checkpoint policy, the first
+    ``offloaded_layer_count`` layers offload (``offloadable_items``) what they keep.
+    """
+    full = sum(layer_items(model, layout, seq_len, runtime=runtime).values())
+    kept_map = kept_items(model, layout, seq_len, runtime=runtime)
+    kept = sum(kept_map.values())
+    movable = sum(offloadable_items(kept_map, layout.ckpt, runtime).values())
+    n_ckpt = checkpointed_layer_count(model, layout, layers_on_stage)
+    n_off = offloaded_layer_count(layout, layers_on_stage, stage)
+    per_layer = [kept if i < n_ckpt else full for i in range(layers_on_stage)]
+    moved = [(movable if i < n_ckpt else full) if i < n_off else 0.0 for i in range(layers_on_stage)]
+    return per_layer, moved

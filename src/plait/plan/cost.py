@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 from plait.plan import comm
-from plait.plan.activations import checkpointed_layer_count, layer_bytes
+from plait.plan.activations import checkpointed_layer_count, stage_layer_bytes
 from plait.plan.flops import hardware_flops_per_token
 from plait.plan.kernels import head_time, layer_times
 from plait.plan.memory import stage_params, zero_shard_degree
@@ -154,17 +154,22 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     elif lay.ckpt == "selective":
         recompute_layer = times.attn_fwd
     elif lay.ckpt == "balanced":
-        recompute_layer = times.elementwise_fwd + times.attn_softmax_gemm_fwd
+        # plait's runtime keeps the fused attention kernel's output; eager attention's batched
+        # GEMMs are recomputed with the rest of the core (plait.run.checkpointing)
+        recompute_layer = times.elementwise_fwd + (times.attn_fwd if lay.attn == "eager" else 0.0)
     else:
         recompute_layer = 0.0
-    # ---- activation offload, per micro-batch: out during forward, back during backward
+    # ---- activation offload, per micro-batch of the first stage (it offloads the most): out
+    # during the forward, back during the backward, each hidden behind that pass's compute
     offload_mb = 0.0
     if lay.offload > 0:
         bandwidth = cluster.host_link_bandwidth
-        if lay.offload_target == "disk":
+        if lay.offload_target == "disk":  # through host memory to the local disk
             bandwidth = min(bandwidth, params.disk_bandwidth)
-        moved = lay.offload * layers * layer_bytes(model, lay, job.seq_len, runtime="torch")
-        offload_mb = max(0.0, moved / bandwidth - layers * times.fwd) + max(0.0, moved / bandwidth - layers * times.bwd)
+        moved = sum(stage_layer_bytes(model, lay, job.seq_len, layers, 0, runtime="torch")[1])
+        transfer = moved / bandwidth
+        offload_mb = (_exposed(transfer, layers * times.fwd / params.dp_overlap, params)
+                      + _exposed(transfer, layers * times.bwd / params.dp_overlap, params))
     # ---- pipeline send/recv per micro-batch (forward activations, backward gradients)
     pp_mb = 0.0
     if lay.pp > 1:

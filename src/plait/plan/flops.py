@@ -4,7 +4,8 @@ Model FLOPs per token are ``ModelSpec.model_flops_per_token`` (6·N + attention,
 counted explicitly). Recomputation adds, per checkpointed layer:
   * ``full``: the layer's whole forward (GEMMs and attention);
   * ``selective``: the attention core (Q·Kᵀ and P·V);
-  * ``balanced``: element-wise work only (no matmul FLOPs), plus Q·Kᵀ for eager attention.
+  * ``balanced``: element-wise work only (no matmul FLOPs), plus the attention core (Q·Kᵀ and
+    P·V) with eager attention, whose batched GEMMs plait's runtime recomputes.
 With ``causal=False`` and full recomputation of every layer, the count for a GPT model with
 ffn = 4h equals Megatron-LM's 96·B·s·l·h²·(1 + s/6h + V/16lh) (Narayanan et al. 2021, Eq. 3).
 """
@@ -37,7 +38,7 @@ def recompute_flops_per_token(model: ModelSpec, layout: Layout, seq_len: int, ca
     if layout.ckpt == "selective":
         return fraction * attention
     if layout.ckpt == "balanced" and layout.attn == "eager":
-        return fraction * attention / 2
+        return fraction * attention  # plait's runtime recomputes eager attention's core
     return 0.0
 
 

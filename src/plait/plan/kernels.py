@@ -44,7 +44,7 @@ class LayerTimes:
     attn_fwd: float
     attn_bwd: float
     elementwise_fwd: float
-    attn_softmax_gemm_fwd: float  # the Q·Kᵀ GEMM alone (re-run by balanced ckpt with eager attention)
+    attn_softmax_gemm_fwd: float  # the Q·Kᵀ GEMM alone
 
     @property
     def fwd(self) -> float:

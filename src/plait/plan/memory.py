@@ -15,7 +15,9 @@ factor (1 + (p-1)/(p·v)) of Korthikanti et al. 2022. Checkpointing adds the ten
 layer dropped, live again while it is recomputed for its backward. The first stage adds the
 embedding output, the last stage the logits (bf16 logits, their fp32 log-softmax and its
 gradient, one micro-batch).
-Offloaded layers keep only a double buffer of two layers on the GPU.
+Activation offload (``plait.run.offload``): the first ``offloaded_layer_count`` layers of a
+stage (Kwai's fraction α, pipeline-stage aware) move what autograd saves to host memory or disk;
+the GPU keeps a double buffer of two such layers (the one being copied, the one prefetched).
 
 Fixed: CUDA context and library workspaces, NCCL and bucket buffers (``CostParams``), and an
 allocator-fragmentation reserve over the dynamic memory.
@@ -27,9 +29,9 @@ from dataclasses import asdict, dataclass
 
 from plait.plan.activations import (
     BF16,
-    checkpointed_items,
     checkpointed_layer_count,
     layer_items,
+    stage_layer_bytes,
 )
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.spec.hardware import ClusterSpec
@@ -136,26 +138,22 @@ def in_flight_microbatches(layout: Layout, micro_batches: int) -> float:
 
 
 def activation_bytes(model: ModelSpec, layout: Layout, job: JobSpec, in_flight: float,
-                     runtime: str = "torch") -> tuple[float, float]:
+                     runtime: str = "torch", stage: int = 0) -> tuple[float, float]:
     """(activations on GPU at the peak with ``in_flight`` micro-batches, bytes offloaded).
 
     ``runtime``: whose saved tensors to count (``plait.plan.activations``): ``torch`` for plait's
     own runtime (the default: what ``plait train`` runs), ``megatron`` for Megatron-LM.
+    ``stage``: the pipeline rank (how many of its layers offload depends on it).
     """
-    items = layer_items(model, layout, job.seq_len, runtime=runtime)
-    full = sum(items.values())
-    kept = sum(checkpointed_items(items, layout.ckpt).values())
     per_stage_layers = stage_layers(model, layout) * layout.vpp
-    n_ckpt = checkpointed_layer_count(model, layout, per_stage_layers)
-    per_mb = n_ckpt * kept + (per_stage_layers - n_ckpt) * full
-    total = per_mb * in_flight
-    offloaded = 0.0
-    if layout.offload > 0:
-        offloaded = total * layout.offload
-        double_buffer = min(offloaded, 2 * per_mb / per_stage_layers)
-        total = total - offloaded + double_buffer
-    if n_ckpt:
-        total += full - kept  # the dropped tensors of one layer, re-materialized during its backward
+    per_layer, moved = stage_layer_bytes(model, layout, job.seq_len, per_stage_layers, stage, runtime=runtime)
+    offloaded = sum(moved) * in_flight
+    total = sum(per_layer) * in_flight - offloaded
+    if offloaded:
+        total += min(offloaded, 2 * max(moved))  # double buffer: one layer copied, one prefetched
+    if checkpointed_layer_count(model, layout, per_stage_layers):
+        full = sum(layer_items(model, layout, job.seq_len, runtime=runtime).values())
+        total += full - min(per_layer)  # the dropped tensors of one layer, live again during its backward
     return total, offloaded
 
 
@@ -176,7 +174,8 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
         is_last = stage == "last" or layout.pp == 1
         # the last stage of 1F1B-type schedules holds one micro-batch; GPipe's holds them all
         stage_in_flight = in_flight if is_first or layout.schedule == "gpipe" else 1.0
-        stage_acts, offloaded = activation_bytes(model, layout, job, stage_in_flight, runtime)
+        stage_acts, offloaded = activation_bytes(model, layout, job, stage_in_flight, runtime,
+                                                 stage=0 if is_first else layout.pp - 1)
         embed_acts = stage_in_flight * embed_per_mb if is_first else 0.0
         dynamic = stage_acts + embed_acts + (logits if is_last else 0.0) + buffers
         candidates.append(MemoryBreakdown(

@@ -8,6 +8,7 @@ in ``GpuSpec`` and can be overridden the same way.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,13 +71,79 @@ class CostParams:
     @classmethod
     def from_dict(cls, data: dict) -> CostParams:
         try:
-            values = {k: float(v) for k, v in data.items()}
+            values = {k: float(v) for k, v in data.items() if not isinstance(v, bool)}
         except (TypeError, ValueError, AttributeError):
             raise PlaitError(f"cost parameters must be numbers: {data!r}") from None
-        return dataclass_from_dict(cls, values, "cost parameter")
+        if len(values) != len(data):
+            raise PlaitError(f"cost parameters must be numbers, not true/false: {data!r}")
+        params = dataclass_from_dict(cls, values, "cost parameter")
+        check_ranges("params", values, PARAM_RANGES)
+        return params
 
 
 DEFAULT_PARAMS = CostParams()
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed values of one number: finite, above ``low`` (or at it when ``low_ok``), at most ``high``."""
+
+    low: float = 0.0
+    high: float = math.inf
+    low_ok: bool = True
+
+    def holds(self, value: float) -> bool:
+        above = value >= self.low if self.low_ok else value > self.low
+        return math.isfinite(value) and above and value <= self.high
+
+    def describe(self) -> str:
+        left = "[" if self.low_ok else "("
+        if math.isinf(self.high):
+            return f"finite and {'>=' if self.low_ok else '>'} {self.low:g}"
+        return f"in {left}{self.low:g}, {self.high:g}]"
+
+
+POSITIVE = Range(0.0, low_ok=False)  # rates, capacities, bandwidths, divisors
+NON_NEGATIVE = Range(0.0)  # overheads, sizes that may be zero
+FRACTION = Range(0.0, 1.0)  # overlaps
+EFFICIENCY = Range(0.0, 1.0, low_ok=False)  # fractions of a peak (a zero would divide by zero)
+# Per-field bounds of CostParams (a field not named here - e.g. one added later - must be >= 0).
+PARAM_RANGES: dict[str, Range] = {
+    "gemm_half_flops": NON_NEGATIVE,
+    "flash_backward_factor": POSITIVE,
+    "elementwise_passes": NON_NEGATIVE,
+    "tp_comm_overlap": FRACTION,
+    "dp_overlap": FRACTION,
+    "overlap_slowdown": Range(0.0, 1.0),
+    "grad_reduce_bytes": POSITIVE,
+    "optimizer_bytes_per_param": NON_NEGATIVE,
+    "cpu_adam_params_per_s": POSITIVE,
+    "disk_bandwidth": POSITIVE,
+    "step_overhead_s": NON_NEGATIVE,
+    "microbatch_overhead_s": NON_NEGATIVE,
+    "cuda_context_bytes": NON_NEGATIVE,
+    "comm_buffer_bytes": NON_NEGATIVE,
+    "fragmentation": Range(0.0, 1.0),
+    "logits_bytes_per_element": NON_NEGATIVE,
+    "fp8_gemm_efficiency": EFFICIENCY,
+}
+GPU_RANGES: dict[str, Range] = {
+    "bf16_flops": POSITIVE, "fp8_flops": NON_NEGATIVE, "hbm_bytes": POSITIVE, "hbm_bandwidth": POSITIVE,
+    "gemm_efficiency": EFFICIENCY, "attention_efficiency": EFFICIENCY, "memory_efficiency": EFFICIENCY,
+    "kernel_overhead": NON_NEGATIVE,
+}
+CLUSTER_RANGES: dict[str, Range] = {
+    "intra_node_bandwidth": POSITIVE, "inter_node_bandwidth": POSITIVE, "intra_node_latency": NON_NEGATIVE,
+    "inter_node_latency": NON_NEGATIVE, "host_link_bandwidth": POSITIVE, "link_efficiency": EFFICIENCY,
+}
+
+
+def check_ranges(key: str, values: dict, ranges: dict[str, Range]) -> None:
+    """One PlaitError naming every value of ``values`` outside its field's range."""
+    bad = [f"{name}={value!r} (must be {ranges.get(name, NON_NEGATIVE).describe()})"
+           for name, value in values.items() if not ranges.get(name, NON_NEGATIVE).holds(value)]
+    if bad:
+        raise PlaitError(f"{key} out of range: {'; '.join(bad)}")
 
 
 def load_calibration(path: str | Path):
@@ -84,11 +151,133 @@ def load_calibration(path: str | Path):
 
     Returns (CostParams, dict of GpuSpec field overrides, gpu name or None).
     """
+    calibration = read_calibration(path)
+    return calibration.params, dict(calibration.gpu_overrides), calibration.gpu
+
+
+# GpuSpec / ClusterSpec fields a calibration may replace (what ``plait profile`` measures).
+GPU_CALIBRATION_FIELDS = tuple(GPU_RANGES)
+CLUSTER_CALIBRATION_FIELDS = tuple(CLUSTER_RANGES)
+# The params ``plait profile`` measures on the device: a CPU profile's describe the CPU.
+DEVICE_MEASURED_PARAMS = ("gemm_half_flops", "flash_backward_factor")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration file, read and checked.
+
+    Attributes:
+        params: the cost parameters (defaults where the file names none).
+        gpu_overrides: GpuSpec fields to replace (FLOP/s, bytes, bytes/s, fractions, seconds).
+        cluster_overrides: ClusterSpec link fields to replace (bytes/s, seconds, fraction).
+        gpu: the GPU preset it was measured on (None: a CPU profile, or a fit over several GPUs).
+        device: "cuda", "cpu" (a CPU profile: the overrides describe the CPU) or "" (not measured).
+        path: where it was read from (for messages).
+    """
+
+    params: CostParams
+    gpu_overrides: tuple[tuple[str, float], ...] = ()
+    cluster_overrides: tuple[tuple[str, float], ...] = ()
+    gpu: str | None = None
+    device: str = ""
+    path: str = ""
+
+    @property
+    def cpu_profile(self) -> bool:
+        return self.device == "cpu"
+
+    def apply(self, cluster):
+        """(cluster with the overrides applied, warning lines). Overrides apply even on a mismatch."""
+        warnings = []
+        if self.cpu_profile:
+            warnings.append(f"calibration {self.path} is a CPU profile: the planned {cluster.gpu.name} gets "
+                            "the CPU's measured FLOP/s, memory and link bandwidths; profile the GPU instead")
+        elif self.gpu and self.gpu != cluster.gpu.name:
+            warnings.append(f"calibration {self.path} is for {self.gpu}, the cluster has {cluster.gpu.name}")
+        try:
+            gpu = dataclasses.replace(cluster.gpu, **dict(self.gpu_overrides))
+        except TypeError as exc:
+            raise PlaitError(f"{self.path}: bad gpu_overrides ({exc})") from None
+        return dataclasses.replace(cluster, gpu=gpu, **dict(self.cluster_overrides)), warnings
+
+    def params_for_runs_elsewhere(self) -> tuple[CostParams, list[str]]:
+        """(params, warning lines) for runs on other hardware (``plait validate``: published GPU runs).
+
+        The GPU and link overrides describe one machine and are not used. A CPU profile's
+        device-measured params (``DEVICE_MEASURED_PARAMS``) describe the CPU: they are refused
+        (the defaults are kept), and its other params are applied with a warning.
+        """
+        warnings = []
+        params = self.params
+        if self.cpu_profile:
+            params = dataclasses.replace(params, **{n: getattr(DEFAULT_PARAMS, n) for n in DEVICE_MEASURED_PARAMS})
+            others = [n for n in params.to_dict() if getattr(params, n) != getattr(DEFAULT_PARAMS, n)]
+            warnings.append(f"calibration {self.path} is a CPU profile: its CPU-measured "
+                            f"{' and '.join(DEVICE_MEASURED_PARAMS)} are not applied to GPU runs (defaults kept)"
+                            + (f"; its other params ({', '.join(others)}) are, though they were fitted on a CPU"
+                               if others else ""))
+        if self.gpu_overrides or self.cluster_overrides:
+            warnings.append(f"only the params of calibration {self.path} apply here; its GPU and link "
+                            "overrides are for one machine and are not used")
+        return params, warnings
+
+
+def _overrides(path, data: dict, key: str, ranges: dict[str, Range]) -> tuple[tuple[str, float], ...]:
+    known = tuple(ranges)
+    values = data.get(key, {})
+    if not isinstance(values, dict):
+        raise PlaitError(f"{path}: {key} must be an object")
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise PlaitError(f"{path}: bad {key} (unknown fields {unknown}; known: {', '.join(known)})")
+    bad = {k: v for k, v in values.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
+    if bad:
+        raise PlaitError(f"{path}: {key} must be numbers, got {bad}")
+    try:
+        check_ranges(key, values, ranges)
+    except PlaitError as exc:
+        raise PlaitError(f"{path}: {exc}") from None
+    return tuple(sorted((k, float(v)) for k, v in values.items()))
+
+
+def _gpu_preset(path, gpu, device: str) -> str | None:
+    """The file's "gpu": a known preset name (aliases resolved), or None; a CPU profile has none."""
+    from plait.spec.hardware import GPUS, get_gpu
+
+    if gpu is None:
+        return None
+    if not isinstance(gpu, str):
+        raise PlaitError(f"{path}: \"gpu\" must be a GPU preset name or null, got {gpu!r}")
+    if device == "cpu":
+        raise PlaitError(f"{path}: a CPU profile (\"device\": \"cpu\") has \"gpu\": null, got {gpu!r}")
+    try:
+        return get_gpu(gpu).name
+    except PlaitError:
+        raise PlaitError(f"{path}: \"gpu\" {gpu!r} is not a GPU preset; use one of {', '.join(GPUS)} "
+                         "(or null for a CPU profile)") from None
+
+
+def read_calibration(path: str | Path) -> Calibration:
+    """Read a calibration JSON (``plait profile``, ``plait calibrate fit`` or hand-written)::
+
+        {"gpu": "h100-sxm" | null, "device": "cuda" | "cpu", "params": {CostParams fields},
+         "gpu_overrides": {GpuSpec fields}, "cluster_overrides": {ClusterSpec link fields}, ...}
+
+    Every key is optional; other keys (measurements, machine, versions) are kept for people.
+    Values are range-checked (``PARAM_RANGES``, ``GPU_RANGES``, ``CLUSTER_RANGES``: finite, positive
+    rates and capacities, efficiencies in (0, 1]) and "gpu" must be a known preset or null.
+    """
     data = read_json_file(path, "calibration file")
     if not isinstance(data, dict) or not isinstance(data.get("params", {}), dict):
         raise PlaitError(f"{path}: a calibration file holds a JSON object with a \"params\" object")
-    params = CostParams.from_dict(data.get("params", {}))
-    overrides = data.get("gpu_overrides", {})
-    if not isinstance(overrides, dict):
-        raise PlaitError(f"{path}: gpu_overrides must be an object")
-    return params, overrides, data.get("gpu")
+    try:
+        params = CostParams.from_dict(data.get("params", {}))
+    except PlaitError as exc:
+        raise PlaitError(f"{path}: {exc}") from None
+    device = data.get("device", "")
+    if device not in ("", "cuda", "cpu"):
+        raise PlaitError(f"{path}: \"device\" must be \"cuda\" or \"cpu\", got {device!r}")
+    gpu = _gpu_preset(path, data.get("gpu"), device)
+    return Calibration(params=params, gpu=gpu, device=device, path=str(path),
+                       gpu_overrides=_overrides(path, data, "gpu_overrides", GPU_RANGES),
+                       cluster_overrides=_overrides(path, data, "cluster_overrides", CLUSTER_RANGES))

@@ -155,7 +155,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
             continue
         memory = estimate_memory(model, cluster, job, layout, params)
         evaluated += 1
-        if not memory.fits and constraints.allow_offload and layout.ckpt == "full":
+        if not memory.fits and constraints.allow_offload and layout.ckpt != "none":
             layout, memory = _with_offload(model, cluster, job, layout, memory, params)
         if smallest is None or memory.total < smallest[1].total:
             smallest = (layout, memory)
@@ -175,8 +175,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
 
 
 def _with_offload(model, cluster, job, layout, memory, params):
-    """Try activation offload, then optimizer offload, on a layout that does not fit."""
-    for changes in ({"offload": 1.0}, {"offload": 1.0, "opt_offload": True}):
+    """Try activation offload (half of a stage's layers, then all: Kwai's α), then optimizer
+    offload, on a checkpointed layout that does not fit; the first that fits."""
+    for changes in ({"offload": 0.5}, {"offload": 1.0}, {"offload": 1.0, "opt_offload": True}):
         candidate = replace(layout, **changes)
         candidate_memory = estimate_memory(model, cluster, job, candidate, params)
         if candidate_memory.fits:

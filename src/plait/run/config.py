@@ -35,10 +35,8 @@ class OptimConfig:
 
 # Layout features that the planner models but this runtime does not run yet.
 NOT_RUN_YET = {
-    "cp": "context parallelism (cp > 1)",
-    "offload": "activation offload (offload > 0)",
+    "cp": "context parallelism with pipeline parallelism (cp > 1 with pp > 1)",
     "opt_offload": "optimizer offload (opt_offload=1)",
-    "balanced": "ckpt=balanced",
     "fp8": "precision=fp8",
 }
 
@@ -63,6 +61,14 @@ class RunConfig:
     timeout_s: float = 600.0  # collective timeout: ranks stuck waiting for a dead peer give up after this
     log_every: int = 1  # print a line every N steps when stdout is not a terminal
     prediction: dict | None = None  # the planner's step time and memory for this run, if known
+    # checkpoints (issue 5): see plait.run.checkpoint
+    checkpoint_dir: str | None = None  # root of step_NNNNNNNN checkpoint directories
+    checkpoint_every: int = 0  # save every N optimizer steps (0: only on SIGTERM and at the end)
+    keep_checkpoints: int = 3  # newest complete checkpoints kept (0: all)
+    async_checkpoint: bool | None = None  # None: asynchronous on GPU, synchronous on CPU
+    resume_from: str | None = None  # a complete checkpoint directory to start from
+    on_nan: str = "stop"  # non-finite loss or gradient norm: "stop", or "skip" the optimizer step
+    offload_dir: str | None = None  # offload=disk: activations go to a fresh directory in here (default: temp dir)
 
     def __post_init__(self) -> None:
         problems = []
@@ -74,6 +80,12 @@ class RunConfig:
             problems.append(f"device={self.device!r} must be auto, cpu or cuda")
         if self.timeout_s <= 0:
             problems.append(f"timeout_s={self.timeout_s!r} must be positive")
+        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
+            problems.append(f"checkpoint_every={self.checkpoint_every!r} must be a non-negative integer")
+        if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 0:
+            problems.append(f"keep_checkpoints={self.keep_checkpoints!r} must be a non-negative integer")
+        if self.on_nan not in ("stop", "skip"):
+            problems.append(f"on_nan={self.on_nan!r} must be stop or skip")
         if problems:
             raise PlaitError("invalid run: " + "; ".join(problems))
 
@@ -89,14 +101,20 @@ class RunConfig:
     def runtime_problems(self) -> list[str]:
         """Why the runtime cannot run this layout (empty when it can); no hardware needed."""
         lay, model, out = self.layout, self.model, []
-        if lay.cp > 1:
-            out.append(f"{NOT_RUN_YET['cp']} is planned but not run yet; use cp=1")
-        if lay.offload:
-            out.append(f"{NOT_RUN_YET['offload']} is planned but not run yet; use offload=0")
+        if lay.cp > 1 and lay.pp > 1:
+            out.append(f"{NOT_RUN_YET['cp']} is planned but not run yet; use pp=1 or cp=1")
+        if lay.cp > 1 and model.dropout:
+            out.append(f"cp={lay.cp}: context-parallel attention has no dropout, but model {model.name} uses "
+                       "dropout; use cp=1 or a model without dropout")
+        if lay.cp > 1 and self.compile:
+            out.append("--compile with cp > 1: ring attention's send/recv are not compiled; run without --compile")
+        if lay.offload and self.compile:
+            out.append("--compile with activation offload: saved-tensor hooks are not compiled; run without "
+                       "--compile or use offload=0")
+        if lay.offload and lay.offload_target == "disk":
+            out += self.offload_dir_problems()
         if lay.opt_offload:
             out.append(f"{NOT_RUN_YET['opt_offload']} is planned but not run yet")
-        if lay.ckpt == "balanced":
-            out.append(f"{NOT_RUN_YET['balanced']} is planned but not run yet; use ckpt=selective or ckpt=full")
         if self.compile and lay.tp > 1:
             out.append("--compile with tp > 1: per-block torch.compile of DTensor tensor-parallel blocks fails "
                        "in the backward on torch 2.13; run without --compile")
@@ -110,6 +128,17 @@ class RunConfig:
         if lay.pp > 1 and lay.schedule == "zero-bubble" and self.compile:
             out.append("schedule zero-bubble with --compile is not supported by torch.distributed.pipelining")
         return out
+
+    def offload_dir_problems(self) -> list[str]:
+        """``offload=disk``: the directory exists, is writable and has room for the planner's
+        offloaded bytes of every rank (counted twice: fp32 activations on CPU)."""
+        from plait.plan.memory import activation_bytes, in_flight_microbatches
+        from plait.run.offload_dir import offload_dir_problems
+
+        lay = self.layout
+        in_flight = in_flight_microbatches(lay, lay.micro_batches(self.global_batch))
+        per_rank = activation_bytes(self.model, lay, self.job, in_flight)[1]
+        return offload_dir_problems(self.offload_dir, 2 * per_rank * lay.world_size)
 
     # ----------------------------------------------------------- JSON
     def to_dict(self) -> dict:

@@ -19,8 +19,11 @@ How each planner ZeRO stage runs (``Layout.zero``):
   ========  ===================================================================================
 
 Each block is its own FSDP unit (one all-gather and one reduce-scatter per block); the root
-unit holds the embedding, final norm and LM head. Mixed precision on GPU: bf16 parameters and
-compute, fp32 sharded master weights and fp32 gradient reduction. On CPU everything is fp32.
+unit holds the embedding, final norm and LM head. With context parallelism the cp ranks are
+data-parallel ranks too (same weights, other tokens): FSDP shards over dp_shard×cp and DDP
+all-reduces over dp_replicate×cp (``ParallelDims.dp_mesh`` / ``replicate_group``).
+Mixed precision on GPU: bf16 parameters and compute, fp32 sharded master weights and fp32
+gradient reduction. On CPU everything is fp32.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from plait.run.mesh import ParallelDims
 def uses_fsdp(pdims: ParallelDims) -> bool:
     """Whether data parallelism runs through FSDP2 (else DDP or nothing)."""
     layout = pdims.layout
-    return layout.zero > 0 or (layout.dp > 1 and (layout.tp > 1 or layout.pp > 1))
+    return layout.zero > 0 or (pdims.grad_sync_size > 1 and (layout.tp > 1 or layout.pp > 1))
 
 
 def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
@@ -57,7 +60,7 @@ def apply_fsdp(model: nn.Module, pdims: ParallelDims, device_type: str) -> None:
 
 
 def apply_ddp(model: nn.Module, pdims: ParallelDims) -> nn.Module:
-    """Wrap ``model`` in DDP over the dp_replicate group (zero=0 without tensor parallelism)."""
+    """Wrap ``model`` in DDP over the dp_replicate (×cp) group (zero=0 without tensor parallelism)."""
     if any(isinstance(p, DTensor) for p in model.parameters()):
         raise ValueError("DDP cannot hold DTensor parameters; use FSDP2 replication")
-    return DistributedDataParallel(model, process_group=pdims.group("dp_replicate"), gradient_as_bucket_view=True)
+    return DistributedDataParallel(model, process_group=pdims.replicate_group, gradient_as_bucket_view=True)

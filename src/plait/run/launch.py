@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from plait.errors import PlaitError
+from plait.errors import PlaitError, RunStopped
 from plait.run.config import RunConfig
 
 
@@ -35,7 +36,8 @@ class LaunchOptions:
     node_rank: int | None = None  # only with the static rendezvous (no endpoint)
     master_addr: str | None = None
     master_port: int | None = None
-    max_restarts: int = 0
+    max_restarts: int = 0  # torchrun restarts all workers this many times after a failure
+    min_nnodes: int | None = None  # elastic: torchrun starts once this many nodes joined (up to nnodes)
 
     @property
     def world_size(self) -> int:
@@ -48,7 +50,9 @@ def torchrun_args(options: LaunchOptions, run_dir: str) -> list[str]:
     if options.nnodes == 1 and not options.rdzv_endpoint and options.master_addr is None:
         args.append("--standalone")
     elif options.rdzv_endpoint:
-        args += [f"--nnodes={options.nnodes}", "--rdzv-backend=c10d",
+        nodes = f"{options.min_nnodes}:{options.nnodes}" if options.min_nnodes not in (None, options.nnodes) \
+            else str(options.nnodes)
+        args += [f"--nnodes={nodes}", "--rdzv-backend=c10d",
                  f"--rdzv-endpoint={options.rdzv_endpoint}", f"--rdzv-id={options.rdzv_id}"]
     else:  # static rendezvous: every node names its rank and the master
         if options.node_rank is None or options.master_addr is None:
@@ -86,6 +90,7 @@ def launch(config: RunConfig, options: LaunchOptions, run_dir: str | None = None
 
 
 def _run_torchrun(args: list[str], run_dir: Path, nproc_per_node: int) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -95,6 +100,10 @@ def _run_torchrun(args: list[str], run_dir: Path, nproc_per_node: int) -> None:
         run(parse_args(args))
     except ChildFailedError as exc:
         raise PlaitError(_failure_message(run_dir, exc)) from None
+    except SignalException as exc:
+        raise RunStopped(f"stopped by {signal.Signals(exc.sigval).name}: the workers were asked to finish their "
+                         "step and save a checkpoint (with --checkpoint-dir) within 30 s; resume with --resume") \
+            from None
     except (RuntimeError, OSError, ValueError) as exc:  # rendezvous timeouts, ports in use, bad endpoints
         raise PlaitError(f"torchrun could not start the workers: {type(exc).__name__}: {exc}") from None
 

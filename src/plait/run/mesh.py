@@ -9,10 +9,16 @@ is split in two so that every ZeRO stage is one of two shapes:
 
 Size-1 dimensions are kept, so code never asks whether a dimension exists. Nothing here is
 global: the ``ParallelDims`` value is passed to whatever needs a group.
+
+Context parallelism: the cp ranks of a data-parallel replica hold the same weights and
+different tokens, so data parallelism runs over dp×cp. With cp > 1 two flattened dimensions
+are added: ``dp_shard_cp`` (FSDP shards over dp_shard×cp) and ``dp_replicate_cp`` (DDP, and
+zero=0 replication, all-reduce over dp_replicate×cp).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -66,8 +72,28 @@ class ParallelDims:
 
     @property
     def dp_mesh(self) -> DeviceMesh:
-        """2-D (dp_replicate, dp_shard) mesh: what FSDP2 shards and replicates over."""
-        return self.mesh["dp_replicate", "dp_shard"]
+        """2-D (replicate, shard) mesh that FSDP2 replicates and shards over.
+
+        (dp_replicate, dp_shard) without context parallelism; with cp > 1 the cp ranks join the
+        shards (dp_shard_cp) or, for zero=0 replication, the replicas (dp_replicate_cp).
+        """
+        if self.layout.cp == 1:
+            return self.mesh["dp_replicate", "dp_shard"]
+        with warnings.catch_warnings():  # torch >= 2.13 warns on slicing flattened dims; 2.11 needs it
+            warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+            if self.layout.zero == 0:
+                return self.mesh["dp_replicate_cp", "dp_shard"]
+            return self.mesh["dp_replicate", "dp_shard_cp"]
+
+    @property
+    def replicate_group(self) -> dist.ProcessGroup:
+        """Where DDP all-reduces gradients: the dp_replicate ranks, and with cp > 1 their cp ranks too."""
+        return self.group("dp_replicate_cp" if self.layout.cp > 1 else "dp_replicate")
+
+    @property
+    def grad_sync_size(self) -> int:
+        """Ranks whose gradients are averaged: dp·cp (each holds a different share of the tokens)."""
+        return self.layout.dp * self.layout.cp
 
     @property
     def pp_rank(self) -> int:
@@ -79,8 +105,9 @@ class ParallelDims:
 
     @property
     def loss_owner(self) -> bool:
-        """One rank per data-parallel replica reports the loss: last stage, tp rank 0, cp rank 0."""
-        return self.is_last_stage_rank and self.rank_in("tp") == 0 and self.rank_in("cp") == 0
+        """Which ranks report their loss: the last stage's tp rank 0 of every (dp, cp) rank pair;
+        each reports the mean over an equal share (1/(dp·cp)) of the global batch's tokens."""
+        return self.is_last_stage_rank and self.rank_in("tp") == 0
 
 
 def build_parallel_dims(layout: Layout, device_type: str) -> ParallelDims:
@@ -92,4 +119,8 @@ def build_parallel_dims(layout: Layout, device_type: str) -> ParallelDims:
     shape = mesh_shape(layout)
     names = mesh_dim_order(layout)
     mesh = init_device_mesh(device_type, tuple(shape[n] for n in names), mesh_dim_names=names)
+    if layout.cp > 1:
+        for dp_dim in ("dp_shard", "dp_replicate"):
+            pair = tuple(sorted((dp_dim, "cp"), key=names.index))  # a slice keeps the mesh's order
+            mesh[pair]._flatten(f"{dp_dim}_cp")
     return ParallelDims(layout=layout, mesh=mesh)

@@ -33,9 +33,12 @@ class StepRecord:
     step_time_s: float
     tokens_per_s: float
     mfu: float | None
+    offload: dict | None = None  # activation offload counters (OffloadStats.to_dict), written flat
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out.update(out.pop("offload") or {})
+        return out
 
 
 @dataclass
@@ -54,9 +57,16 @@ class RunSummary:
     layout: str
     predicted_step_time_s: float | None = None
     predicted_memory_bytes: float | None = None  # planner's peak minus CUDA context, NCCL, fragmentation
+    start_step: int = 0  # first step of this run (> 0 when resumed from a checkpoint)
+    stopped_early: bool = False  # stopped by SIGTERM before the last step
+    checkpoints: list[int] | None = None  # steps of the checkpoints this run committed
+    checkpoint_stall_s: float | None = None  # longest time training waited for one checkpoint save
+    offload: dict | None = None  # activation offload per step (bytes, hidden and exposed seconds), max over ranks
 
     def to_dict(self) -> dict:
-        return {"summary": True, **self.__dict__}
+        out = {"summary": True, **self.__dict__}
+        out.update(out.pop("offload") or {})
+        return out
 
     def comparison_line(self) -> str:
         """One line of predicted vs measured step time and memory."""
@@ -89,11 +99,11 @@ def median_step_time(records: list[StepRecord]) -> float:
 class JsonlLog:
     """Appends one JSON object per line; a no-op without a path."""
 
-    def __init__(self, path: str | None):
+    def __init__(self, path: str | None, append: bool = False):
         self.handle = None
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+            self.handle = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
 
     def write(self, record: dict) -> None:
         if self.handle:
@@ -109,7 +119,7 @@ class JsonlLog:
 class Display:
     """Rank 0's console: a rich progress bar on a terminal, plain lines otherwise."""
 
-    def __init__(self, total_steps: int, enabled: bool, log_every: int):
+    def __init__(self, total_steps: int, enabled: bool, log_every: int, start_step: int = 0):
         self.enabled = enabled
         self.log_every = log_every
         self.total = total_steps
@@ -125,7 +135,7 @@ class Display:
 
             self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("{task.fields[status]}"), TimeRemainingColumn())
-            self.task = self.progress.add_task("train", total=total_steps, status="")
+            self.task = self.progress.add_task("train", total=total_steps, completed=start_step, status="")
             self.progress.start()
 
     def step(self, record: StepRecord) -> None:

@@ -2,8 +2,9 @@
 
 The global norm is the 2-norm of the gradient of the *whole* model, however it is split:
 each rank sums the squares of the gradient elements it owns, the partial sums are added
-over every mesh dimension that shards them (FSDP's dp_shard, tensor parallel, and pipeline
-stages, which own disjoint layers), and replicated copies are counted once.
+over every mesh dimension that shards them (FSDP's dp_shard, or dp_shard×cp with context
+parallelism, tensor parallel, and pipeline stages, which own disjoint layers), and replicated
+copies (dp_replicate, and the cp ranks under DDP) are counted once.
 """
 
 from __future__ import annotations

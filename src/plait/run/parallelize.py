@@ -1,8 +1,8 @@
 """Turn a ModelSpec and a Layout into this rank's trainable model parts.
 
 The order is fixed (each step changes what the next one sees):
-  build on meta → tensor parallel → activation checkpointing → torch.compile per block →
-  FSDP2 → materialize on the device and initialize → DDP (zero=0) → pipeline schedule.
+  build on meta → tensor parallel → context parallel → activation checkpointing → activation offload hooks →
+  torch.compile per block → FSDP2 → materialize on the device and initialize → DDP (zero=0) → pipeline schedule.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from plait.run.checkpointing import apply_activation_checkpointing
+from plait.run.context_parallel import apply_context_parallel
 from plait.run.data_parallel import apply_ddp, apply_fsdp, uses_fsdp
 from plait.run.mesh import ParallelDims
 from plait.run.model import Transformer, build_model, eager_attention, init_weights
+from plait.run.offload import ActivationOffloader, apply_activation_offload
 from plait.run.pipeline import build_schedule, build_stage_module, stage_ids_of_rank
 from plait.run.tensor_parallel import apply_tensor_parallel
 from plait.spec.model import ModelSpec
@@ -41,6 +43,8 @@ class ModelParts:
     schedule: object | None = None
     checkpointed: list[str] = field(default_factory=list)
     fsdp: bool = False
+    offloader: ActivationOffloader | None = None  # activation offload (plait.run.offload)
+    offloaded: list[str] = field(default_factory=list)  # ids of the blocks whose activations move
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for chunk in self.chunks for p in chunk.parameters()]
@@ -55,8 +59,11 @@ class ModelParts:
 
 def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device, seed: int,
                       n_microbatches: int, compile_blocks: bool = False, compile_backend: str = "inductor",
-                      loss_fn: Callable = token_loss) -> ModelParts:
-    """This rank's parallelized, initialized model parts for ``pdims.layout``."""
+                      loss_fn: Callable = token_loss, offload_dir: str | None = None) -> ModelParts:
+    """This rank's parallelized, initialized model parts for ``pdims.layout``.
+
+    ``offload_dir``: where ``offload=disk:α`` writes this rank's activations (a fresh directory).
+    """
     layout = pdims.layout
     if layout.pp > 1:
         stage_ids = stage_ids_of_rank(layout, pdims.pp_rank)
@@ -70,22 +77,26 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
                 block.attention.kernel = eager_attention
         if layout.tp > 1:
             apply_tensor_parallel(chunk, pdims.mesh["tp"], layout.sequence_parallel)
+        if layout.cp > 1:
+            apply_context_parallel(chunk, pdims.mesh["cp"], layout.cp_impl)
     checkpointed = apply_activation_checkpointing(chunks, layout)
+    offloader, offloaded = apply_activation_offload(chunks, layout, pdims.pp_rank, device, offload_dir)
     if compile_blocks:
         for chunk in chunks:
             for block in chunk.layers.values():
                 block.compile(backend=compile_backend)
-    fsdp = layout.dp > 1 and uses_fsdp(pdims)
+    fsdp = pdims.grad_sync_size > 1 and uses_fsdp(pdims)
     if fsdp:
         for chunk in chunks:
             apply_fsdp(chunk, pdims, device.type)
     for chunk in chunks:
         chunk.to_empty(device=device)
+        chunk.tie_embeddings()  # to_empty untied plain (non-DTensor) parameters
         init_weights(chunk, spec, seed, device)
-    ddp = layout.dp > 1 and not fsdp
+    ddp = pdims.grad_sync_size > 1 and not fsdp
     trained: list[nn.Module] = [apply_ddp(chunk, pdims) for chunk in chunks] if ddp else list(chunks)
     schedule = None
     if layout.pp > 1:
         schedule = build_schedule(trained, stage_ids, pdims, n_microbatches, loss_fn, device)
     return ModelParts(chunks=trained, stage_ids=stage_ids, schedule=schedule,
-                      checkpointed=checkpointed, fsdp=fsdp)
+                      checkpointed=checkpointed, fsdp=fsdp, offloader=offloader, offloaded=offloaded)

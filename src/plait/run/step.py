@@ -87,4 +87,4 @@ def global_mean_loss(local_loss: torch.Tensor | None, pdims: ParallelDims, devic
     if local_loss is not None and pdims.loss_owner:
         value += local_loss.float()
     dist.all_reduce(value)
-    return float(value) / pdims.layout.dp
+    return float(value) / pdims.grad_sync_size  # dp·cp loss owners, each with an equal share of tokens

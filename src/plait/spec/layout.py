@@ -24,6 +24,9 @@ Keys (an omitted degree is 1; other keys take the defaults below):
   precision        bf16 | fp8 (fp8 GEMMs, bf16 elsewhere); default bf16
   attn             flash | eager (eager materializes the s×s scores); default flash
   order            rank order, innermost dimension first; default tp-cp-dp-pp
+  cp_impl          how the runtime's context-parallel attention exchanges K/V: ring (send/recv
+                   around the cp ring) | allgather | torch (PyTorch's own ring attention) |
+                   ulysses (all-to-all of heads; cp must divide n_kv_heads/tp); default ring
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ SCHEDULE_ALIASES = {"interleaved": "interleaved-1f1b", "zb": "zero-bubble", "zbh
 OFFLOAD_TARGETS = ("cpu", "disk")
 PRECISIONS = ("bf16", "fp8")
 ATTENTION_KERNELS = ("flash", "eager")
+CP_IMPLS = ("ring", "allgather", "torch", "ulysses")
 PARALLEL_DIMS = ("tp", "cp", "dp", "pp")
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n"}
@@ -71,6 +75,7 @@ class Layout:
     precision: str = "bf16"
     attn: str = "flash"
     order: str = "tp-cp-dp-pp"
+    cp_impl: str = "ring"
 
     def __post_init__(self) -> None:
         problems = []
@@ -96,6 +101,8 @@ class Layout:
             problems.append(f"precision={self.precision!r} must be one of {', '.join(PRECISIONS)}")
         if self.attn not in ATTENTION_KERNELS:
             problems.append(f"attn={self.attn!r} must be flash or eager")
+        if self.cp_impl not in CP_IMPLS:
+            problems.append(f"cp_impl={self.cp_impl!r} must be one of {', '.join(CP_IMPLS)}")
         if sorted(self.order.split("-")) != sorted(PARALLEL_DIMS):
             problems.append(f"order={self.order!r} must list each of {', '.join(PARALLEL_DIMS)} once, e.g. tp-cp-dp-pp")
         if problems:
@@ -158,6 +165,8 @@ class Layout:
             parts.append(f"attn={self.attn}")
         if self.order != defaults.order:
             parts.append(f"order={self.order}")
+        if self.cp_impl != defaults.cp_impl:
+            parts.append(f"cp_impl={self.cp_impl}")
         return ",".join(parts)
 
     @classmethod
@@ -235,11 +244,11 @@ def _parse_item(key: str, raw: str) -> dict:
         except ValueError:
             raise PlaitError(f"offload={raw!r} must be a fraction, or cpu:FRACTION / disk:FRACTION") from None
         return {"offload": value, "offload_target": target or "cpu"}
-    if key in ("precision", "attn", "order", "split"):
+    if key in ("precision", "attn", "order", "split", "cp_impl"):
         return {key: raw}
     raise PlaitError(
         f"unknown layout key {key!r}; known keys: dp, tp, pp, cp, vpp, mbs, zero, hsdp, reshard, sp, "
-        "ckpt, ckpt_layers, schedule, split, offload, opt_offload, precision, attn, order"
+        "ckpt, ckpt_layers, schedule, split, offload, opt_offload, precision, attn, order, cp_impl"
     )
 
 

@@ -116,6 +116,11 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
     if lay.cp > 1 and job.seq_len % (2 * lay.cp):
         error("cp-divides-seq", f"seq_len={job.seq_len} is not a multiple of 2·cp = {2 * lay.cp} "
               "(load-balanced causal context parallel splits each sequence into 2·cp chunks)")
+    if lay.cp > 1 and lay.cp_impl == "ulysses" and (model.n_kv_heads // lay.tp) % lay.cp:
+        fits = [d for d in _divisors(max(1, model.n_kv_heads // lay.tp)) if d > 1]
+        error("ulysses-divides-heads", f"cp_impl=ulysses splits heads over cp: cp={lay.cp} does not divide the "
+              f"n_kv_heads/tp = {model.n_kv_heads}/{lay.tp} K/V heads of a rank; cp that would: "
+              f"{_fmt(fits) or 'none'} (or cp_impl=ring)")
     if model.arch == "gpt" and job.seq_len > model.max_seq_len:
         error("seq-positions", f"seq_len={job.seq_len} exceeds the {model.max_seq_len} learned positions of {model.name}")
     # ---- ZeRO / hybrid sharding

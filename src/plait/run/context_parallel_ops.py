@@ -1,0 +1,62 @@
+"""The per-block attention math of ring attention: partial forward with its log-sum-exp, the
+online-softmax merge of partial results, and the exact backward of one block.
+
+Shapes: queries (b, kv_heads, group, sq, d) with the query heads grouped by the K/V head they
+share (grouped-query attention), keys and values (b, kv_heads, sk, d), all fp32. Inside, the
+group is folded into the query rows, so each K/V head is one batched matmul (and dK, dV come
+out summed over the query heads that share them). The block's scores (group·sq × sk) are
+materialized: these kernels are written for correctness on any device, not for speed.
+``causal`` masks the block's upper triangle (a diagonal block, sq == sk).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """(b, kv_heads, group, s, ...) → (b, kv_heads, group·s, ...)."""
+    return x.reshape(x.shape[0], x.shape[1], x.shape[2] * x.shape[3], *x.shape[4:])
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    """(b, kv_heads, group·sq, sk) scaled scores, -inf above the diagonal when ``causal``."""
+    scores = (_rows(q) @ k.transpose(-2, -1)).mul_(scale)
+    if causal:
+        group, sq, sk = q.shape[2], q.shape[3], k.shape[2]
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(1).repeat(group, 1)
+        scores.masked_fill_(mask, float("-inf"))
+    return scores
+
+
+def block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax(q kᵀ·scale) v with q's shape, log-sum-exp of each query's scores (b, kv_heads, group, sq))."""
+    scores = _scores(q, k, scale, causal)
+    lse = scores.logsumexp(dim=-1)
+    out = scores.sub_(lse.unsqueeze(-1)).exp_() @ v
+    return out.view(q.shape), lse.view(q.shape[:-1])
+
+
+def merge_partials(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor,
+                   part_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the union of two disjoint key sets from the two partial results."""
+    merged = torch.logaddexp(lse, part_lse)
+    out = out * torch.exp(lse - merged).unsqueeze(-1) + part * torch.exp(part_lse - merged).unsqueeze(-1)
+    return out, merged
+
+
+def block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
+                   delta: torch.Tensor, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This block's share of (dq, dk, dv), given the *final* log-sum-exp and
+    delta = rowsum(grad_out ∘ out) of the queries (FlashAttention's backward).
+
+    dq has q's shape; dk and dv have k's, summed over the query heads sharing them.
+    """
+    probs = _scores(q, k, scale, causal).sub_(_rows(lse).unsqueeze(-1)).exp_()
+    dout = _rows(grad_out)
+    dv = probs.transpose(-2, -1) @ dout
+    dscores = (dout @ v.transpose(-2, -1)).sub_(_rows(delta).unsqueeze(-1)).mul_(probs)
+    dq = (dscores @ k).mul_(scale)
+    dk = (dscores.transpose(-2, -1) @ _rows(q)).mul_(scale)
+    return dq.view(q.shape), dk, dv
