@@ -37,3 +37,21 @@ def dist_pool():
     yield get
     for pool in pools.values():
         pool.close()
+
+
+@pytest.fixture(scope="session")
+def references():
+    """Factory: ``references(model)`` is the single-process run of ``runtime_tasks.reference`` (default
+    3 steps) for that model, computed once per session in this process."""
+    if TESTS_DIR not in sys.path:
+        sys.path.insert(0, TESTS_DIR)
+    import runtime_tasks
+
+    cache: dict[str, dict] = {}
+
+    def get(model: str = "tiny") -> dict:
+        if model not in cache:
+            cache[model] = runtime_tasks.reference(model=model)
+        return cache[model]
+
+    return get

@@ -3,12 +3,9 @@ DistPool) and return losses, gradient norms, parameters and the activation-offlo
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import torch
 import torch.distributed as dist
-from runtime_tasks import full_parameters, make_config
+from runtime_tasks import full_parameters, in_one_process, make_config
 
 
 def train(layout: str, **kwargs) -> dict:
@@ -26,13 +23,5 @@ def train(layout: str, **kwargs) -> dict:
 
 
 def one_process(layout: str, **kwargs) -> dict:
-    """``train`` in a one-rank process group of its own (gloo, file store), in this process."""
-    if dist.is_initialized():
-        raise RuntimeError("one_process() must run in a process without a process group")
-    with tempfile.TemporaryDirectory() as tmp:
-        store = dist.FileStore(os.path.join(tmp, "store"), 1)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        try:
-            return train(layout, **kwargs)
-        finally:
-            dist.destroy_process_group()
+    """``train`` in a one-rank process group of its own, in this process."""
+    return in_one_process(train, layout, **kwargs)

@@ -61,17 +61,22 @@ def train_layout(layout: str, **kwargs) -> dict:
     return out
 
 
-def reference(**kwargs) -> dict:
-    """The single-process run: a one-rank process group of its own (gloo, file store)."""
+def in_one_process(task, *args, **kwargs):
+    """``task(*args, **kwargs)`` in a one-rank process group of its own (gloo, file store), in this process."""
     if dist.is_initialized():
-        raise RuntimeError("reference() must run in a process without a process group")
+        raise RuntimeError("in_one_process() must run in a process without a process group")
     with tempfile.TemporaryDirectory() as tmp:
         store = dist.FileStore(os.path.join(tmp, "store"), 1)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         try:
-            return train_layout("dp=1", **kwargs)
+            return task(*args, **kwargs)
         finally:
             dist.destroy_process_group()
+
+
+def reference(**kwargs) -> dict:
+    """The single-process run of the tiny model (or ``model=``)."""
+    return in_one_process(train_layout, "dp=1", **kwargs)
 
 
 def tied_model_parameters(layout: str) -> dict:

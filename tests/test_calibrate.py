@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from torchless import assert_runs_without_torch
 
 from plait.cli import main
 from plait.errors import PlaitError
@@ -203,26 +204,9 @@ def test_fit_on_a_sweep_csv_recovers_parameters(tmp_path, capsys):
 
 @needs_runs
 def test_fit_runs_with_torch_blocked(tmp_path):
-    import subprocess
-    import sys
-
-    script = f"""
-import builtins, sys
-real_import = builtins.__import__
-def guarded(name, *args, **kwargs):
-    if name == "torch" or name.startswith("torch."):
-        raise ImportError("torch is not allowed in calibrate fit")
-    return real_import(name, *args, **kwargs)
-builtins.__import__ = guarded
-from plait.cli import main
-code = main(["calibrate", "fit", "--runs", {str(RUNS_CSV)!r}, "--params", "elementwise_passes", "--rounds", "1",
-             "--points", "3", "--no-leave-out", "--json", "--out", {str(tmp_path / "fit.json")!r}])
-assert code == 0, code
-print("ok-without-torch")
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "ok-without-torch" in out.stdout
+    assert_runs_without_torch(["calibrate", "fit", "--runs", str(RUNS_CSV), "--params", "elementwise_passes",
+                               "--rounds", "1", "--points", "3", "--no-leave-out", "--json",
+                               "--out", str(tmp_path / "fit.json")])
 
 
 def test_cpu_sweep_rows_need_a_cpu_profile(tmp_path):

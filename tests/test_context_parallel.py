@@ -52,18 +52,6 @@ def test_attention_matches_full_causal_attention(dist_pool, impl, cp, heads, kv_
             assert errors[name] <= KERNEL_ATOL, f"rank {rank}: {name} differs by {errors[name]:.3g}"
 
 
-@pytest.fixture(scope="module")
-def references():
-    cache: dict[str, dict] = {}
-
-    def get(model: str = "tiny") -> dict:
-        if model not in cache:
-            cache[model] = runtime_tasks.reference(model=model)
-        return cache[model]
-
-    return get
-
-
 CASES = [
     (2, "cp=2", "tiny"),
     (2, "cp=2,ckpt=selective,cp_impl=allgather", "tiny-gpt"),  # learned positions of the local chunks

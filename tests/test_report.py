@@ -7,12 +7,11 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from torchless import assert_runs_without_torch
 
 from plait.cli import main
 from plait.measure.plots import row_label
@@ -206,18 +205,4 @@ def test_bad_sweep_file_is_one_line_exit_2(tmp_path, capsys, content, message):
 def test_report_does_not_import_torch(tmp_path):
     sweep = tmp_path / "sweep.csv"
     synthetic_sweep(sweep)
-    script = f"""
-import builtins, sys
-real_import = builtins.__import__
-def guarded(name, *args, **kwargs):
-    if name == "torch" or name.startswith("torch."):
-        raise ImportError("torch is not allowed in plait report")
-    return real_import(name, *args, **kwargs)
-builtins.__import__ = guarded
-from plait.cli import main
-assert main(["report", "--sweep", {str(sweep)!r}, "--out", {str(tmp_path / "r")!r}]) == 0
-print("ok-without-torch")
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "ok-without-torch" in out.stdout
+    assert_runs_without_torch(["report", "--sweep", str(sweep), "--out", str(tmp_path / "r")])

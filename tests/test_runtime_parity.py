@@ -58,19 +58,6 @@ CASES_GPT = [
 ]
 
 
-@pytest.fixture(scope="module")
-def references():
-    """Single-process runs, one per model, computed once (in this process)."""
-    cache: dict[str, dict] = {}
-
-    def get(model: str = "tiny") -> dict:
-        if model not in cache:
-            cache[model] = runtime_tasks.reference(model=model)
-        return cache[model]
-
-    return get
-
-
 def assert_same_training(result: dict, reference: dict, layout: str) -> None:
     for step, (got, want) in enumerate(zip(result["losses"], reference["losses"], strict=True)):
         assert abs(got - want) <= LOSS_RTOL * abs(want), f"{layout}: step {step} loss {got} vs {want}"

@@ -151,6 +151,11 @@ def check_file(path: Path, name: str, record: dict, checksum: bool = True) -> No
         raise PlaitError(f"checkpoint {path.name} is corrupt: {name} fails its CRC-32 check")
 
 
+def step_of(path: Path) -> int:
+    """The step in a ``step_NNNNNNNN`` checkpoint directory's name."""
+    return int(_FINAL.match(path.name).group(1))
+
+
 def complete_dirs(root: Path) -> list[Path]:
     """Final-named checkpoint directories under ``root``, oldest step first (not yet verified)."""
     if not root.is_dir():
@@ -198,7 +203,7 @@ def prune(root: Path, keep: int) -> list[Path]:
             os.rename(path, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
             removed.append(path)
-    newest = int(_FINAL.match(finals[-1].name).group(1)) if finals else None
+    newest = step_of(finals[-1]) if finals else None
     for path in root.iterdir() if root.is_dir() else []:
         match = re.match(r"^step_(\d{8})\.(tmp-|deleting)", path.name)
         if match and path.is_dir() and newest is not None and int(match.group(1)) <= newest:

@@ -75,7 +75,7 @@ def set_aside(paths: list[Path]) -> list[Path]:
 
 def newer_than(checkpoint: store.Checkpoint, root: Path) -> list[Path]:
     """Complete checkpoints in ``root`` with a later step than ``checkpoint``."""
-    return [p for p in store.complete_dirs(root) if int(p.name.split("_")[1]) > checkpoint.step]
+    return [p for p in store.complete_dirs(root) if store.step_of(p) > checkpoint.step]
 
 
 def prepare_checkpoint_root(checkpoint: store.Checkpoint, root: Path, refused: list[Path]) -> list[str]:

@@ -60,11 +60,11 @@ def candidates(config: RunConfig) -> list[str]:
     out: list[Path] = []
     if config.checkpoint_dir:
         out += [p for p in reversed(store.complete_dirs(Path(config.checkpoint_dir)))
-                if int(p.name.split("_")[1]) > start]
+                if store.step_of(p) > start]
     if config.resume_from:
         origin = Path(config.resume_from)
         out.append(origin)
-        out += [p for p in reversed(store.complete_dirs(origin.parent)) if int(p.name.split("_")[1]) < start]
+        out += [p for p in reversed(store.complete_dirs(origin.parent)) if store.step_of(p) < start]
     unique = dict.fromkeys(str(p.resolve()) for p in out)
     return list(unique)
 
