@@ -2,7 +2,7 @@
 
 Part 1 - save and load, one process (gloo on CPU, NCCL on GPU), layout dp=1: the model of
 ``--model`` (default llama3.2-1b, 1.24 B parameters) with its AdamW state, saved with
-``plait.run.checkpoint.Checkpointer`` exactly as ``plait train`` saves it (DCP files, CRC-32 of
+``plait.run.checkpoint.dcp.Checkpointer`` exactly as ``plait train`` saves it (DCP files, CRC-32 of
 every file, manifest, rename), verified from the manifest, and loaded back:
 
   * size on disk (bytes) and bytes per parameter (fp32 weights + two fp32 Adam moments = 12);
@@ -41,12 +41,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from plait.run import checkpoint_store as store
-from plait.run.checkpoint import Checkpointer, ensure_optimizer_state, load_checkpoint
+from plait.run.checkpoint import store
+from plait.run.checkpoint.dcp import Checkpointer, ensure_optimizer_state, load_checkpoint
 from plait.run.config import OptimConfig, RunConfig
-from plait.run.mesh import build_parallel_dims
+from plait.run.parallel.mesh import build_parallel_dims
 from plait.run.optim import build_optimizer
-from plait.run.parallelize import build_model_parts
+from plait.run.parallel.parallelize import build_model_parts
 from plait.spec.layout import Layout
 from plait.spec.models import get_model
 

@@ -56,7 +56,8 @@ def _worker(rank: int, args, port: int, queue) -> None:
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
 
-    from plait.run.context_parallel import SequenceShard, cp_kernel
+    from plait.run.parallel.context.ring import cp_kernel
+    from plait.run.parallel.context.shard import SequenceShard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cuda = args.device == "cuda"

@@ -42,7 +42,7 @@ def measure(model: str, seq: int, policy: str, steps: int, device: str, gpu: str
 
     from plait.plan.plan import evaluate
     from plait.run.config import OptimConfig, RunConfig
-    from plait.run.train import run_training
+    from plait.run.trainer import run_training
     from plait.spec.hardware import get_cluster, get_gpu
     from plait.spec.layout import JobSpec, Layout
     from plait.spec.models import get_model

@@ -38,11 +38,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from plait.cli import main as plait_main
-from plait.measure.report_render import render_markdown
-from plait.measure.report_sections import rows_section, summary_section
-from plait.measure.sweep import summary_path
-from plait.measure.sweep_csv import read_sweep
-from plait.measure.sweep_stats import top1_text
+from plait.measure.report.render import render_markdown
+from plait.measure.report.sections import rows_section, summary_section
+from plait.measure.sweep.loop import summary_path
+from plait.measure.sweep.csv_file import read_sweep
+from plait.measure.sweep.stats import top1_text
 
 RESULTS = REPO / "bench" / "results"
 GPU_GRID = "mbs=1,2,4;ckpt=none,selective,full;offload=0,1;compile=0,1"

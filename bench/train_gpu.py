@@ -3,7 +3,7 @@
 One process, one GPU, bf16, FlashAttention through SDPA, ``torch.compile`` on every block.
 The same model, batch and number of steps are trained twice in the same run:
 
-  * plait: ``plait.run.train.run_training`` with layout ``dp=1,mbs=M`` on a one-rank process
+  * plait: ``plait.run.trainer.run_training`` with layout ``dp=1,mbs=M`` on a one-rank process
     group that this script initializes itself (NCCL, file store);
   * baseline: ``transformers.LlamaForCausalLM`` built from the same shapes, bf16 weights,
     ``attn_implementation="sdpa"``, ``torch.optim.AdamW`` (fused when available), gradient
@@ -87,10 +87,10 @@ except ImportError:  # running from a checkout that is not pip-installed
 from plait.errors import PlaitError
 from plait.plan.plan import Plan, evaluate
 from plait.run.config import OptimConfig, RunConfig
-from plait.run.data import open_tokens
+from plait.run.data.tokens import open_tokens
 from plait.run.metrics import StepRecord, mfu
 from plait.run.optim import lr_at
-from plait.run.train import run_training
+from plait.run.trainer import run_training
 from plait.spec.hardware import GPUS, cluster_for_gpu, get_gpu
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec

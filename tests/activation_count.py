@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils._pytree import tree_flatten
 
-from plait.run.checkpointing import apply_activation_checkpointing
+from plait.run.memory.recompute import apply_activation_checkpointing
 from plait.run.model import build_model, canonical_name, eager_attention, rope_tables
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
@@ -97,10 +97,10 @@ class _Births(TorchDispatchMode):
 @contextlib.contextmanager
 def _observe_balanced_cache(cache):
     """Call ``cache(op, output)`` for every output that ``ckpt=balanced`` saves (MUST_SAVE) in the
-    selective checkpoint's cache, which saved-tensor hooks do not see (``plait.run.checkpointing``)."""
+    selective checkpoint's cache, which saved-tensor hooks do not see (``plait.run.memory.recompute``)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    from plait.run import checkpointing
+    from plait.run.memory import recompute as checkpointing
 
     original = checkpointing.balanced_policy
 
@@ -131,7 +131,7 @@ def build_layer(spec: ModelSpec, layout: Layout, seed: int = 0):
     if layout.tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
-        from plait.run.tensor_parallel import apply_tensor_parallel
+        from plait.run.parallel.tensor import apply_tensor_parallel
 
         mesh = init_device_mesh("cpu", (layout.tp,), mesh_dim_names=("tp",))
         apply_tensor_parallel(model, mesh, layout.sequence_parallel)
@@ -330,9 +330,9 @@ def measure_layers(cases: list[tuple]) -> list[dict]:
 
 
 def measure_offloaded_layer(spec: ModelSpec, layout: Layout, seq_len: int, mbs: int, seed: int = 0) -> dict:
-    """Bytes the runtime's activation offloader (``plait.run.offload``, cpu target) moves out and back
+    """Bytes the runtime's activation offloader (``plait.run.memory.offload``, cpu target) moves out and back
     for one bf16 layer and micro-batch, built as ``measure_layer`` builds it; forward and backward."""
-    from plait.run.offload import ActivationOffloader
+    from plait.run.memory.offload import ActivationOffloader
 
     torch.manual_seed(seed)
     model = build_layer(spec, layout, seed)

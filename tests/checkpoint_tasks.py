@@ -20,7 +20,7 @@ class StopAfter:
 
 def train(layout: str, stop_after: int | None = None, with_params: bool = True, **kwargs) -> dict:
     """Train (optionally stopping as if SIGTERM came after ``stop_after`` steps) and report."""
-    from plait.run.train import run_training
+    from plait.run.trainer import run_training
 
     stop = StopAfter(stop_after) if stop_after else None
     result = run_training(make_config(layout, **kwargs), device=torch.device("cpu"), stop=stop)
@@ -37,8 +37,8 @@ def save_then_scribble(layout: str, checkpoint_dir: str, **kwargs) -> dict:
 
     The checkpoint must hold the values at save time, not the scribbles (staging copies them).
     """
-    from plait.run.checkpoint import Checkpointer, named_parameters, training_state
-    from plait.run.train import run_training
+    from plait.run.checkpoint.dcp import Checkpointer, named_parameters, training_state
+    from plait.run.trainer import run_training
 
     result = run_training(make_config(layout, **kwargs), device=torch.device("cpu"))
     before = full_parameters(result.parts)
@@ -77,7 +77,7 @@ def train_with_full_disk(layout: str, full_from_step: int, **kwargs) -> dict:
 
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from plait.run import checkpoint
+    from plait.run.checkpoint import dcp as checkpoint
 
     class FullDisk(FileSystemWriter):
         def write_data(self, plan, planner):

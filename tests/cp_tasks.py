@@ -12,7 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from plait.run.context_parallel import SequenceShard, cp_kernel
+from plait.run.parallel.context.ring import cp_kernel
+from plait.run.parallel.context.shard import SequenceShard
 
 
 def _full_problem(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, seed: int):

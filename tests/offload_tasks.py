@@ -10,7 +10,7 @@ from runtime_tasks import full_parameters, in_one_process, make_config
 
 def train(layout: str, **kwargs) -> dict:
     """Train on this rank; {'losses', 'grad_norms', 'offloaded', 'offload', 'summary'} (+ 'params' on rank 0)."""
-    from plait.run.train import run_training
+    from plait.run.trainer import run_training
 
     result = run_training(make_config(layout, **kwargs), device=torch.device("cpu"))
     params = full_parameters(result.parts)

@@ -49,7 +49,7 @@ def full_parameters(parts) -> dict[str, torch.Tensor]:
 
 def train_layout(layout: str, **kwargs) -> dict:
     """Train and return {'losses', 'params', 'grad_norms'} (the same on every rank)."""
-    from plait.run.train import run_training
+    from plait.run.trainer import run_training
 
     result = run_training(make_config(layout, **kwargs), device=torch.device("cpu"))
     params = full_parameters(result.parts)
@@ -83,9 +83,9 @@ def tied_model_parameters(layout: str) -> dict:
     """Build a tied-embedding tiny model under ``layout`` and report the tie and the parameter count."""
     import dataclasses
 
-    from plait.run.mesh import build_parallel_dims
+    from plait.run.parallel.mesh import build_parallel_dims
     from plait.run.model import count_parameters
-    from plait.run.parallelize import build_model_parts
+    from plait.run.parallel.parallelize import build_model_parts
 
     spec = dataclasses.replace(get_model("tiny"), tied_embeddings=True, name="tiny-tied")
     lay = Layout.parse(layout)

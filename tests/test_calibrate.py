@@ -16,7 +16,7 @@ from torchless import assert_runs_without_torch
 
 from plait.cli import main
 from plait.errors import PlaitError
-from plait.measure.calibrate import (
+from plait.measure.calibrate.fit import (
     FITTABLE,
     FitProblem,
     fit_runs,
@@ -170,7 +170,7 @@ def test_fit_problem_scores_like_validate():
 
 def test_fit_on_a_sweep_csv_recovers_parameters(tmp_path, capsys):
     """A ``plait sweep`` CSV (measured step time per layout) whose times the model made with known params."""
-    from plait.measure.sweep_csv import SweepRow, SweepWriter
+    from plait.measure.sweep.csv_file import SweepRow, SweepWriter
     from plait.plan.cost import estimate_step
     from plait.spec.hardware import cluster_for_gpu
     from plait.spec.layout import JobSpec, Layout
@@ -211,7 +211,7 @@ def test_fit_runs_with_torch_blocked(tmp_path):
 
 def test_cpu_sweep_rows_need_a_cpu_profile(tmp_path):
     """A CPU sweep records no GPU: its rows are usable only on a CPU profile's hardware numbers."""
-    from plait.measure.sweep_csv import SweepRow, SweepWriter
+    from plait.measure.sweep.csv_file import SweepRow, SweepWriter
 
     path = tmp_path / "cpu_sweep.csv"
     writer = SweepWriter(path)
@@ -229,7 +229,7 @@ def test_cpu_sweep_rows_need_a_cpu_profile(tmp_path):
     result = fit_runs(path, ("step_overhead_s",), rounds=3, points=9, leave_out=False, calibration=calibration)
     assert result.rows_used == 3 and result.in_sample_error < result.default_error
     assert result.params.step_overhead_s != DEFAULT_PARAMS.step_overhead_s
-    data = __import__("plait.measure.calibrate_output", fromlist=["fit_to_dict"]).fit_to_dict(
+    data = __import__("plait.measure.calibrate.output", fromlist=["fit_to_dict"]).fit_to_dict(
         result, str(path), None, calibration)
     assert data["device"] == "cpu" and data["gpu_overrides"]["bf16_flops"] == 5e10  # hardware carried over
     assert data["fit"]["start"] == str(profile) and data["fit"]["runs_kind"] == "sweep"
@@ -239,7 +239,7 @@ def test_cpu_sweep_rows_need_a_cpu_profile(tmp_path):
 def write_sweep(path: Path, layouts, model="llama-125m", gpu="h100-sxm", truth=DEFAULT_PARAMS, slower=1.0,
                 calibration="", calibration_sha256="") -> Path:
     """A sweep CSV whose measured step times are ``slower`` x the model's prediction under ``truth``."""
-    from plait.measure.sweep_csv import SweepRow, SweepWriter
+    from plait.measure.sweep.csv_file import SweepRow, SweepWriter
     from plait.plan.cost import estimate_step
     from plait.spec.hardware import cluster_for_gpu
     from plait.spec.layout import JobSpec, Layout
@@ -262,7 +262,7 @@ LAYOUTS = ("dp=8,mbs=1", "dp=8,mbs=2,ckpt=full", "dp=4,tp=2,mbs=4", "dp=8,zero=3
 
 def test_step_time_error_is_predicted_over_measured(tmp_path):
     """Measured steps 1.25x the prediction: |predicted / measured - 1| = 0.2 of step time, 0.25 of MFU."""
-    from plait.measure.calibrate_sweep import sweep_cases
+    from plait.measure.calibrate.from_sweep import sweep_cases
 
     cases, _, _ = sweep_cases(write_sweep(tmp_path / "s.csv", LAYOUTS[:2], slower=1.25))
     assert FitProblem(tuple(cases), "step_time", "mean").score(DEFAULT_PARAMS) == pytest.approx(0.2, rel=1e-5)

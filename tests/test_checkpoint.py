@@ -23,7 +23,7 @@ import runtime_tasks
 import torch
 
 from plait.errors import PlaitError
-from plait.run import checkpoint_store as store
+from plait.run.checkpoint import store
 
 STEPS = 6
 LOSS_RTOL = 1e-5

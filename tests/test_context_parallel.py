@@ -22,7 +22,7 @@ import runtime_tasks
 from test_runtime_parity import assert_same_training
 from test_train_cli import run_inline
 
-from plait.run.context_parallel import SequenceShard
+from plait.run.parallel.context.shard import SequenceShard
 
 KERNEL_ATOL = 1e-5
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from plait.errors import PlaitError
-from plait.run import data
-from plait.run.data import (
+from plait.run.data import tokens as data
+from plait.run.data.tokens import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
@@ -22,7 +22,7 @@ from plait.run.data import (
     open_tokens,
     prepare,
 )
-from plait.run.tokenizer import ByteTokenizer, get_tokenizer
+from plait.run.data.tokenizer import ByteTokenizer, get_tokenizer
 
 TOK = ByteTokenizer()
 TEXTS = {"a.txt": "Hello, world.\nSecond line.", "b.txt": "Grüße, naïve café — 日本語 🚲"}

@@ -30,8 +30,8 @@ from plait.plan.activations import (
     offloaded_layer_count,
     stage_layer_bytes,
 )
-from plait.run import offload_dir as offload_dir_module
-from plait.run.offload import ActivationOffloader
+from plait.run.memory import offload_dir as offload_dir_module
+from plait.run.memory.offload import ActivationOffloader
 from plait.spec.layout import Layout
 
 RTOL = 1e-6

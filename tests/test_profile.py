@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from plait.cli import main
-from plait.measure.profile import OPS, Where, gemm_cases, profile_config, scope_groups
-from plait.measure.profile_fit import calibration_fields, fit_collective, fit_gemm
+from plait.measure.profile.machine import OPS, Where, gemm_cases, profile_config, scope_groups
+from plait.measure.profile.fit import calibration_fields, fit_collective, fit_gemm
 from plait.plan import comm
 from plait.plan.kernels import gemm_time
 from plait.plan.params import DEFAULT_PARAMS, read_calibration
@@ -142,7 +142,7 @@ def test_gpu_fields_are_fractions_of_the_preset_and_links_round_trip():
 
 def test_cpu_profile_sizes_are_capped_for_any_model():
     """On a CPU the default (not --quick) profile of a large model stays a small amount of work."""
-    from plait.measure.profile import CPU_MAX_FLOPS, attention_flops, compute_flops
+    from plait.measure.profile.machine import CPU_MAX_FLOPS, attention_flops, compute_flops
 
     for name in ("llama3-8b", "llama3-70b"):
         config = profile_config(get_model(name), 4096, Where("cpu", 2), quick=False, timeout_s=300)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from plait.measure.published import predict_row, predict_runs, read_runs
-from plait.report import error_summary
+from plait.measure.published import error_summary
 
 RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_runs_calibration.csv"
 pytestmark = pytest.mark.skipif(not RUNS.is_file(), reason=f"calibration set not found at {RUNS}")

@@ -14,10 +14,10 @@ import pytest
 from torchless import assert_runs_without_torch
 
 from plait.cli import main
-from plait.measure.plots import row_label
-from plait.measure.sweep import summary_path
-from plait.measure.sweep_csv import SweepRow, SweepWriter
-from plait.measure.timeline import (
+from plait.measure.report.plots import row_label
+from plait.measure.sweep.loop import summary_path
+from plait.measure.sweep.csv_file import SweepRow, SweepWriter
+from plait.measure.report.timeline import (
     BACKWARD,
     BUBBLE,
     FORWARD,

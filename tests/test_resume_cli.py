@@ -26,7 +26,7 @@ pytest.importorskip("torch")
 import checkpoint_tasks
 from test_train_cli import plait, read_jsonl, run_inline
 
-from plait.run import checkpoint_store as store
+from plait.run.checkpoint import store
 from plait.run.config import OptimConfig
 
 # the CLI defaults this test's runs use, as an OptimConfig for the in-pool reference

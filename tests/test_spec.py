@@ -5,6 +5,7 @@ import json
 import pytest
 
 from plait.errors import PlaitError
+from plait.spec.hf_config import model_from_hf_config
 from plait.spec.hardware import CLUSTERS, get_cluster, get_gpu
 from plait.spec.layout import JobSpec, Layout, placement
 from plait.spec.model import ModelSpec
@@ -110,13 +111,13 @@ def test_from_hf_config_llama_and_gpt2(tmp_path):
              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
              "max_position_embeddings": 8192, "tie_word_embeddings": False}
     (tmp_path / "config.json").write_text(json.dumps(llama))
-    assert ModelSpec.from_hf_config(tmp_path).total_params() == 8_030_261_248
+    assert model_from_hf_config(tmp_path).total_params() == 8_030_261_248
     gpt2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024,
             "vocab_size": 50257}
     path = tmp_path / "gpt2.json"
     path.write_text(json.dumps(gpt2))
     # GPT-2 small: 124,439,808 parameters (tied embeddings)
-    assert ModelSpec.from_hf_config(path).total_params() == 124_439_808
+    assert model_from_hf_config(path).total_params() == 124_439_808
 
 
 def test_invalid_model_spec_is_a_clear_error():

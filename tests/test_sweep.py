@@ -15,16 +15,16 @@ import pytest
 
 from plait.cli import main
 from plait.errors import PlaitError
-from plait.measure.sweep import run_sweep, summary_path
-from plait.measure.sweep_cases import (
+from plait.measure.sweep.loop import run_sweep, summary_path
+from plait.measure.sweep.cases import (
     SweepCase,
     SweepSpec,
     make_cases,
     parse_grid,
     top_k_entries,
 )
-from plait.measure.sweep_csv import SweepRow, read_sweep
-from plait.measure.sweep_run import (
+from plait.measure.sweep.csv_file import SweepRow, read_sweep
+from plait.measure.sweep.run_one import (
     base_row,
     classify,
     run_case,
@@ -32,7 +32,7 @@ from plait.measure.sweep_run import (
     stop_train,
     worker_pids,
 )
-from plait.measure.sweep_stats import average_ranks, spearman, summarize, top1_text
+from plait.measure.sweep.stats import average_ranks, spearman, summarize, top1_text
 from plait.run.config import RunConfig
 from plait.spec.hardware import cluster_for_gpu
 from plait.spec.models import get_model
@@ -223,7 +223,7 @@ def test_interrupted_sweep_keeps_its_rows(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return SweepRow(layout=case.label, status="failed", reason="stub")
 
-    monkeypatch.setattr("plait.measure.sweep.run_case", fake_run)
+    monkeypatch.setattr("plait.measure.sweep.loop.run_case", fake_run)
     out = tmp_path / "sweep.csv"
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, cases, out, progress=False)

@@ -5,7 +5,7 @@ Package layout:
   plan/     memory, FLOPs, cost model and layout search (no torch)
   measure/  validation against published runs (and, later, profiling and sweeps)
   run/      the torch runtime
-  cli.py    the one command-line entry point
+  cli/__init__.py    the one command-line entry point
 """
 
 __version__ = "0.1.0"

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import csv
 import math
+import statistics
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -275,3 +277,25 @@ def predict_row(row: dict, params: CostParams = DEFAULT_PARAMS) -> RunResult:
 
 def predict_runs(path: str | Path, params: CostParams = DEFAULT_PARAMS) -> list[RunResult]:
     return [predict_row(row, params) for row in read_runs(path)]
+
+
+def error_summary(results: list[RunResult]) -> dict:
+    """Coverage and MFU error statistics, overall and per source."""
+    complete = [r for r in results if r.complete]
+    compared = [r for r in complete if r.mfu_error_points is not None]
+    by_source: dict[str, list[float]] = defaultdict(list)
+    for r in compared:
+        by_source[r.source].append(abs(r.mfu_error_points))
+    errors = [abs(r.mfu_error_points) for r in compared]
+
+    def stats(values: list[float]) -> dict:
+        return {"n": len(values), "median_abs_error": statistics.median(values) if values else None,
+                "mean_abs_error": statistics.fmean(values) if values else None,
+                "within_4_points": sum(v <= 4 for v in values) / len(values) if values else None}
+
+    return {"rows": len(results), "complete": len(complete), "compared": len(compared),
+            "coverage": len(compared) / len(complete) if complete else 0.0,
+            "incomplete": sum(r.status.startswith("incomplete") for r in results),
+            "unsupported": sum(r.status.startswith("unsupported") for r in results),
+            "oom": sum(r.status == "oom" for r in results),
+            "overall": stats(errors), "per_source": {s: stats(v) for s, v in sorted(by_source.items())}}

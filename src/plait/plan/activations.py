@@ -22,7 +22,7 @@ Checkpoint policies, per checkpointed layer:
     activation-function outputs, dropout masks - and keep only the layer input, the MLP residual
     input, the GEMM outputs Q, K, V, attention output and the MLP up-projection outputs.
     plait's runtime (``runtime="torch"``) runs it with torch's selective activation checkpoint
-    and a policy on op types (``plait.run.checkpointing``): it keeps the output of *every* linear
+    and a policy on op types (``plait.run.memory.recompute``): it keeps the output of *every* linear
     GEMM and of the fused attention kernel, i.e. the layer input, Q, K, V, (flash) the attention
     output and its log-sum-exp, the output-projection GEMM output (``attn_proj_out``, the
     residual is recomputed from it instead of being kept), the MLP gate/up outputs and the
@@ -183,7 +183,7 @@ def layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, policy: str | No
 def offloadable_items(kept: dict[str, float], policy: str, runtime: str = "torch") -> dict[str, float]:
     """The part of a layer's kept bytes that activation offload moves to the host.
 
-    Offload works on autograd's saved tensors (``plait.run.offload``). A ``balanced`` layer of
+    Offload works on autograd's saved tensors (``plait.run.memory.offload``). A ``balanced`` layer of
     plait's runtime keeps its GEMM outputs in the selective checkpoint's own cache, which no
     saved-tensor hook sees: only its input (the checkpoint's saved input) is offloaded.
     """

@@ -155,7 +155,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         recompute_layer = times.attn_fwd
     elif lay.ckpt == "balanced":
         # plait's runtime keeps the fused attention kernel's output; eager attention's batched
-        # GEMMs are recomputed with the rest of the core (plait.run.checkpointing)
+        # GEMMs are recomputed with the rest of the core (plait.run.memory.recompute)
         recompute_layer = times.elementwise_fwd + (times.attn_fwd if lay.attn == "eager" else 0.0)
     else:
         recompute_layer = 0.0

@@ -15,7 +15,7 @@ factor (1 + (p-1)/(p·v)) of Korthikanti et al. 2022. Checkpointing adds the ten
 layer dropped, live again while it is recomputed for its backward. The first stage adds the
 embedding output, the last stage the logits (bf16 logits, their fp32 log-softmax and its
 gradient, one micro-batch).
-Activation offload (``plait.run.offload``): the first ``offloaded_layer_count`` layers of a
+Activation offload (``plait.run.memory.offload``): the first ``offloaded_layer_count`` layers of a
 stage (Kwai's fraction α, pipeline-stage aware) move what autograd saves to host memory or disk;
 the GPU keeps a double buffer of two such layers (the one being copied, the one prefetched).
 

@@ -61,7 +61,7 @@ class RunConfig:
     timeout_s: float = 600.0  # collective timeout: ranks stuck waiting for a dead peer give up after this
     log_every: int = 1  # print a line every N steps when stdout is not a terminal
     prediction: dict | None = None  # the planner's step time and memory for this run, if known
-    # checkpoints (issue 5): see plait.run.checkpoint
+    # checkpoints (issue 5): see plait.run.checkpoint.dcp
     checkpoint_dir: str | None = None  # root of step_NNNNNNNN checkpoint directories
     checkpoint_every: int = 0  # save every N optimizer steps (0: only on SIGTERM and at the end)
     keep_checkpoints: int = 3  # newest complete checkpoints kept (0: all)
@@ -133,7 +133,7 @@ class RunConfig:
         """``offload=disk``: the directory exists, is writable and has room for the planner's
         offloaded bytes of every rank (counted twice: fp32 activations on CPU)."""
         from plait.plan.memory import activation_bytes, in_flight_microbatches
-        from plait.run.offload_dir import offload_dir_problems
+        from plait.run.memory.offload_dir import offload_dir_problems
 
         lay = self.layout
         in_flight = in_flight_microbatches(lay, lay.micro_batches(self.global_batch))

@@ -6,7 +6,7 @@ Two architectures, matching ``plait.spec.model`` parameter for parameter:
 
 Attention runs through ``F.scaled_dot_product_attention`` (FlashAttention kernels on GPU).
 Q, K and V are separate linear layers so that column-parallel sharding splits whole heads.
-With context parallelism (``plait.run.context_parallel``) each block's ``Attention.kernel`` is a
+With context parallelism (``plait.run.parallel.context.ring``) each block's ``Attention.kernel`` is a
 cp kernel and ``Transformer.sequence_shard`` says which tokens of each sequence the rank holds:
 RoPE angles and learned positions are taken at those tokens' global positions.
 
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from plait.run.context_parallel import SequenceShard
+from plait.run.parallel.context.shard import SequenceShard
 from plait.spec.model import ModelSpec
 
 INIT_STD = 0.02  # standard deviation of every weight matrix (GPT-2 / Megatron convention)

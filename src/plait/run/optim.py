@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from plait.run.config import OptimConfig
-from plait.run.mesh import ParallelDims
+from plait.run.parallel.mesh import ParallelDims
 
 
 def lr_at(step: int, total_steps: int, config: OptimConfig) -> float:

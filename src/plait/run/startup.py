@@ -3,7 +3,7 @@
 * Every rank must run the same config (several nodes each wrote their own ``config.json``):
   the ranks compare a hash of it and refuse to start on a mismatch.
 * An elastic node-count change gives the workers a world size other than the layout's: they
-  re-plan, all the same way (``plait.run.resume.replan`` is deterministic).
+  re-plan, all the same way (``plait.run.checkpoint.select.replan`` is deterministic).
 * With a ``checkpoint_dir``, the newest checkpoint there (or the ``resume_from`` one) that
   verifies on all ranks - the files split between them, each checked for size and CRC-32 -
   is where training starts. This covers torchrun restarts after a failure and node joins
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from plait.errors import PlaitError
-from plait.run import checkpoint_store as store
+from plait.run.checkpoint import store
 from plait.run.config import RunConfig
 
 SIGTERM_GRACE_S = 25.0  # torchrun SIGKILLs its workers 30 s after SIGTERM
@@ -71,12 +71,12 @@ def candidates(config: RunConfig) -> list[str]:
 
 def startup_config(config: RunConfig, say) -> tuple[RunConfig, bool]:
     """(the config this attempt trains, whether training is already complete); a collective."""
-    from plait.run.checkpoint import choose_checkpoint
+    from plait.run.checkpoint.dcp import choose_checkpoint
 
     check_same_config(config)
     world = dist.get_world_size()
     if world != config.layout.world_size:
-        from plait.run.resume import replan
+        from plait.run.checkpoint.select import replan
 
         config, why = replan(config, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         say(why)

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
-from plait.run.mesh import ParallelDims
-from plait.run.parallelize import ModelParts, token_loss
+from plait.run.parallel.mesh import ParallelDims
+from plait.run.parallel.parallelize import ModelParts, token_loss
 
 
 def loss_context(pdims: ParallelDims):

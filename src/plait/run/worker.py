@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         config = RunConfig.load(run_dir / "config.json")
         stop = arm_sigterm(say)  # before init: the process group's threads must inherit the signal mask
         init_process_group(config)
-        from plait.run.train import run_training
+        from plait.run.trainer import run_training
 
         config, finished = startup_config(config, say)
         if not finished:

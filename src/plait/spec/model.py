@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.spec.serialize import dataclass_from_dict
@@ -140,10 +139,3 @@ class ModelSpec:
     @classmethod
     def from_json(cls, text: str) -> ModelSpec:
         return cls.from_dict(json.loads(text))
-
-    @classmethod
-    def from_hf_config(cls, path: str | Path) -> ModelSpec:
-        """Read a local Hugging Face ``config.json`` (Llama-family or GPT-2-family)."""
-        from plait.spec.hf_config import model_from_hf_config
-
-        return model_from_hf_config(path)

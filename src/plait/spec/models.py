@@ -19,6 +19,7 @@ Sources:
 from __future__ import annotations
 
 from plait.errors import PlaitError
+from plait.spec.hf_config import model_from_hf_config
 from plait.spec.model import ModelSpec
 
 
@@ -82,7 +83,7 @@ def get_model(name: str) -> ModelSpec:
     path = Path(name)
     if path.exists():
         if path.is_dir() or path.name == "config.json":
-            return ModelSpec.from_hf_config(path)
+            return model_from_hf_config(path)
         try:
             return ModelSpec.from_json(path.read_text())
         except ValueError as exc:

@@ -1,0 +1,108 @@
+"""Rich tables for the CLI: ranked plans, itemized memory and time, validation results."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from plait.measure.published import RunResult
+from plait.plan.plan import Plan
+from plait.spec.hardware import GIB
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 10 else f"{seconds:,.2f} s"
+
+
+def plans_table(plans: list[Plan], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("#", "layout", "memory/GPU", "step time", "tokens/s/GPU", "MFU", "bottleneck"):
+        table.add_column(column, justify="right" if column not in ("layout", "bottleneck") else "left")
+    for rank, plan in enumerate(plans, 1):
+        memory = plan.memory
+        mem_text = f"{memory.total / GIB:.1f} / {memory.capacity / GIB:.0f} GiB"
+        if not memory.fits:
+            mem_text = f"[red]{mem_text} (OOM)[/red]"
+        table.add_row(str(rank), str(plan.layout), mem_text, _ms(plan.step.step_time),
+                      f"{plan.step.tokens_per_s_per_gpu:,.0f}", f"{100 * plan.step.mfu:.1f}%", plan.step.bottleneck)
+    return table
+
+
+def explain(console: Console, plan: Plan) -> None:
+    """Print the itemized memory and time of one plan, and why it ranks where it does."""
+    memory, step = plan.memory, plan.step
+    console.print(f"[bold]{plan.layout}[/bold]  -  {plan.model.name} on {plan.cluster.n_gpus} x "
+                  f"{plan.cluster.gpu.name}, global batch {plan.job.global_batch} x {plan.job.seq_len} tokens, "
+                  f"{plan.layout.micro_batches(plan.job.global_batch)} micro-batches per step")
+    mem_table = Table(title=f"Memory per GPU (most loaded: {memory.stage} stage)", title_justify="left")
+    mem_table.add_column("item")
+    mem_table.add_column("GiB", justify="right")
+    mem_table.add_column("share", justify="right")
+    for name, value in memory.items().items():
+        if value > 0:
+            mem_table.add_row(name.replace("_", " "), f"{value / GIB:.2f}", f"{100 * value / memory.total:.0f}%")
+    mem_table.add_row("[bold]total[/bold]", f"[bold]{memory.total / GIB:.2f}[/bold]",
+                      f"{100 * memory.total / memory.capacity:.0f}% of {memory.capacity / GIB:.0f} GiB")
+    if memory.host_bytes:
+        mem_table.add_row("(host memory)", f"{memory.host_bytes / GIB:.2f}", "")
+    console.print(mem_table)
+    time_table = Table(title="Step time (critical path)", title_justify="left")
+    time_table.add_column("item")
+    time_table.add_column("time", justify="right")
+    time_table.add_column("share", justify="right")
+    for name, value in step.items().items():
+        if value > 0:
+            time_table.add_row(name.replace("_", " "), _ms(value), f"{100 * value / step.step_time:.1f}%")
+    time_table.add_row("[bold]step[/bold]", f"[bold]{_ms(step.step_time)}[/bold]", "")
+    console.print(time_table)
+    console.print(f"tokens/s/GPU {step.tokens_per_s_per_gpu:,.0f}   MFU {100 * step.mfu:.1f}%   "
+                  f"HFU {100 * step.hfu:.1f}%   bottleneck: {step.bottleneck}")
+    for warning in plan.warnings:
+        console.print(f"[yellow]{warning}[/yellow]")
+
+
+def confidence_note(console: Console) -> None:
+    console.print("[dim]How sure: on 50 published runs the default cost model's median MFU error is "
+                  "1.6 points (86% within 4 points; `plait validate --runs ...`). Calibrate on your "
+                  "hardware for better.[/dim]")
+
+
+def validation_table(results: list[RunResult]) -> Table:
+    table = Table(title="Published runs: predicted vs reported (MFU on plait's basis)", title_justify="left")
+    for column in ("id", "status", "pred MFU", "rep MFU", "err (pts)", "pred tok/s/GPU", "rep tok/s/GPU", "pred/rep GiB"):
+        table.add_column(column, justify="left" if column in ("id", "status") else "right")
+    for r in results:
+        err = r.mfu_error_points
+        mem = ""
+        if r.predicted_mem_gb is not None:
+            mem = f"{r.predicted_mem_gb:.0f}" + (f" / {r.reported_mem_gb:.0f}" if r.reported_mem_gb else "")
+        table.add_row(
+            r.id, r.status if len(r.status) < 48 else r.status[:45] + "...",
+            f"{100 * r.predicted_mfu:.1f}%" if r.predicted_mfu is not None else "",
+            f"{100 * r.reported_mfu:.1f}%" if r.reported_mfu is not None else "",
+            f"{err:+.1f}" if err is not None else "",
+            f"{r.predicted_tokens_per_s_per_gpu:,.0f}" if r.predicted_tokens_per_s_per_gpu else "",
+            f"{r.reported_tokens_per_s_per_gpu:,.0f}" if r.reported_tokens_per_s_per_gpu else "",
+            mem,
+        )
+    return table
+
+
+def summary_table(summary: dict) -> Table:
+    table = Table(title=(f"{summary['rows']} rows: {summary['complete']} complete "
+                         f"({summary['incomplete']} incomplete, {summary['unsupported']} unsupported), "
+                         f"{summary['compared']} compared, coverage {100 * summary['coverage']:.0f}%"),
+                  title_justify="left")
+    for column in ("source", "rows", "median |err|", "mean |err|", "within 4 pts"):
+        table.add_column(column, justify="left" if column == "source" else "right")
+
+    def row(name: str, s: dict) -> None:
+        if not s["n"]:
+            return
+        table.add_row(name, str(s["n"]), f"{s['median_abs_error']:.1f}", f"{s['mean_abs_error']:.1f}",
+                      f"{100 * s['within_4_points']:.0f}%")
+
+    for source, s in summary["per_source"].items():
+        row(source[:60], s)
+    row("[bold]all[/bold]", summary["overall"])
+    return table

@@ -1,0 +1,21 @@
+"""FitCase: one run the calibration fit can score (published row or sweep row), as data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plait.plan.cost import estimate_step
+from plait.plan.params import CostParams
+
+
+@dataclass(frozen=True)
+class FitCase:
+    """One usable run: its source, what it ran (model, cluster, job, layout) and its reported MFU."""
+
+    id: str
+    source: str
+    specs: tuple  # (ModelSpec, ClusterSpec, JobSpec, Layout), as plait.measure.published builds them
+    reported_mfu: float
+
+    def predicted_mfu(self, params: CostParams) -> float:
+        return estimate_step(*self.specs, params).mfu

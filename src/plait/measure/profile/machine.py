@@ -1,0 +1,235 @@
+"""``plait profile``: micro-benchmark the machine at hand and write a calibration file.
+
+What is measured (sizes from the planned model and sequence length; ``--quick``: fewer, smaller):
+GEMMs of the model's QKV, attention-output and MLP projections at several token counts (and at
+a tensor-parallel split when the node has several devices), causal attention (sdpa; Flash on
+GPU) at the planned sequence lengths, device copies, kernel launches, pinned host copies (GPU),
+and all-reduce, all-gather, reduce-scatter, all-to-all and send/recv over each node's processes
+and, with several nodes, across nodes. The workers run through torchrun
+(``plait.measure.profile.worker``), NCCL on GPU and gloo on CPU.
+
+The file (``FORMAT``) holds what ``plait plan --calibration`` reads (``gpu``, ``device``,
+``params``, ``gpu_overrides``, ``cluster_overrides``; see ``plait.measure.profile.fit``) and the
+raw measurements, the fits, the machine, the versions and the date. On CPU, ``gpu`` is null and
+``device`` is "cpu": a CPU profile, which the planner applies with a warning to a GPU cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from plait.errors import PlaitError
+from plait.measure.calibrate.output import FORMAT
+from plait.spec.model import ModelSpec
+
+KIB, MIB = 1024, 1024**2
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+COMPUTE_WAIT_S = 3600.0  # extra patience of the other ranks during rank 0's compute benchmarks
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the profile runs: device, processes per node, nodes, and the GPU preset (None on CPU)."""
+
+    device: str  # "cpu" | "cuda"
+    nproc_per_node: int
+    nnodes: int = 1
+    gpu: str | None = None
+    device_name: str | None = None
+
+
+# On a CPU every size is capped so that ``plait profile`` finishes in about a minute on two cores
+# (one GEMM or attention call <= this many FLOPs; ~20 GFLOP/s per process): a CPU profile tests
+# the pipeline and describes the CPU, it does not need the planned model's full-size shapes.
+CPU_MAX_FLOPS = 2.5e9
+CPU_QUICK_MAX_FLOPS = 2.5e8
+CPU_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
+CPU_QUICK_TOKENS = [16, 128, 1024]
+
+
+def gemm_cases(model: ModelSpec, tokens: list[int], tps: list[int], max_flops: float = math.inf) -> list[dict]:
+    """The layer's four projections (as ``plait.plan.kernels.layer_times`` counts them) per tp split.
+
+    With ``max_flops``, a projection keeps the token counts whose GEMM is at most that many FLOPs
+    (and always its two smallest, so that every projection has a curve).
+    """
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_hidden
+    up = 2 * f if model.arch == "llama" else f
+    cases = []
+    for tp in tps:
+        if model.n_kv_heads % tp or f % tp:
+            continue
+        for name, k, n in (("qkv", h, (h + 2 * kv) // tp), ("attn_out", h // tp, h), ("mlp_up", h, up // tp),
+                           ("mlp_down", f // tp, h)):
+            counts = sorted(tokens)
+            kept = [t for i, t in enumerate(counts) if i < 2 or 2.0 * t * k * n <= max_flops]
+            cases += [{"name": name, "m": t, "k": k, "n": n, "tp": tp} for t in kept]
+    order = {name: i for i, name in enumerate(("qkv", "attn_out", "mlp_up", "mlp_down"))}
+    return sorted(cases, key=lambda c: (c["tp"], c["m"], order[c["name"]]))
+
+
+def attention_flops(case: dict) -> float:
+    """The planner's causal count of one attention forward: 4·b·heads·d·s·(s+1)/2 FLOPs."""
+    s = case["seq_len"]
+    return 4.0 * case["batch"] * case["heads"] * case["head_dim"] * s * (s + 1) / 2.0
+
+
+def attention_cases(model: ModelSpec, seq_len: int, tokens: int, quick: bool,
+                    max_flops: float = math.inf) -> list[dict]:
+    """Causal attention at the planned length and its halvings: the largest 2 (quick) or 3 whose
+    forward is at most ``max_flops`` (the batch halves first, to ``tokens`` / s at most)."""
+    wanted, cases, s = (2 if quick else 3), [], seq_len
+    while len(cases) < wanted and s >= 16:
+        case = {"batch": max(1, tokens // s), "heads": model.n_heads, "seq_len": s, "head_dim": model.head_dim}
+        while case["batch"] > 1 and attention_flops(case) > max_flops:
+            case["batch"] //= 2
+        if attention_flops(case) <= max_flops:
+            cases.append(case)
+        s //= 2
+    if not cases:  # even s=16 is over the cap: time the shortest anyway
+        cases = [{"batch": 1, "heads": model.n_heads, "seq_len": max(16, s * 2), "head_dim": model.head_dim}]
+    return sorted(cases, key=lambda c: c["seq_len"])
+
+
+def scope_groups(where: Where) -> list[tuple[str, list[list[int]]]]:
+    """Rank lists of each scope: 'intra' (each node's processes) and 'inter' (one per node)."""
+    n, nodes = where.nproc_per_node, where.nnodes
+    scopes = []
+    if n > 1:
+        scopes.append(("intra", [[node * n + i for i in range(n)] for node in range(nodes)]))
+    if nodes > 1:
+        scopes.append(("inter", [[node * n + i for node in range(nodes)] for i in range(n)]))
+    return scopes
+
+
+def profile_config(model: ModelSpec, seq_len: int, where: Where, quick: bool, timeout_s: float) -> dict:
+    """What the workers measure, as JSON-ready data (``limits``: what was capped on a CPU, in words)."""
+    gpu = where.device == "cuda"
+    if gpu:
+        tokens = [1024, 8192] if quick else [512, 2048, 8192, 32768]
+        tps = [1] if quick or where.nproc_per_node == 1 else [1, where.nproc_per_node]
+        memory = [256 * MIB] if quick else [256 * MIB, 1024 * MIB]
+        sizes = [64 * KIB, 4 * MIB, 64 * MIB] if quick else [KIB * 4**k for k in range(10)]
+        attention_tokens = 8192 if quick else 32768
+        cap = math.inf
+    else:
+        tokens = CPU_QUICK_TOKENS if quick else CPU_TOKENS
+        tps = [1]
+        memory = [8 * MIB, 32 * MIB] if quick else [16 * MIB, 64 * MIB]
+        sizes = [16 * KIB, 1 * MIB] if quick else [4 * KIB * 4**k for k in range(7)]
+        attention_tokens = 1024 if quick else 4096
+        cap = CPU_QUICK_MAX_FLOPS if quick else CPU_MAX_FLOPS
+    gemm = gemm_cases(model, tokens, tps, cap)
+    attention = attention_cases(model, seq_len, attention_tokens, quick, cap)
+    limits = ""
+    if not gpu:
+        longest = max(a["seq_len"] for a in attention)
+        limits = (f"CPU: sizes capped at {cap / 1e9:.3g} GFLOP per call (GEMMs at {min(g['m'] for g in gemm)}.."
+                  f"{max(g['m'] for g in gemm)} tokens, attention up to s={longest} of the planned {seq_len}) "
+                  "so that the profile takes about a minute")
+    return {
+        "device": where.device, "timeout_s": timeout_s, "dtype": "bfloat16" if gpu else "float32",
+        # ranks other than 0 wait this long (seconds) while rank 0 times the compute benchmarks
+        "compute_wait_s": timeout_s + COMPUTE_WAIT_S,
+        "min_time_s": (0.01 if quick else 0.05) if gpu else (0.005 if quick else 0.05),
+        "gemm": gemm, "attention": attention, "limits": limits,
+        "memory_bytes": memory, "host_link_bytes": (64 if quick else 256) * MIB if gpu else 0,
+        "collective_ops": list(OPS), "collective_sizes": sizes, "collective_groups": scope_groups(where),
+    }
+
+
+def compute_flops(config: dict) -> float:
+    """FLOPs of one call of every GEMM and attention forward of ``config`` (a size budget, not a time)."""
+    return (sum(2.0 * g["m"] * g["k"] * g["n"] for g in config["gemm"])
+            + sum(attention_flops(a) for a in config["attention"]))
+
+
+def resolve_where(device: str, nproc_per_node: int | None, nnodes: int, gpu: str | None) -> Where:
+    """Device, process count and GPU preset, checked (one clear error each)."""
+    from plait.run.launcher.preflight import gpu_from_device_name, local_accelerator
+    from plait.spec.hardware import GPUS, get_gpu
+
+    if nnodes < 1:
+        raise PlaitError(f"--nnodes {nnodes}: need at least one node")
+    name = local_accelerator() if device != "cpu" else None
+    if device == "cuda" and name is None:
+        raise PlaitError("--device cuda but torch sees no GPU on this machine")
+    if name is None:
+        if gpu:
+            raise PlaitError(f"--gpu {gpu} names the GPU of a GPU profile, but this profile runs on the CPU "
+                             "(it is written as a CPU profile, gpu null); drop --gpu or run on a GPU")
+        n = 2 if nproc_per_node is None else nproc_per_node
+        if n < 1:
+            raise PlaitError(f"--nproc-per-node {n}: need at least one process")
+        return Where("cpu", n, nnodes)
+    import torch
+
+    count = torch.cuda.device_count()
+    n = count if nproc_per_node is None else nproc_per_node
+    if not 1 <= n <= count:
+        raise PlaitError(f"--nproc-per-node {n}: this node has {count} GPU(s); use 1..{count} (one process per GPU)")
+    preset = get_gpu(gpu).name if gpu else gpu_from_device_name(name)
+    if preset is None:
+        raise PlaitError(f"GPU {name!r} does not name one plait GPU preset without doubt; give --gpu NAME "
+                         f"(one of {', '.join(GPUS)})")
+    return Where("cuda", n, nnodes, preset, name)
+
+
+def run_workers(config: dict, where: Where, args, run_dir: Path) -> dict:
+    from plait.run.launcher.launch import LaunchOptions, _run_torchrun, torchrun_args
+
+    options = LaunchOptions(nproc_per_node=where.nproc_per_node, nnodes=where.nnodes,
+                            rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
+                            rdzv_id=getattr(args, "rdzv_id", "plait-profile"))
+    if where.nnodes > 1 and not options.rdzv_endpoint:
+        raise PlaitError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    flags = torchrun_args(options, str(run_dir))
+    flags = flags[: flags.index("-m")] + ["-m", "plait.measure.profile.worker", str(run_dir)]
+    (run_dir / "profile-config.json").write_text(json.dumps(config))
+    try:
+        _run_torchrun(flags, run_dir, where.nproc_per_node)
+    except PlaitError as exc:
+        raise PlaitError(str(exc).replace("training failed", "profiling failed", 1)) from None
+    raw_file = run_dir / "raw.json"
+    if not raw_file.is_file():  # another node's rank 0 writes it
+        return {}
+    return json.loads(raw_file.read_text())
+
+
+def build_calibration(raw: dict, where: Where, model: ModelSpec, seq_len: int, quick: bool, limits: str = "") -> dict:
+    """The calibration file's content from rank 0's raw measurements (``limits``: the CPU caps, in words)."""
+    from plait.measure.profile.fit import calibration_fields
+    from plait.spec.hardware import CLUSTERS, DEFAULT_CLUSTER_FOR_GPU, get_gpu
+
+    gpu = get_gpu(where.gpu) if where.gpu else None
+    efficiency = CLUSTERS[DEFAULT_CLUSTER_FOR_GPU[gpu.name]].link_efficiency if gpu else 1.0
+    ram = 0.0
+    if gpu is None and hasattr(os, "sysconf"):
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / where.nproc_per_node
+        except (ValueError, OSError):
+            ram = 0.0
+    fields = calibration_fields(raw, gpu, efficiency, ram)
+    notes = fields["notes"]
+    if limits:
+        notes.insert(0, limits)
+    if gpu is None:
+        notes.insert(0, "CPU profile: gpu_overrides describe this CPU (peak = fitted large-GEMM rate, "
+                        "efficiency 1.0); planning a GPU cluster with it is only a test of the pipeline")
+    return {
+        "format": FORMAT, "kind": "profile", "gpu": where.gpu, "device": where.device,
+        "cpu_profile": gpu is None, "model": model.name, "seq_len": seq_len, "quick": quick,
+        "params": fields["params"], "gpu_overrides": fields["gpu_overrides"],
+        "cluster_overrides": fields["cluster_overrides"], "notes": notes, "warnings": fields["warnings"],
+        "fits": fields["fits"],
+        "machine": {**raw.get("machine", {}), "device_name": where.device_name},
+        "versions": raw.get("versions", {}),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "measurements": {k: raw[k] for k in ("dtype", "gemm", "attention", "memory", "kernel_overhead_s",
+                                              "host_link", "collectives") if k in raw},
+    }

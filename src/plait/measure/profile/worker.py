@@ -1,0 +1,137 @@
+"""The process torchrun starts on every rank for ``plait profile``: ``-m plait.measure.profile.worker DIR``.
+
+``DIR/profile-config.json`` says what to measure (written by ``plait.measure.profile.machine``). Rank 0
+times the compute benchmarks (GEMMs, attention, copies, launches, host link) while the others
+wait on a gloo barrier whose timeout is ``compute_wait_s`` (not the collective timeout); then
+every rank runs the collectives. Rank 0 writes ``DIR/raw.json``; a failing rank writes
+``DIR/error-rank<R>.json`` like the training worker (the launcher reports the first failure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from plait.measure.profile import bench
+
+
+class Ticker:
+    """Rank 0's progress: a rich bar on a terminal, plain lines otherwise; silent on other ranks."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.enabled, self.total, self.done, self.progress = enabled, total, 0, None
+        if enabled and sys.stdout.isatty():
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+            )
+
+            self.progress = Progress(TextColumn("profile"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[what]}"))
+            self.task = self.progress.add_task("profile", total=total, what="")
+            self.progress.start()
+
+    def __call__(self, what: str) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress.update(self.task, advance=1, what=what)
+        elif self.enabled:
+            print(f"profile {self.done}/{self.total} {what}", flush=True)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_and_versions(device: torch.device) -> tuple[dict, dict]:
+    from plait import __version__
+
+    machine = {"hostname": socket.gethostname(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+               "threads_per_process": torch.get_num_threads(), "platform": platform.platform(),
+               "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
+               "nproc_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+               "world_size": dist.get_world_size()}
+    versions = {"plait": __version__, "torch": torch.__version__, "python": platform.python_version(),
+                "backend": dist.get_backend()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        machine.update(gpu=torch.cuda.get_device_name(device), gpu_count=torch.cuda.device_count(),
+                       gpu_memory_bytes=props.total_memory)
+        nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None
+        versions.update(cuda=torch.version.cuda, nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl)
+    return machine, versions
+
+
+def run(config: dict) -> dict | None:
+    rank = dist.get_rank()
+    cuda = config["device"] == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[config["dtype"]]
+    min_time = config["min_time_s"]
+    compute_items = len(config["gemm"]) + len(config["attention"]) + len(config["memory_bytes"]) + 1
+    scopes = config["collective_groups"]
+    total = compute_items + len(scopes) * len(config["collective_ops"]) * len(config["collective_sizes"])
+    tick = Ticker(total, enabled=rank == 0)
+    # The others wait for rank 0's compute benchmarks on a gloo group of their own with a long
+    # timeout (``compute_wait_s``): the collective timeout (--timeout) is for the collectives.
+    waiting = dist.new_group(backend="gloo", timeout=timedelta(seconds=config.get("compute_wait_s", 3600.0)))
+    raw = None
+    if rank == 0:
+        torch.manual_seed(0)
+        raw = {"dtype": config["dtype"]}
+        raw["gemm"] = bench.gemm(config["gemm"], device, dtype, min_time, tick)
+        raw["attention"] = bench.attention(config["attention"], device, dtype, min_time, tick)
+        raw["memory"] = bench.memory(config["memory_bytes"], device, min_time, tick)
+        raw["kernel_overhead_s"] = bench.kernel_overhead(device, min_time)
+        tick("kernel launch")
+        raw["host_link"] = bench.host_link(config["host_link_bytes"], device, min_time) if cuda else []
+        raw["machine"], raw["versions"] = machine_and_versions(device)
+    dist.barrier(group=waiting)
+    groups = [(scope, lists) for scope, lists in scopes]
+    collectives = bench.collectives(config["collective_ops"], config["collective_sizes"], groups, device,
+                                    min_time, tick)
+    tick.close()
+    if raw is not None:
+        raw["collectives"] = collectives
+    return raw
+
+
+def main(argv: list[str] | None = None) -> None:
+    from plait.run.worker import init_process_group, run_as_worker
+
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir = Path(argv[0])
+
+    def profile() -> None:
+        config = json.loads((run_dir / "profile-config.json").read_text())
+        init_process_group(SimpleNamespace(device=config["device"], timeout_s=config["timeout_s"]))
+        raw = run(config)
+        if raw is not None:
+            (run_dir / "raw.json").write_text(json.dumps(raw))
+
+    run_as_worker(run_dir, "profile", profile)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""``plait report``: a sweep (and optionally a plan and published runs) as report.html and report.md
+with PNG plots next to them. No torch.
+
+Sections: settings and summary (rank correlation, errors, the planner's top-1), the per-layout
+table, predicted vs measured step time, MFU per layout, the planner's itemized memory per layout
+against the GPU's capacity (the layouts re-evaluated with ``plait.plan.plan.evaluate``), the
+pipeline schedule of a plan per rank (``plait.measure.report.timeline``), and, with ``--runs``,
+``plait validate``'s per-source error table.
+
+The report reuses what the sweep recorded: the calibration file (its ``calibration`` column; a
+warning when the file is gone or its sha256 changed since the sweep) for the re-evaluated
+memory and predictions, and the top-1 tolerance of its summary JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from plait.errors import PlaitError
+from plait.measure.report.render import Section, render_html, render_markdown
+from plait.measure.sweep.loop import summary_path
+from plait.measure.sweep.csv_file import SweepRow, read_sweep
+from plait.measure.sweep.stats import summarize
+from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.plan.plan import Plan, evaluate
+from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_cluster
+from plait.spec.layout import JobSpec, Layout
+
+DEFAULT_GPU = "h100-sxm"
+DEFAULT_TOP1_TOLERANCE = 0.03  # when the sweep's summary JSON is missing (plait sweep's default)
+REPORT_IMAGES = ("step_time.png", "mfu.png", "memory.png", "timeline.png")
+
+
+def saved_summary(csv_path: Path) -> dict:
+    """The summary JSON ``plait sweep`` wrote next to the CSV, or {} when it is missing or unreadable."""
+    try:
+        data = json.loads(summary_path(csv_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def prediction_cluster(rows: list[SweepRow], saved: dict) -> tuple[ClusterSpec, str]:
+    """The cluster the sweep's predictions are for (its ``gpu`` column, else the planner's cluster in
+    the summary JSON, else an H100 node) and a note saying which."""
+    n = rows[0].nproc_per_node or 1
+    gpu = next((r.gpu for r in rows if r.gpu), "")
+    if gpu:
+        return dataclasses.replace(cluster_for_gpu(gpu, n, n), gpus_per_node=n), f"predictions for {gpu}"
+    note = "no predictions were recorded (CPU sweep); memory is the planner's for"
+    try:
+        cluster = get_cluster(saved["planner_cluster"]) if saved.get("planner_cluster") else None
+    except PlaitError:
+        cluster = None
+    if cluster is not None:
+        cluster = dataclasses.replace(cluster.with_gpus(n), gpus_per_node=n)
+        return cluster, f"{note} {cluster.gpu.name} (the cluster the sweep ranked for)"
+    cluster = dataclasses.replace(cluster_for_gpu(DEFAULT_GPU, n, n), gpus_per_node=n)
+    return cluster, f"{note} {DEFAULT_GPU} (default)"
+
+
+def sweep_calibration(rows: list[SweepRow], saved: dict, cluster: ClusterSpec
+                      ) -> tuple[CostParams, ClusterSpec, str, list[str]]:
+    """(cost parameters, cluster with the calibration's overrides, a note, warnings) of the
+    calibration the sweep recorded; the defaults when it recorded none or the file is gone."""
+    from plait.measure.sweep.cases import calibration_fingerprint
+    from plait.plan.params import read_calibration
+
+    path = next((r.calibration for r in rows if r.calibration), "") or saved.get("calibration") or ""
+    recorded = next((r.calibration_sha256 for r in rows if r.calibration_sha256), "") or \
+        saved.get("calibration_sha256") or ""
+    if not path:
+        return DEFAULT_PARAMS, cluster, "default cost parameters (the sweep used no calibration)", []
+    if not Path(path).is_file():
+        return DEFAULT_PARAMS, cluster, "default cost parameters", [
+            f"the sweep's calibration {path} is missing: the report uses the default cost parameters"]
+    _, now = calibration_fingerprint(path)
+    changed = (f"calibration {path} changed since the sweep (sha256 {recorded} then, {now} now): the report "
+               "uses the file as it is now")
+    warnings = [changed] if recorded and now != recorded else []
+    calibration = read_calibration(path)
+    cluster, apply_warnings = calibration.apply(cluster)
+    return calibration.params, cluster, f"calibration {path} (sha256 {now})", warnings + apply_warnings
+
+
+def _model_of(rows: list[SweepRow]):
+    from plait.spec.models import get_model
+
+    try:
+        return get_model(rows[0].model)
+    except PlaitError:
+        return None
+
+
+def layout_plans(rows: list[SweepRow], cluster: ClusterSpec,
+                 params: CostParams = DEFAULT_PARAMS) -> list[tuple[SweepRow, Plan]]:
+    """Each swept layout that passes the planner's rules, re-evaluated on ``cluster``."""
+    model = _model_of(rows)
+    if model is None or not rows[0].global_batch or not rows[0].seq_len:
+        return []
+    job = JobSpec(global_batch=rows[0].global_batch, seq_len=rows[0].seq_len)
+    out = []
+    for row in rows:
+        if row.status == "invalid":
+            continue
+        try:
+            out.append((row, evaluate(model, cluster, job, Layout.parse(row.layout), params)))
+        except PlaitError:
+            continue
+    return out
+
+
+def _timeline_plan(plan_path: str | None, plans: list[tuple[SweepRow, Plan]],
+                   params: CostParams = DEFAULT_PARAMS) -> tuple[Plan | None, str]:
+    if plan_path:
+        from plait.plan.plan import load_plan
+        from plait.run.config import plan_parts
+
+        data = load_plan(plan_path)
+        model, layout, job, _ = plan_parts(data, plan_path)
+        try:
+            cluster = ClusterSpec.from_dict(data["cluster"])
+        except (KeyError, TypeError) as exc:
+            raise PlaitError(f"{plan_path}: plan file has no valid cluster ({exc})") from None
+        return evaluate(model, cluster, job, layout, params), f"the plan in {plan_path}"
+    for row, plan in plans:
+        if plan.layout.pp > 1:
+            return plan, "the first swept layout with pp > 1"
+    return None, "no swept layout has pp > 1 and no --plan was given: no pipeline to draw"
+
+
+def write_report(sweep_path: str, out_dir: str, plan_path: str | None = None,
+                 runs_path: str | None = None) -> list[Path]:
+    """Write report.html, report.md and the PNGs into ``out_dir``; returns the paths written."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise PlaitError("plait report draws its plots with matplotlib, which is not installed: "
+                         "pip install matplotlib (or install plait with the [cpu] or [gpu] extra)")
+    from plait.measure.report import plots
+    from plait.measure.report.sections import (
+        memory_section,
+        rows_section,
+        summary_section,
+        timeline_section,
+        validation_section,
+    )
+
+    csv_path = Path(sweep_path)
+    rows = read_sweep(csv_path)
+    for flag, path in (("--plan", plan_path), ("--runs", runs_path)):
+        if path and not Path(path).is_file():
+            raise PlaitError(f"{flag} {path}: file not found")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlaitError(f"cannot create the report directory {out}: {exc}") from None
+    for name in REPORT_IMAGES:  # a reused --out directory must not show another sweep's plots
+        (out / name).unlink(missing_ok=True)
+    saved = saved_summary(csv_path)
+    cluster, cluster_note = prediction_cluster(rows, saved)
+    params, cluster, calibration_note, warnings = sweep_calibration(rows, saved, cluster)
+    for warning in warnings:
+        print(f"plait: warning: {warning}", file=sys.stderr)
+    plans = layout_plans(rows, cluster, params)
+    summary = summarize(rows, saved.get("top1_tolerance", DEFAULT_TOP1_TOLERANCE))
+    sections: list[Section] = [summary_section(rows, summary, csv_path, calibration_note, warnings),
+                               rows_section(rows)]
+    step_png = plots.step_time_plot(rows, out / REPORT_IMAGES[0])
+    sections.append(Section("Step time: predicted vs measured", [], image=step_png,
+                            missing="no layout ran" if step_png is None else ""))
+    mfu_png = plots.mfu_plot(rows, out / REPORT_IMAGES[1])
+    sections.append(Section("MFU per layout", [], image=mfu_png,
+                            missing="no MFU known: CPU runs have no GPU peak and no predictions were recorded"
+                            if mfu_png is None else ""))
+    sections.append(memory_section(plans, cluster, cluster_note, out / REPORT_IMAGES[2]))
+    timeline_plan, why = _timeline_plan(plan_path, plans, params)
+    sections.append(timeline_section(timeline_plan, why, out / REPORT_IMAGES[3]))
+    if runs_path:
+        sections.append(validation_section(runs_path))
+    title = f"plait sweep report: {rows[0].model or 'model'} ({csv_path.name})"
+    written = [out / "report.html", out / "report.md"]
+    try:
+        written[0].write_text(render_html(title, sections), encoding="utf-8")
+        written[1].write_text(render_markdown(title, sections), encoding="utf-8")
+    except OSError as exc:
+        raise PlaitError(f"cannot write the report into {out}: {exc}") from None
+    images = [s.image for s in sections if s.image is not None]
+    return written + images

@@ -1,0 +1,161 @@
+"""The report's plots, as PNG files (matplotlib, Agg backend: no display needed). No torch.
+
+Each function writes one figure and returns its path, or None when there is nothing to draw
+(the report then says why instead of showing an empty plot).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from plait.measure.sweep.cases import OVERHEAD_ITEMS, allocated_bytes
+from plait.measure.sweep.csv_file import SweepRow
+from plait.measure.report.timeline import BACKWARD, BUBBLE, FORWARD, Interval
+
+GIB = 2**30
+COLORS = {FORWARD: "#4C72B0", BACKWARD: "#DD8452", BUBBLE: "#DDDDDD"}
+ITEM_COLORS = ("#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD", "#DD8452", "#937860",
+               "#DA8BC3", "#8C8C8C")
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _short(label: str) -> str:
+    """Layout strings without the degrees that are 1, for axis labels."""
+    parts = [p for p in label.split(",") if p not in ("tp=1", "pp=1", "cp=1", "dp=1")]
+    return ",".join(parts) or label
+
+
+def row_label(row: SweepRow) -> str:
+    """A row's short layout, with " +compile" for a compiled run (its eager twin has the same layout)."""
+    return _short(row.layout) + (" +compile" if row.compile else "")
+
+
+def step_time_plot(rows: list[SweepRow], path: Path) -> Path | None:
+    """Predicted vs measured step time with the y = x line; without predictions (a CPU sweep),
+    the measured step time of each layout in the planner's order."""
+    ok = [r for r in rows if r.status == "ok" and r.measured_step_time_s is not None]
+    pairs = [r for r in ok if r.predicted_step_time_s is not None]
+    if not ok:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    if pairs:
+        x = [r.predicted_step_time_s for r in pairs]
+        y = [r.measured_step_time_s for r in pairs]
+        ax.scatter(x, y, color=COLORS[FORWARD], zorder=3)
+        for r, xi, yi in zip(pairs, x, y):
+            ax.annotate(row_label(r), (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        low, high = min(x + y) * 0.9, max(x + y) * 1.1
+        ax.plot([low, high], [low, high], color="gray", linestyle="--", label="y = x (perfect prediction)")
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+        ax.set_xlabel("predicted step time (s)")
+        ax.set_ylabel("measured step time (s)")
+        ax.set_title(f"Step time: predicted vs measured ({pairs[0].gpu})")
+        ax.legend(loc="upper left", fontsize=8)
+    else:
+        ordered = sorted(ok, key=lambda r: (r.planner_rank is None, r.planner_rank or 0))
+        labels = [f"#{r.planner_rank} {row_label(r)}" if r.planner_rank else row_label(r) for r in ordered]
+        ax.bar(range(len(ordered)), [r.measured_step_time_s for r in ordered], color=COLORS[FORWARD])
+        ax.set_xticks(range(len(ordered)), labels, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("measured step time (s)")
+        ax.set_title("Measured step time in the planner's order\n(no predictions recorded: CPU sweep, "
+                     "not comparable with GPU predictions)", fontsize=9)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def mfu_plot(rows: list[SweepRow], path: Path) -> Path | None:
+    """Predicted and measured MFU per layout (grouped bars); None when no MFU is known."""
+    shown = [r for r in rows if r.predicted_mfu is not None or r.measured_mfu is not None]
+    if not shown:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.8 * len(shown)), 4.4))
+    positions = range(len(shown))
+    width = 0.4
+    ax.bar([p - width / 2 for p in positions], [100 * (r.predicted_mfu or 0) for r in shown], width,
+           label="predicted", color="#AAAAAA")
+    ax.bar([p + width / 2 for p in positions], [100 * (r.measured_mfu or 0) for r in shown], width,
+           label="measured", color=COLORS[FORWARD])
+    ax.set_xticks(list(positions), [row_label(r) for r in shown], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("MFU (%)")
+    ax.set_title("MFU per layout (a missing bar: not known)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def memory_plot(entries: list[tuple[str, dict[str, float], float, float | None, str]], path: Path,
+                title: str) -> Path | None:
+    """Stacked bars of the planner's itemized memory per layout (GiB) against the capacity line.
+
+    ``entries``: (label, items in bytes, capacity bytes, measured bytes or None, memory kind).
+    The items the allocator does not count (``OVERHEAD_ITEMS``: CUDA context, NCCL buffers,
+    fragmentation) are hatched and drawn last; a black tick marks the predicted allocated level,
+    the one to compare with a measured ``max_memory_allocated`` (diamond). Host RSS of a CPU run
+    (circle) is a different quantity, drawn for reference only.
+    """
+    if not entries:
+        return None
+    present = [n for n in entries[0][1] if any(e[1].get(n, 0) > 0 for e in entries)]
+    names = [n for n in present if n not in OVERHEAD_ITEMS] + [n for n in present if n in OVERHEAD_ITEMS]
+    fig, ax = plt.subplots(figsize=(8.0, max(3.0, 0.5 * len(entries) + 1.8)))
+    y = list(range(len(entries)))
+    left = [0.0] * len(entries)
+    for index, name in enumerate(names):
+        widths = [e[1].get(name, 0.0) / GIB for e in entries]
+        overhead = name in OVERHEAD_ITEMS
+        ax.barh(y, widths, left=left, label=name.replace("_", " ") + (" (not allocated)" if overhead else ""),
+                color="white" if overhead else ITEM_COLORS[index % len(ITEM_COLORS)],
+                edgecolor=ITEM_COLORS[index % len(ITEM_COLORS)], hatch="///" if overhead else None)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.scatter([allocated_bytes(e[1]) / GIB for e in entries], y, marker="|", s=400, color="black", zorder=4,
+               label="predicted allocated")
+    capacity = entries[0][2] / GIB
+    ax.axvline(capacity, color="black", linestyle="--", label=f"capacity {capacity:.0f} GiB")
+    for kind, marker, face, label in (("cuda_allocated", "D", "black", "measured max_memory_allocated"),
+                                      ("host_rss", "o", "none", "measured host RSS (CPU; not comparable)")):
+        points = [(i, e[3] / GIB) for i, e in enumerate(entries) if e[3] is not None and e[4] == kind]
+        if points:
+            ax.scatter([m for _, m in points], [i for i, _ in points], marker=marker, facecolors=face,
+                       edgecolors="black", zorder=5, label=label)
+    ax.set_yticks(y, [_short(e[0].replace(" +compile", "")) + (" +compile" if e[0].endswith(" +compile") else "")
+                      for e in entries], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("GiB per GPU (most loaded)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return _save(fig, path)
+
+
+def timeline_plot(intervals: list[Interval], path: Path, title: str) -> Path:
+    """One row per rank: forward, backward and bubble intervals, micro-batch numbers on the bars."""
+    ranks = sorted({i.rank for i in intervals})
+    makespan = max(i.end for i in intervals)
+    fig, ax = plt.subplots(figsize=(10, 0.6 * len(ranks) + 1.8))
+    label_bars = sum(i.kind != BUBBLE for i in intervals) <= 160
+    for interval in intervals:
+        ax.broken_barh([(interval.start, interval.end - interval.start)], (interval.rank - 0.4, 0.8),
+                       facecolors=COLORS[interval.kind], edgecolor="white", linewidth=0.5)
+        if label_bars and interval.kind != BUBBLE:
+            ax.text((interval.start + interval.end) / 2, interval.rank, str(interval.microbatch), ha="center",
+                    va="center", fontsize=6, color="white")
+    for kind in (FORWARD, BACKWARD, BUBBLE):
+        ax.bar(0, 0, color=COLORS[kind], label=kind)
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlim(0, makespan)
+    ax.set_xlabel("time in the step (s)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.08), ncol=3, frameon=False)
+    return _save(fig, path)

@@ -1,0 +1,212 @@
+"""Run one swept layout through ``plait train`` in a subprocess and turn its outcome into a row.
+
+The subprocess is ``python -m plait.cli train ... --log FILE.jsonl --run-dir DIR`` in its own
+session. A layout that runs past the sweep's per-layout timeout gets SIGTERM (plait train asks
+its workers to stop and gives them 30 s), then, after ``SweepSpec.kill_grace_s``, SIGKILL; torch's
+elastic launcher starts the workers in sessions of their own, so the workers
+(``plait.run.worker DIR``, found by their command line) are killed as well.
+How a run ended: exit 0 with a summary line -> ok; "out of memory" in its errors -> oom;
+"training failed" (a rank died) -> failed; any other plait error (exit 2 before launching)
+-> refused; past the timeout -> timeout; anything else -> failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import plait
+from plait.measure.sweep.cases import SweepCase, SweepSpec, allocated_bytes
+from plait.measure.sweep.csv_file import SweepRow
+
+WORKER_MODULE = "plait.run.worker"
+ERROR_PREFIX = "plait: error: "
+
+
+def train_argv(spec: SweepSpec, case: SweepCase, log_path: Path, run_dir: Path | None = None) -> list[str]:
+    """The ``plait train`` command line of one layout."""
+    argv = [sys.executable, "-m", "plait.cli", "train", "--model", spec.model_arg, "--layout", str(case.layout),
+            "--global-batch", str(spec.global_batch), "--seq-len", str(spec.seq_len),
+            "--nproc-per-node", str(spec.nproc_per_node), "--steps", str(spec.steps), "--seed", str(spec.seed),
+            "--data", spec.data, "--device", spec.device, "--log", str(log_path)]
+    if run_dir is not None:
+        argv += ["--run-dir", str(run_dir)]
+    if spec.prediction_gpu:
+        argv += ["--gpu", spec.prediction_gpu]
+    if case.compile:
+        argv.append("--compile")
+    if spec.allow_oom:
+        argv.append("--allow-oom")
+    return argv
+
+
+def child_env(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
+    """This process's environment, with the running plait first on PYTHONPATH (the child runs the
+    same code) and the case's extra variables."""
+    env = dict(os.environ)
+    source_root = str(Path(plait.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([source_root, *filter(None, [env.get("PYTHONPATH")])])
+    env.update(dict(extra))
+    return env
+
+
+def classify(returncode: int, stderr: str) -> tuple[str, str]:
+    """(status, one-line reason) of a finished ``plait train`` that did not end with exit 0."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    error_lines = [line[len(ERROR_PREFIX):] for line in lines if line.startswith(ERROR_PREFIX)]
+    reason = error_lines[0] if error_lines else (lines[-1] if lines else f"exit status {returncode}, no message")
+    reason = reason[:300]
+    lowered = stderr.lower()
+    if "out of memory" in lowered or "outofmemoryerror" in lowered:
+        oom_line = next((line for line in lines if "out of memory" in line.lower()), reason)
+        return "oom", oom_line[:300]
+    if reason.startswith(("training failed", "torchrun could not start")):
+        return "failed", reason
+    if returncode == 2 and error_lines:
+        return "refused", reason
+    return "failed", f"exit status {returncode}: {reason}"
+
+
+def read_summary(log_path: Path) -> dict | None:
+    """The summary line of a ``plait train --log`` file, or None."""
+    if not log_path.is_file():
+        return None
+    summary = None
+    for line in log_path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("summary"):
+            summary = record
+    return summary
+
+
+def predicted_fields(spec: SweepSpec, case: SweepCase) -> dict:
+    """The planner's step time, allocator peak and MFU for this layout, when they are recorded."""
+    if case.plan is None or not spec.prediction_gpu:
+        return {}
+    memory, step = case.plan.memory, case.plan.step
+    allocated = allocated_bytes(memory.items())
+    return {"predicted_step_time_s": step.step_time, "predicted_memory_bytes": allocated,
+            "predicted_mfu": step.mfu, "gpu": spec.prediction_gpu, "calibration": spec.calibration,
+            "calibration_sha256": spec.calibration_sha256}
+
+
+def model_reference(spec: SweepSpec) -> str:
+    """What the CSV's model column holds: the preset name, or the model file's absolute path (so
+    that plait report and plait calibrate fit can rebuild the model)."""
+    from plait.spec.models import MODELS
+
+    if spec.model_arg in MODELS or not Path(spec.model_arg).exists():
+        return spec.model.name
+    return str(Path(spec.model_arg).resolve())
+
+
+def base_row(spec: SweepSpec, case: SweepCase) -> SweepRow:
+    return SweepRow(layout=case.label, status="invalid", reason=case.invalid_reason, compile=case.compile,
+                    planner_rank=case.planner_rank, predicted_fits=case.predicted_fits,
+                    calibration=spec.calibration, calibration_sha256=spec.calibration_sha256, model=model_reference(spec), global_batch=spec.global_batch,
+                    seq_len=spec.seq_len, nproc_per_node=spec.nproc_per_node, steps=spec.steps,
+                    device=spec.device, **predicted_fields(spec, case))
+
+
+def run_case(spec: SweepSpec, case: SweepCase, workdir: Path) -> SweepRow:
+    """Run one layout (or record why it is invalid) and return its row, errors filled."""
+    row = base_row(spec, case)
+    if case.invalid_reason:
+        return row
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path, run_dir = workdir / "train.jsonl", workdir / "run"
+    out_path, err_path = workdir / "stdout.txt", workdir / "stderr.txt"
+    start = time.perf_counter()
+    with out_path.open("w") as out, err_path.open("w") as err:
+        proc = start_train(spec, case, log_path, run_dir, out, err)
+        try:
+            returncode = proc.wait(timeout=spec.timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_train(proc, run_dir, spec.kill_grace_s)
+            return replace(row, status="timeout", reason=f"still running after {spec.timeout_s:g} s (--timeout)",
+                           elapsed_s=time.perf_counter() - start)
+        except BaseException:
+            stop_train(proc, run_dir, spec.kill_grace_s)
+            raise
+        kill_workers(run_dir)  # torchrun stops its workers; make sure none outlives the run
+    elapsed = time.perf_counter() - start
+    stderr = err_path.read_text(encoding="utf-8", errors="replace")
+    summary = read_summary(log_path)
+    if returncode != 0 or summary is None:
+        status, reason = classify(returncode, stderr) if returncode != 0 else ("failed", "no summary line in the log")
+        return replace(row, status=status, reason=reason, elapsed_s=elapsed)
+    on_gpu = summary.get("device") == "cuda"
+    measured_memory = summary.get("peak_memory_bytes") if on_gpu else summary.get("peak_host_rss_bytes")
+    return replace(row, status="ok", reason="", elapsed_s=elapsed, device=summary.get("device", spec.device),
+                   measured_step_time_s=summary.get("step_time_s"), tokens_per_s=summary.get("tokens_per_s"),
+                   measured_mfu=summary.get("mfu") if on_gpu else None,
+                   measured_memory_bytes=float(measured_memory) if measured_memory is not None else None,
+                   memory_kind="cuda_allocated" if on_gpu else "host_rss").with_errors()
+
+
+def start_train(spec: SweepSpec, case: SweepCase, log_path: Path, run_dir: Path, out, err) -> subprocess.Popen:
+    """Start ``plait train`` for one layout in a session of its own (stdout/stderr to files)."""
+    return subprocess.Popen(train_argv(spec, case, log_path, run_dir), stdout=out, stderr=err,
+                            stdin=subprocess.DEVNULL, env=child_env(case.env), start_new_session=True)
+
+
+def worker_pids(run_dir: Path) -> list[int]:
+    """Processes whose command line is ``... plait.run.worker RUN_DIR`` (Linux /proc; [] elsewhere)."""
+    wanted = str(run_dir)
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        words = [a.decode(errors="replace") for a in args if a]
+        for index, word in enumerate(words[:-1]):
+            if word == WORKER_MODULE and words[index + 1] == wanted:
+                pids.append(int(entry.name))
+                break
+    return pids
+
+
+def kill_workers(run_dir: Path, wait_s: float = 5.0) -> list[int]:
+    """SIGKILL every remaining worker of ``run_dir`` and wait until they are gone; returns their pids."""
+    pids = [pid for pid in worker_pids(run_dir) if pid != os.getpid()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+    deadline = time.monotonic() + wait_s
+    while pids and time.monotonic() < deadline and worker_pids(run_dir):
+        time.sleep(0.05)
+    return pids
+
+
+def stop_train(proc: subprocess.Popen, run_dir: Path, grace_s: float) -> None:
+    """Stop a ``plait train`` run and every process it started.
+
+    SIGTERM to its process group (plait train and torchrun's agent, which forwards it to the
+    workers and gives them 30 s to finish the step); after ``grace_s`` seconds SIGKILL to the
+    group; then SIGKILL to any worker still running (they live in sessions of their own).
+    """
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    kill_workers(run_dir)

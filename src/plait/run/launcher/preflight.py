@@ -1,0 +1,127 @@
+"""Checks before any worker starts: the layout is valid, runnable, and predicted to fit.
+
+Runs in the ``plait train`` process. It never imports torch except to ask whether a GPU is
+present and what it is called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from plait.errors import PlaitError
+from plait.run.config import RunConfig
+from plait.run.launcher.launch import LaunchOptions
+from plait.spec.hardware import GIB, ClusterSpec, cluster_for_gpu, get_gpu
+from plait.spec.validate import errors_of, validate
+
+# Device names (as torch.cuda.get_device_name prints them) that identify one GPU spec without
+# doubt. Anything else needs --gpu: a wrong guess could put MFU over 100%.
+DEVICE_NAMES = (
+    (("h100", "hbm3"), "h100-sxm"),
+    (("h100", "sxm"), "h100-sxm"),
+    (("h200",), "h200"),
+    (("a100", "80gb"), "a100-80g"),
+    (("a100", "40gb"), "a100-40g"),
+    (("b200",), "b200"),
+)
+
+
+def gpu_from_device_name(name: str) -> str | None:
+    """The GpuSpec preset that a CUDA device name identifies, or None when unsure."""
+    lowered = name.lower()
+    for words, preset in DEVICE_NAMES:
+        if all(word in lowered for word in words):
+            return preset
+    return None
+
+
+def local_accelerator() -> str | None:
+    """The CUDA device name of this machine's GPU 0, or None without a GPU."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def runs_on_gpu(config: RunConfig, nproc_per_node: int) -> bool:
+    if config.device == "cpu":
+        return False
+    name = local_accelerator()
+    if config.device == "cuda" and name is None:
+        raise PlaitError("--device cuda but torch sees no GPU on this machine")
+    if name is not None:
+        import torch
+
+        count = torch.cuda.device_count()
+        if nproc_per_node > count:
+            raise PlaitError(f"--nproc-per-node {nproc_per_node} but this node has {count} GPU(s): one process "
+                             "per GPU; use fewer processes, more nodes, or --device cpu")
+    return name is not None
+
+
+def resolve_gpu(config: RunConfig, on_gpu: bool) -> RunConfig:
+    """Fill ``config.gpu`` from the device name when the user did not give one."""
+    if config.gpu:
+        get_gpu(config.gpu)  # validates the name
+        seen = gpu_from_device_name(local_accelerator() or "") if on_gpu else None
+        if seen and get_gpu(seen).name != get_gpu(config.gpu).name:
+            raise PlaitError(f"this machine's GPU is a {seen} but the run names {config.gpu} (the plan's "
+                             f"cluster or --gpu); pass --gpu {seen} for the right peak and memory")
+        return config
+    if not on_gpu:
+        return config
+    name = local_accelerator() or ""
+    preset = gpu_from_device_name(name)
+    return dataclasses.replace(config, gpu=preset) if preset else config
+
+
+def run_cluster(config: RunConfig, options: LaunchOptions) -> ClusterSpec:
+    """The cluster the planner predicts for: the run's GPU, its nodes and processes per node."""
+    return cluster_for_gpu(config.gpu or "h100-sxm", options.world_size, options.nproc_per_node)
+
+
+def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False) -> tuple[RunConfig, list[str]]:
+    """Validate ``config`` for ``options``; return it with GPU and prediction filled, and warnings.
+
+    Raises PlaitError for a wrong process count, a broken layout rule, a layout feature the
+    runtime does not run, or (on GPU, unless ``allow_oom``) a predicted out-of-memory.
+    """
+    layout, model = config.layout, config.model
+    if layout.world_size != options.world_size:
+        raise PlaitError(
+            f"layout {layout} needs dp·tp·pp·cp = {layout.world_size} processes but --nproc-per-node "
+            f"{options.nproc_per_node} × --nnodes {options.nnodes} = {options.world_size} were asked for; "
+            f"use --nproc-per-node {max(1, layout.world_size // options.nnodes)} or change dp")
+    cluster = run_cluster(config, options)
+    violations = validate(model, cluster, config.job, layout)
+    broken = [v for v in errors_of(violations) if v.rule not in ("whole-nodes",)]
+    if broken:
+        raise PlaitError(f"layout {layout} cannot run {model.name}: " + "; ".join(v.message for v in broken))
+    problems = config.runtime_problems()
+    if problems:
+        raise PlaitError(f"layout {layout}: " + "; ".join(problems))
+    warnings = [v.message for v in violations if v.severity == "warning"]
+    on_gpu = runs_on_gpu(config, options.nproc_per_node)
+    config = resolve_gpu(config, on_gpu)
+    if not on_gpu:
+        return config, warnings
+    if not config.gpu:
+        warnings.append(f"GPU {local_accelerator()!r} is not a known spec: pass --gpu (plait clusters) "
+                        "for MFU and the memory check")
+        return config, warnings
+    from plait.plan.plan import evaluate
+
+    plan = evaluate(model, run_cluster(config, options), config.job, layout)
+    memory = plan.memory
+    config = dataclasses.replace(config, prediction={
+        "step_time_s": plan.step.step_time, "memory_bytes": memory.total, "mfu": plan.step.mfu, "gpu": config.gpu,
+        # what torch's caching allocator should hand out at the peak (no context, NCCL, fragmentation)
+        "allocated_bytes": memory.total - memory.cuda_context - memory.comm_buffers - memory.fragmentation})
+    if not plan.fits:
+        over = (plan.memory.total - plan.memory.capacity) / GIB
+        message = (f"layout {layout} is predicted to need {plan.memory.total / GIB:.1f} GiB per GPU, "
+                   f"{over:.1f} GiB more than the {plan.memory.capacity / GIB:.0f} GiB of a {config.gpu}; "
+                   "try ckpt=full, zero=3, a larger tp or pp, or a smaller mbs (plait plan --explain itemizes it)")
+        if not allow_oom:
+            raise PlaitError(message + "; --allow-oom runs it anyway")
+        warnings.append(message)
+    return config, warnings

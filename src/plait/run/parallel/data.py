@@ -1,0 +1,66 @@
+"""Data parallelism: DDP, ZeRO via FSDP2 ``fully_shard``, and hybrid sharding (HSDP).
+
+How each planner ZeRO stage runs (``Layout.zero``):
+
+  ========  ===================================================================================
+  zero=0    DDP: ``DistributedDataParallel`` over the dp group; with tensor or pipeline
+            parallelism, FSDP2 on a (dp_replicate=dp, dp_shard=1) mesh, which replicates
+            parameters and all-reduces gradients exactly as DDP does (DDP's reducer does not
+            survive the pipeline schedules' split backward, and cannot hold DTensors).
+  zero=1    FSDP2 with ``reshard_after_forward=False``: parameters stay gathered from forward to
+            backward, gradients are reduce-scattered, optimizer states sharded. FSDP2 has no
+            ZeRO-1 mode (full gradients with sharded optimizer states); this is ZeRO-2, which
+            moves the same bytes over the network and needs no more memory.
+  zero=2    the same as zero=1.
+  zero=3    FSDP2 with ``reshard_after_forward`` = ``Layout.reshard`` (default on: parameters
+            freed after forward and gathered again for backward).
+  hsdp=R    zero≥1 on a 2-D (dp_replicate=R, dp_shard=dp/R) mesh: shard inside groups of dp/R
+            ranks, all-reduce gradients across the R groups.
+  ========  ===================================================================================
+
+Each block is its own FSDP unit (one all-gather and one reduce-scatter per block); the root
+unit holds the embedding, final norm and LM head. With context parallelism the cp ranks are
+data-parallel ranks too (same weights, other tokens): FSDP shards over dp_shard×cp and DDP
+all-reduces over dp_replicate×cp (``ParallelDims.dp_mesh`` / ``replicate_group``).
+Mixed precision on GPU: bf16 parameters and compute, fp32 sharded master weights and fp32
+gradient reduction. On CPU everything is fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from plait.run.parallel.mesh import ParallelDims
+
+
+def uses_fsdp(pdims: ParallelDims) -> bool:
+    """Whether data parallelism runs through FSDP2 (else DDP or nothing)."""
+    layout = pdims.layout
+    return layout.zero > 0 or (pdims.grad_sync_size > 1 and (layout.tp > 1 or layout.pp > 1))
+
+
+def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
+    if device_type == "cuda":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def apply_fsdp(model: nn.Module, pdims: ParallelDims, device_type: str) -> None:
+    """Shard every block and then the root of ``model`` (a model or a pipeline stage)."""
+    layout = pdims.layout
+    reshard = layout.zero == 3 and layout.reshard
+    options = {"mesh": pdims.dp_mesh, "mp_policy": mixed_precision(device_type)}
+    for block in model.layers.values():
+        fully_shard(block, reshard_after_forward=reshard, **options)
+    fully_shard(model, reshard_after_forward=reshard, **options)
+
+
+def apply_ddp(model: nn.Module, pdims: ParallelDims) -> nn.Module:
+    """Wrap ``model`` in DDP over the dp_replicate (×cp) group (zero=0 without tensor parallelism)."""
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        raise ValueError("DDP cannot hold DTensor parameters; use FSDP2 replication")
+    return DistributedDataParallel(model, process_group=pdims.replicate_group, gradient_as_bucket_view=True)

@@ -1,0 +1,102 @@
+"""Turn a ModelSpec and a Layout into this rank's trainable model parts.
+
+The order is fixed (each step changes what the next one sees):
+  build on meta → tensor parallel → context parallel → activation checkpointing → activation offload hooks →
+  torch.compile per block → FSDP2 → materialize on the device and initialize → DDP (zero=0) → pipeline schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plait.run.memory.recompute import apply_activation_checkpointing
+from plait.run.parallel.context.ring import apply_context_parallel
+from plait.run.parallel.data import apply_ddp, apply_fsdp, uses_fsdp
+from plait.run.parallel.mesh import ParallelDims
+from plait.run.model import Transformer, build_model, eager_attention, init_weights
+from plait.run.memory.offload import ActivationOffloader, apply_activation_offload
+from plait.run.parallel.pipeline import build_schedule, build_stage_module, stage_ids_of_rank
+from plait.run.parallel.tensor import apply_tensor_parallel
+from plait.spec.model import ModelSpec
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy over the tokens of a (micro-)batch, in fp32.
+
+    ``logits`` may be a vocabulary-sharded DTensor: inside ``loss_parallel()`` the cross
+    entropy is computed without gathering the full logits.
+    """
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+@dataclass
+class ModelParts:
+    """What one rank trains: its model chunks and, with pp > 1, the pipeline schedule."""
+
+    chunks: list[nn.Module]
+    stage_ids: list[int]
+    schedule: object | None = None
+    checkpointed: list[str] = field(default_factory=list)
+    fsdp: bool = False
+    offloader: ActivationOffloader | None = None  # activation offload (plait.run.memory.offload)
+    offloaded: list[str] = field(default_factory=list)  # ids of the blocks whose activations move
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for chunk in self.chunks for p in chunk.parameters()]
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [item for chunk in self.chunks for item in chunk.named_parameters()]
+
+    def train(self, mode: bool = True) -> None:
+        for chunk in self.chunks:
+            chunk.train(mode)
+
+
+def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device, seed: int,
+                      n_microbatches: int, compile_blocks: bool = False, compile_backend: str = "inductor",
+                      loss_fn: Callable = token_loss, offload_dir: str | None = None) -> ModelParts:
+    """This rank's parallelized, initialized model parts for ``pdims.layout``.
+
+    ``offload_dir``: where ``offload=disk:α`` writes this rank's activations (a fresh directory).
+    """
+    layout = pdims.layout
+    if layout.pp > 1:
+        stage_ids = stage_ids_of_rank(layout, pdims.pp_rank)
+        chunks: list[Transformer] = [build_stage_module(spec, layout, sid) for sid in stage_ids]
+    else:
+        stage_ids = [0]
+        chunks = [build_model(spec)]
+    for chunk in chunks:
+        if layout.attn == "eager":
+            for block in chunk.layers.values():
+                block.attention.kernel = eager_attention
+        if layout.tp > 1:
+            apply_tensor_parallel(chunk, pdims.mesh["tp"], layout.sequence_parallel)
+        if layout.cp > 1:
+            apply_context_parallel(chunk, pdims.mesh["cp"], layout.cp_impl)
+    checkpointed = apply_activation_checkpointing(chunks, layout)
+    offloader, offloaded = apply_activation_offload(chunks, layout, pdims.pp_rank, device, offload_dir)
+    if compile_blocks:
+        for chunk in chunks:
+            for block in chunk.layers.values():
+                block.compile(backend=compile_backend)
+    fsdp = pdims.grad_sync_size > 1 and uses_fsdp(pdims)
+    if fsdp:
+        for chunk in chunks:
+            apply_fsdp(chunk, pdims, device.type)
+    for chunk in chunks:
+        chunk.to_empty(device=device)
+        chunk.tie_embeddings()  # to_empty untied plain (non-DTensor) parameters
+        init_weights(chunk, spec, seed, device)
+    ddp = pdims.grad_sync_size > 1 and not fsdp
+    trained: list[nn.Module] = [apply_ddp(chunk, pdims) for chunk in chunks] if ddp else list(chunks)
+    schedule = None
+    if layout.pp > 1:
+        schedule = build_schedule(trained, stage_ids, pdims, n_microbatches, loss_fn, device)
+    return ModelParts(chunks=trained, stage_ids=stage_ids, schedule=schedule,
+                      checkpointed=checkpointed, fsdp=fsdp, offloader=offloader, offloaded=offloaded)
