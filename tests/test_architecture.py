@@ -1,0 +1,134 @@
+"""The package's shape, checked from the source text (no imports, no torch).
+
+- no import cycles among the modules of ``src/plait``, counting imports inside functions;
+- the layers only look down: errors/progress <- spec <- plan <- run <- measure <- cli;
+- no module over 400 lines, no folder with more than 12 modules (``__init__``/``__main__`` aside).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "plait"
+MAX_MODULE_LINES = 400
+MAX_MODULES_PER_FOLDER = 12
+# a module of a layer may import its own layer and the layers listed before it
+LAYERS = ("base", "spec", "plan", "run", "measure", "cli")
+
+
+def module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(SRC).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
+    """Modules of plait that ``name`` imports anywhere in its body (relative imports resolved)."""
+    found: set[str] = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = name.split(".")
+                keep = len(parts) - node.level + (1 if is_package else 0)
+                base = ".".join(parts[:keep] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    # importing a name from one's own parent package is not an edge between modules
+    return {m for m in found if m in known and m != name and not name.startswith(m + ".")}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative; components with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            advanced = False
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def layer_of(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else "base"
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    return {name: imported_modules(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert strongly_connected(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles():
+    assert strongly_connected(import_graph()) == []
+
+
+def test_layers_only_import_downwards():
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    upward = []
+    for name, targets in import_graph().items():
+        if name == "plait":
+            continue
+        for target in targets:
+            if target != "plait" and rank[layer_of(target)] > rank[layer_of(name)]:
+                upward.append(f"{name} -> {target}")
+    assert upward == []
+
+
+def test_module_and_folder_sizes():
+    too_long = {module_name(p): n for p in PACKAGE.rglob("*.py")
+                if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert too_long == {}
+    crowded = {}
+    for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+        count = sum(1 for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+        if count > MAX_MODULES_PER_FOLDER:
+            crowded[str(folder.relative_to(SRC))] = count
+    assert crowded == {}
