@@ -34,6 +34,7 @@ from plait.measure.sweep.run_one import (
 )
 from plait.measure.sweep.stats import average_ranks, spearman, summarize, top1_text
 from plait.run.config import RunConfig
+from plait.run.launcher.outcome import Outcome, read_outcome
 from plait.spec.hardware import cluster_for_gpu
 from plait.spec.models import get_model
 
@@ -108,16 +109,22 @@ def test_ranks_go_to_fitting_layouts_only_and_compile_twins_share_them():
     assert base_row(small, cases[0]).predicted_fits is False
 
 
-@pytest.mark.parametrize("code,stderr,status", [
-    (2, "plait: error: training failed on rank 1: injected fault (PLAIT_INJECT_FAULT)\nTraceback", "failed"),
-    (2, "plait: error: layout dp=2,ckpt=balanced: ckpt=balanced is planned but not run yet", "refused"),
-    (2, "plait: error: training failed on rank 0: torch.OutOfMemoryError: CUDA out of memory. Tried", "oom"),
-    (1, "Segmentation fault", "failed"),
+@pytest.mark.parametrize("outcome,code,status", [
+    (Outcome("failed", "training failed on rank 1: injected fault (PLAIT_INJECT_FAULT)", failed_rank=1), 2, "failed"),
+    (Outcome("refused", "layout dp=2,ckpt=balanced: ckpt=balanced is planned but not run yet"), 2, "refused"),
+    (Outcome("oom", "training failed on rank 0: CUDA out of memory. Tried", failed_rank=0), 2, "oom"),
+    (Outcome("stopped", "stopped by SIGTERM: the workers were asked to finish", signal="SIGTERM"), 143, "failed"),
+    (Outcome("ok", exit_code=0), 1, "failed"),
+    (None, 1, "failed"),
 ])
-def test_classify_outcomes(code, stderr, status):
-    got, reason = classify(code, stderr)
+def test_classify_outcomes(outcome, code, status):
+    got, reason = classify(outcome, code, "Segmentation fault")
     assert got == status
     assert reason and "\n" not in reason
+    if outcome is not None and outcome.reason:
+        assert outcome.reason in reason
+    if outcome is None:
+        assert "exit status 1" in reason and "outcome.json" in reason and "Segmentation fault" in reason
 
 
 # ----------------------------------------------------------------- layouts
@@ -167,8 +174,12 @@ def test_real_cpu_sweep_records_every_outcome_and_goes_on(tmp_path):
     cases[3] = SweepCase(failing.text, failing.layout, plan=failing.plan, planner_rank=failing.planner_rank,
                          env=(("PLAIT_INJECT_FAULT", "rank=1,step=1"),))
     out = tmp_path / "sweep.csv"
-    rows, _ = run_sweep(spec, cases, out, progress=False)
+    rows, _ = run_sweep(spec, cases, out, progress=False, workdir=tmp_path / "runs")
     assert [r.status for r in rows] == ["ok", "invalid", "refused", "failed"]
+    # plait train said how each run ended in RUN_DIR/outcome.json (the invalid layout never ran)
+    outcomes = [read_outcome(tmp_path / "runs" / f"layout-{i:03d}" / "run") for i in range(4)]
+    assert [o.status if o else None for o in outcomes] == ["ok", None, "refused", "failed"]
+    assert outcomes[3].failed_rank == 1 and outcomes[3].exit_code == 2 and outcomes[0].exit_code == 0
     ok = rows[0]
     assert ok.measured_step_time_s > 0 and ok.tokens_per_s > 0
     assert ok.memory_kind == "host_rss" and ok.measured_memory_bytes > 2**20

@@ -3,7 +3,7 @@
 Package layout:
   spec/     model, hardware, layout and job as plain frozen dataclasses (no torch)
   plan/     memory, FLOPs, cost model and layout search (no torch)
-  measure/  validation against published runs (and, later, profiling and sweeps)
+  measure/  published-run validation, profile, calibrate, sweep and report (one folder each)
   run/      the torch runtime
   cli/__init__.py    the one command-line entry point
 """

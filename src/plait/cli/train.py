@@ -9,7 +9,7 @@ from pathlib import Path
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
 from plait.run.config import OptimConfig, RunConfig, plan_parts
-from plait.run.launcher.launch import LaunchOptions, launch, print_dry_run
+from plait.run.launcher.launch import LaunchOptions, launch, print_dry_run, record_refusal
 from plait.run.launcher.preflight import preflight
 from plait.spec.layout import Layout
 
@@ -193,6 +193,14 @@ def fresh_config(args) -> tuple[RunConfig, LaunchOptions]:
 
 
 def train_command(args) -> int:
+    try:
+        return _train(args)
+    except PlaitError as exc:
+        record_refusal(args.run_dir, exc)  # RUN_DIR/outcome.json of a run refused before launch
+        raise
+
+
+def _train(args) -> int:
     notes: list[str] = []
     resumed = None
     if args.resume:

@@ -26,7 +26,7 @@ from plait.errors import PlaitError
 from plait.plan.cost import estimate_step
 from plait.plan.memory import estimate_memory
 from plait.plan.params import DEFAULT_PARAMS, CostParams
-from plait.spec.hardware import GIB, cluster_for_gpu, get_gpu
+from plait.spec.hardware import GIB, ClusterSpec, cluster_for_gpu, get_gpu
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.models import MODELS
@@ -148,51 +148,57 @@ def _model_for_row(row: dict, seq_len: int, notes: list[str]) -> ModelSpec:
     if vocab is None:
         preset = next((m for m in MODELS.values() if m.arch == arch and all(getattr(m, k) == v for k, v in dims.items())), None)
         if preset is None:
-            raise _Incomplete("vocab not given and no preset has these dimensions")
+            raise IncompleteRow("vocab not given and no preset has these dimensions")
         vocab = preset.vocab
         notes.append(f"vocab {vocab} from preset {preset.name}")
     return ModelSpec(name=row["id"], arch=arch, vocab=vocab, max_seq_len=max(seq_len, 2048),
                      tied_embeddings=(arch == "gpt"), **dims)
 
 
-class _Incomplete(Exception):
-    pass
+class IncompleteRow(Exception):
+    """A published row lacks an input plait needs (seq_len, micro-batch, recompute, the TP/PP split)."""
 
 
-class _Unsupported(Exception):
-    pass
+class UnsupportedRow(Exception):
+    """A published row describes something plait does not model (a GPU without a spec, EP, a broken rule)."""
 
 
-def _build(row: dict, notes: list[str]):
+def build_specs(row: dict, notes: list[str] | None = None) -> tuple[ModelSpec, ClusterSpec, JobSpec, Layout]:
+    """The planner's inputs for one published-runs CSV row (``read_runs``): (model, cluster, job, layout).
+
+    Defaults it applies are appended to ``notes`` (when given). Raises IncompleteRow or
+    UnsupportedRow (the reason as message), or PlaitError from a spec constructor.
+    """
+    notes = [] if notes is None else notes
     seq_len = _int(row, "seq_len")
     if seq_len is None:
-        raise _Incomplete("seq_len not given")
+        raise IncompleteRow("seq_len not given")
     model = _model_for_row(row, seq_len, notes)
     n_gpus = _int(row, "n_gpus")
     tp, pp, dp, mbs, gbs = (_int(row, k) for k in ("tp", "pp", "dp", "mbs", "gbs"))
     cp = _int(row, "cp") or 1
     if tp is None or pp is None:
-        raise _Incomplete("tp/pp split not given")
+        raise IncompleteRow("tp/pp split not given")
     if mbs is None:
-        raise _Incomplete("micro-batch size not given")
+        raise IncompleteRow("micro-batch size not given")
     if n_gpus is None or dp is None:
-        raise _Incomplete("n_gpus/dp not given")
+        raise IncompleteRow("n_gpus/dp not given")
     if gbs is None:
         gbs = dp * mbs
         notes.append(f"global batch not given: one micro-batch per rank ({gbs})")
     if (_int(row, "ep") or 1) > 1:
-        raise _Unsupported("expert parallelism")
+        raise UnsupportedRow("expert parallelism")
     zero = _zero_stage(row["zero_stage"])
     if zero is None:
-        raise _Incomplete(f"ZeRO stage {row['zero_stage']!r} not understood")
+        raise IncompleteRow(f"ZeRO stage {row['zero_stage']!r} not understood")
     layers_per_stage = -(-model.n_layers // pp)
     recompute = _recompute(row["recompute"], layers_per_stage)
     if recompute is None:
-        raise _Incomplete("recompute not given")
+        raise IncompleteRow("recompute not given")
     try:
         gpu = get_gpu(row["gpu_type"])
     except PlaitError:
-        raise _Unsupported(f"GPU {row['gpu_type']!r} has no spec") from None
+        raise UnsupportedRow(f"GPU {row['gpu_type']!r} has no spec") from None
     per_node = _int(row, "gpus_per_node")
     if per_node is None:
         per_node = 8
@@ -213,7 +219,7 @@ def _build(row: dict, notes: list[str]):
     job = JobSpec(global_batch=gbs, seq_len=seq_len)
     errs = errors_of(validate(model, cluster, job, layout))
     if errs:
-        raise _Unsupported("; ".join(e.message for e in errs))
+        raise UnsupportedRow("; ".join(e.message for e in errs))
     return model, cluster, job, layout
 
 
@@ -242,11 +248,11 @@ def _reported_tokens(row: dict, model: ModelSpec, seq_len: int, n_gpus: int, not
 def predict_row(row: dict, params: CostParams = DEFAULT_PARAMS) -> RunResult:
     result = RunResult(id=row["id"], source=row.get("source", ""), status="ok")
     try:
-        model, cluster, job, layout = _build(row, result.notes)
-    except _Incomplete as exc:
+        model, cluster, job, layout = build_specs(row, result.notes)
+    except IncompleteRow as exc:
         result.status = f"incomplete: {exc}"
         return result
-    except _Unsupported as exc:
+    except UnsupportedRow as exc:
         result.status = f"unsupported: {exc}"
         return result
     except PlaitError as exc:

@@ -14,7 +14,7 @@ class FitCase:
 
     id: str
     source: str
-    specs: tuple  # (ModelSpec, ClusterSpec, JobSpec, Layout), as plait.measure.published builds them
+    specs: tuple  # (ModelSpec, ClusterSpec, JobSpec, Layout), as plait.measure.published.build_specs returns them
     reported_mfu: float
 
     def predicted_mfu(self, params: CostParams) -> float:

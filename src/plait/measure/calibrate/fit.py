@@ -31,8 +31,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.measure.calibrate.cases import FitCase
-from plait.measure.published import _build as build_specs
-from plait.measure.published import predict_row, read_runs
+from plait.measure.published import build_specs, predict_row, read_runs
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 
 
@@ -127,7 +126,7 @@ def usable_cases(path: str | Path) -> tuple[list[FitCase], dict[str, int]]:
         elif not result.reported_mfu:
             reason = "no reported throughput"
         else:
-            specs = build_specs(row, [])
+            specs = build_specs(row)
             cases.append(FitCase(result.id, result.source, specs, result.reported_mfu))
             continue
         skipped[reason] = skipped.get(reason, 0) + 1

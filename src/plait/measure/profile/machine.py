@@ -181,7 +181,7 @@ def resolve_where(device: str, nproc_per_node: int | None, nnodes: int, gpu: str
 
 
 def run_workers(config: dict, where: Where, args, run_dir: Path) -> dict:
-    from plait.run.launcher.launch import LaunchOptions, _run_torchrun, torchrun_args
+    from plait.run.launcher.launch import LaunchOptions, run_torchrun, torchrun_args
 
     options = LaunchOptions(nproc_per_node=where.nproc_per_node, nnodes=where.nnodes,
                             rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
@@ -191,10 +191,7 @@ def run_workers(config: dict, where: Where, args, run_dir: Path) -> dict:
     flags = torchrun_args(options, str(run_dir))
     flags = flags[: flags.index("-m")] + ["-m", "plait.measure.profile.worker", str(run_dir)]
     (run_dir / "profile-config.json").write_text(json.dumps(config))
-    try:
-        _run_torchrun(flags, run_dir, where.nproc_per_node)
-    except PlaitError as exc:
-        raise PlaitError(str(exc).replace("training failed", "profiling failed", 1)) from None
+    run_torchrun(flags, run_dir, where.nproc_per_node, what="profiling")
     raw_file = run_dir / "raw.json"
     if not raw_file.is_file():  # another node's rank 0 writes it
         return {}

@@ -21,8 +21,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.measure.report.render import Section, render_html, render_markdown
-from plait.measure.sweep.loop import summary_path
-from plait.measure.sweep.csv_file import SweepRow, read_sweep
+from plait.measure.sweep.csv_file import SweepRow, read_sweep, summary_path
 from plait.measure.sweep.stats import summarize
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.plan import Plan, evaluate

@@ -1,4 +1,5 @@
-"""The sweep CSV: one row per layout, written as each layout finishes, and read back with checks.
+"""The sweep CSV: one row per layout, written as each layout finishes, and read back with checks;
+the summary JSON beside it is ``summary_path(csv)``.
 
 Columns (units in the names; empty = not known, never guessed):
   layout, compile, status (ok / oom / failed / refused / timeout / invalid), reason,
@@ -174,3 +175,9 @@ def read_sweep(path: str | Path) -> list[SweepRow]:
     if not rows:
         raise PlaitError(f"{path} has no layouts (an empty sweep); run plait sweep with --top K or --grid")
     return rows
+
+
+def summary_path(csv_path: str | Path) -> Path:
+    """Where the summary JSON of a sweep CSV goes: ``sweep.csv`` -> ``sweep.summary.json``."""
+    path = Path(csv_path)
+    return path.with_name(path.stem + ".summary.json")

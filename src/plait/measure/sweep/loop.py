@@ -14,15 +14,9 @@ import tempfile
 from pathlib import Path
 
 from plait.measure.sweep.cases import SweepCase, SweepSpec
-from plait.measure.sweep.csv_file import SweepRow, SweepWriter
+from plait.measure.sweep.csv_file import SweepRow, SweepWriter, summary_path
 from plait.measure.sweep.run_one import run_case
 from plait.measure.sweep.stats import summarize
-
-
-def summary_path(csv_path: str | Path) -> Path:
-    """Where the summary JSON of a sweep CSV goes: ``sweep.csv`` -> ``sweep.summary.json``."""
-    path = Path(csv_path)
-    return path.with_name(path.stem + ".summary.json")
 
 
 class _Progress:
@@ -70,7 +64,7 @@ def run_sweep(spec: SweepSpec, cases: list[SweepCase], out: str | Path, progress
               top1_tolerance: float = 0.03, workdir: str | Path | None = None) -> tuple[list[SweepRow], dict]:
     """Run every case, writing its row to ``out`` as it finishes; returns (rows, summary).
 
-    The summary (``sweep_stats.summarize`` plus the sweep's settings) goes to ``summary_path(out)``,
+    The summary (``plait.measure.sweep.stats.summarize`` plus the sweep's settings) goes to ``summary_path(out)``,
     also when interrupted (with ``"interrupted": true``). ``workdir`` keeps each run's log, stdout
     and stderr (default: a temporary directory, removed afterwards).
     """

@@ -1,13 +1,16 @@
-"""Run one swept layout through ``plait train`` in a subprocess and turn its outcome into a row.
+"""Run one swept layout through ``plait train`` in a subprocess and turn how it ended into a row.
 
 The subprocess is ``python -m plait.cli train ... --log FILE.jsonl --run-dir DIR`` in its own
 session. A layout that runs past the sweep's per-layout timeout gets SIGTERM (plait train asks
 its workers to stop and gives them 30 s), then, after ``SweepSpec.kill_grace_s``, SIGKILL; torch's
 elastic launcher starts the workers in sessions of their own, so the workers
 (``plait.run.worker DIR``, found by their command line) are killed as well.
-How a run ended: exit 0 with a summary line -> ok; "out of memory" in its errors -> oom;
-"training failed" (a rank died) -> failed; any other plait error (exit 2 before launching)
--> refused; past the timeout -> timeout; anything else -> failed.
+
+How a run ended comes from ``DIR/outcome.json``, which plait train writes (format
+``plait-outcome/1``, ``plait.run.launcher.outcome``), never from its stderr: ok with a summary line
+in the log -> ok; oom, failed, refused -> the same status and the outcome's reason; stopped (by a
+signal the sweep did not send) -> failed; past the timeout -> timeout; no outcome file (plait
+train died before writing it) -> failed, with its exit status.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import plait
+from plait.errors import PlaitError
 from plait.measure.sweep.cases import SweepCase, SweepSpec, allocated_bytes
 from plait.measure.sweep.csv_file import SweepRow
+from plait.run.launcher.outcome import FILE_NAME as OUTCOME_FILE
+from plait.run.launcher.outcome import Outcome, outcome_path, read_outcome
 
 WORKER_MODULE = "plait.run.worker"
-ERROR_PREFIX = "plait: error: "
+REASON_CHARS = 300  # a CSV reason is one line of at most this many characters
 
 
 def train_argv(spec: SweepSpec, case: SweepCase, log_path: Path, run_dir: Path | None = None) -> list[str]:
@@ -56,21 +62,45 @@ def child_env(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
     return env
 
 
-def classify(returncode: int, stderr: str) -> tuple[str, str]:
-    """(status, one-line reason) of a finished ``plait train`` that did not end with exit 0."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    error_lines = [line[len(ERROR_PREFIX):] for line in lines if line.startswith(ERROR_PREFIX)]
-    reason = error_lines[0] if error_lines else (lines[-1] if lines else f"exit status {returncode}, no message")
-    reason = reason[:300]
-    lowered = stderr.lower()
-    if "out of memory" in lowered or "outofmemoryerror" in lowered:
-        oom_line = next((line for line in lines if "out of memory" in line.lower()), reason)
-        return "oom", oom_line[:300]
-    if reason.startswith(("training failed", "torchrun could not start")):
-        return "failed", reason
-    if returncode == 2 and error_lines:
-        return "refused", reason
-    return "failed", f"exit status {returncode}: {reason}"
+def classify(outcome: Outcome | None, returncode: int, stderr_tail: str = "") -> tuple[str, str]:
+    """(CSV status, one-line reason) of a finished ``plait train`` that did not end ok with a summary.
+
+    ``outcome`` is what it wrote in its run directory (None: nothing); ``stderr_tail`` (the last
+    line of its stderr) only goes into the reason of a run that wrote no outcome.
+    """
+    if outcome is None:
+        reason = f"exit status {returncode}, no {OUTCOME_FILE} written"
+        return "failed", (reason + (f": {stderr_tail}" if stderr_tail else ""))[:REASON_CHARS]
+    reason = outcome.reason or f"exit status {returncode}, no message"
+    if outcome.status in ("oom", "failed", "refused"):
+        return outcome.status, reason[:REASON_CHARS]
+    if outcome.status == "ok":
+        return "failed", f"exit status {returncode} after the workers finished"[:REASON_CHARS]
+    return "failed", reason[:REASON_CHARS]  # stopped by a signal the sweep did not send
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a text file ("" when there is none)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def finished_status(run_dir: Path, returncode: int, err_path: Path) -> tuple[str, str]:
+    """(CSV status, reason) of a run that ended by itself, from ``run_dir/outcome.json``.
+
+    "ok" means the launcher says the workers finished; the row also needs the log's summary line.
+    """
+    try:
+        outcome = read_outcome(run_dir)
+    except PlaitError as exc:
+        return "failed", f"exit status {returncode}: {exc}"[:REASON_CHARS]
+    if outcome is not None and outcome.status == "ok" and returncode == 0:
+        return "ok", ""
+    return classify(outcome, returncode, last_line(err_path) if outcome is None else "")
 
 
 def read_summary(log_path: Path) -> dict | None:
@@ -95,8 +125,7 @@ def predicted_fields(spec: SweepSpec, case: SweepCase) -> dict:
     memory, step = case.plan.memory, case.plan.step
     allocated = allocated_bytes(memory.items())
     return {"predicted_step_time_s": step.step_time, "predicted_memory_bytes": allocated,
-            "predicted_mfu": step.mfu, "gpu": spec.prediction_gpu, "calibration": spec.calibration,
-            "calibration_sha256": spec.calibration_sha256}
+            "predicted_mfu": step.mfu, "gpu": spec.prediction_gpu}
 
 
 def model_reference(spec: SweepSpec) -> str:
@@ -112,7 +141,8 @@ def model_reference(spec: SweepSpec) -> str:
 def base_row(spec: SweepSpec, case: SweepCase) -> SweepRow:
     return SweepRow(layout=case.label, status="invalid", reason=case.invalid_reason, compile=case.compile,
                     planner_rank=case.planner_rank, predicted_fits=case.predicted_fits,
-                    calibration=spec.calibration, calibration_sha256=spec.calibration_sha256, model=model_reference(spec), global_batch=spec.global_batch,
+                    calibration=spec.calibration, calibration_sha256=spec.calibration_sha256,
+                    model=model_reference(spec), global_batch=spec.global_batch,
                     seq_len=spec.seq_len, nproc_per_node=spec.nproc_per_node, steps=spec.steps,
                     device=spec.device, **predicted_fields(spec, case))
 
@@ -126,6 +156,7 @@ def run_case(spec: SweepSpec, case: SweepCase, workdir: Path) -> SweepRow:
     workdir.mkdir(parents=True, exist_ok=True)
     log_path, run_dir = workdir / "train.jsonl", workdir / "run"
     out_path, err_path = workdir / "stdout.txt", workdir / "stderr.txt"
+    outcome_path(run_dir).unlink(missing_ok=True)  # a reused --keep-runs directory: not the last sweep's
     start = time.perf_counter()
     with out_path.open("w") as out, err_path.open("w") as err:
         proc = start_train(spec, case, log_path, run_dir, out, err)
@@ -140,10 +171,11 @@ def run_case(spec: SweepSpec, case: SweepCase, workdir: Path) -> SweepRow:
             raise
         kill_workers(run_dir)  # torchrun stops its workers; make sure none outlives the run
     elapsed = time.perf_counter() - start
-    stderr = err_path.read_text(encoding="utf-8", errors="replace")
-    summary = read_summary(log_path)
-    if returncode != 0 or summary is None:
-        status, reason = classify(returncode, stderr) if returncode != 0 else ("failed", "no summary line in the log")
+    status, reason = finished_status(run_dir, returncode, err_path)
+    summary = read_summary(log_path) if status == "ok" else None
+    if status == "ok" and summary is None:
+        status, reason = "failed", "no summary line in the log"
+    if status != "ok":
         return replace(row, status=status, reason=reason, elapsed_s=elapsed)
     on_gpu = summary.get("device") == "cuda"
     measured_memory = summary.get("peak_memory_bytes") if on_gpu else summary.get("peak_host_rss_bytes")

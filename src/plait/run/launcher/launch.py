@@ -7,7 +7,9 @@ equivalent command). One node: torchrun's standalone rendezvous. Several nodes: 
 one of them) and ``--rdzv-id``; torchrun's c10d rendezvous assigns ranks.
 
 When a worker fails, torchrun stops the others; each failed rank left an error file in the
-run directory, and the launcher turns the first one into a PlaitError naming the rank.
+run directory, and the launcher turns the first one into a PlaitError naming the rank. Every
+launched run ends with ``RUN_DIR/outcome.json`` (``plait.run.launcher.outcome``): how it ended,
+for programs such as ``plait sweep``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ from pathlib import Path
 
 from plait.errors import PlaitError, RunStopped
 from plait.run.config import RunConfig
+from plait.run.launcher.outcome import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_STOPPED,
+    Outcome,
+    failed_run,
+    first_line,
+    outcome_path,
+    refused,
+    write_outcome,
+)
 
 
 @dataclass(frozen=True)
@@ -67,19 +80,35 @@ def command_line(options: LaunchOptions, run_dir: str) -> str:
     return shlex.join(["torchrun", *torchrun_args(options, run_dir)])
 
 
+class RunFailed(PlaitError):
+    """A launched run whose workers failed (or could not start); RUN_DIR/outcome.json says how."""
+
+
 def launch(config: RunConfig, options: LaunchOptions, run_dir: str | None = None) -> dict:
     """Run the job to completion; returns rank 0's summary (a dict), or raises PlaitError.
 
     ``config`` must have passed ``plait.run.launcher.preflight.preflight`` for these ``options``.
+    Every exit writes ``RUN_DIR/outcome.json`` (``plait.run.launcher.outcome``): ok, refused (a
+    multi-node setup torchrun cannot take), failed or oom (RunFailed), stopped (RunStopped).
     """
     owned = run_dir is None
     directory = Path(run_dir or tempfile.mkdtemp(prefix="plait-run-"))
     directory.mkdir(parents=True, exist_ok=True)
     config.save(directory / "config.json")
-    for stale in directory.glob("error-rank*.json"):
-        stale.unlink()
+    for stale in [*directory.glob("error-rank*.json"), outcome_path(directory)]:
+        stale.unlink(missing_ok=True)
     try:
-        _run_torchrun(torchrun_args(options, str(directory)), directory, options.nproc_per_node)
+        try:
+            outcome, message = workers_outcome(torchrun_args(options, str(directory)), directory,
+                                               options.nproc_per_node)
+        except PlaitError as exc:
+            write_outcome(directory, refused(exc))
+            raise
+        except BaseException as exc:  # e.g. Ctrl-C outside torchrun's own handlers: still say how it ended
+            write_outcome(directory, Outcome("failed", first_line(f"{type(exc).__name__}: {exc}")))
+            raise
+        write_outcome(directory, outcome)
+        raise_for(outcome, message)
         summary_file = directory / "summary.json"
         return json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     finally:
@@ -89,7 +118,42 @@ def launch(config: RunConfig, options: LaunchOptions, run_dir: str | None = None
             directory.rmdir()
 
 
-def _run_torchrun(args: list[str], run_dir: Path, nproc_per_node: int) -> None:
+def record_refusal(run_dir: str | None, exc: PlaitError) -> None:
+    """Write ``RUN_DIR/outcome.json`` for a ``plait train`` that refused ``exc`` before launching.
+
+    Nothing without a run directory, and nothing for the errors of a launched run (launch() has
+    written their outcome). A run directory that cannot be written is left as it is: the refusal
+    itself is what the user must see.
+    """
+    if run_dir is None or isinstance(exc, (RunFailed, RunStopped)):
+        return
+    try:
+        write_outcome(run_dir, refused(exc))
+    except OSError:
+        pass
+
+
+def run_torchrun(args: list[str], run_dir: Path, nproc_per_node: int, what: str = "training") -> None:
+    """Run torchrun with ``args`` (``torchrun_args``' form) in this process, to completion.
+
+    Raises RunFailed when a worker failed (the message names the first failed rank, from the
+    ``error-rank<R>.json`` files in ``run_dir``; ``what`` names the work: "training failed on
+    rank 1: ..."), RunStopped when a signal stopped the run.
+    """
+    raise_for(*workers_outcome(args, run_dir, nproc_per_node, what))
+
+
+def raise_for(outcome: Outcome, message: str) -> None:
+    """Raise the error of a run that did not end ok: RunStopped or RunFailed with ``message``."""
+    if outcome.status == "stopped":
+        raise RunStopped(message)
+    if outcome.status != "ok":
+        raise RunFailed(message)
+
+
+def workers_outcome(args: list[str], run_dir: Path, nproc_per_node: int,
+                    what: str = "training") -> tuple[Outcome, str]:
+    """Run torchrun with ``args``; (how it ended, the error message with traceback, "" when ok)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -99,34 +163,19 @@ def _run_torchrun(args: list[str], run_dir: Path, nproc_per_node: int) -> None:
     try:
         run(parse_args(args))
     except ChildFailedError as exc:
-        raise PlaitError(_failure_message(run_dir, exc)) from None
+        rank, failure = exc.get_first_failure()
+        signal_name = failure.signal_name() if failure.exitcode is not None and failure.exitcode < 0 else None
+        died = f"rank {rank} ended with {signal_name or f'exit status {failure.exitcode}'}"
+        return failed_run(run_dir, what, died=died, dead_rank=rank, signal=signal_name)
     except SignalException as exc:
-        raise RunStopped(f"stopped by {signal.Signals(exc.sigval).name}: the workers were asked to finish their "
-                         "step and save a checkpoint (with --checkpoint-dir) within 30 s; resume with --resume") \
-            from None
+        name = signal.Signals(exc.sigval).name
+        message = (f"stopped by {name}: the workers were asked to finish their step and save a checkpoint "
+                   "(with --checkpoint-dir) within 30 s; resume with --resume")
+        return Outcome("stopped", message, exit_code=EXIT_STOPPED, signal=name), message
     except (RuntimeError, OSError, ValueError) as exc:  # rendezvous timeouts, ports in use, bad endpoints
-        raise PlaitError(f"torchrun could not start the workers: {type(exc).__name__}: {exc}") from None
-
-
-def _failure_message(run_dir: Path, exc: Exception) -> str:
-    errors = []
-    for path in sorted(run_dir.glob("error-rank*.json")):
-        try:
-            errors.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    if not errors:
-        return f"training failed: a worker died without a message ({str(exc).strip().splitlines()[0]})"
-    # the root cause failed first; the other ranks then fail in collectives with their dead peer
-    errors.sort(key=lambda e: (e.get("time", 0.0), e["rank"]))
-    first = errors[0]
-    text = f"training failed on rank {first['rank']}: {first['message']}"
-    if "traceback" in first:
-        text += "\n" + first["traceback"].rstrip()
-    others = [e["rank"] for e in errors if e is not first]
-    if others:
-        text += f"\n(ranks {', '.join(map(str, others))} also stopped)"
-    return text
+        message = f"torchrun could not start the workers: {type(exc).__name__}: {exc}"
+        return Outcome("failed", first_line(message), exit_code=EXIT_ERROR), message
+    return Outcome("ok", exit_code=EXIT_OK), ""
 
 
 def print_dry_run(config: RunConfig, options: LaunchOptions) -> None:

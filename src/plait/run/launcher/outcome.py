@@ -1,0 +1,159 @@
+"""How a ``plait train`` run ended, as a file: ``RUN_DIR/outcome.json`` (format ``plait-outcome/1``).
+
+The launcher writes it on every exit of a launched run (``plait.run.launcher.launch.launch``),
+and ``plait train`` writes it for a run refused before launch when ``--run-dir`` is given; ``plait
+sweep`` reads it instead of parsing the command's stderr. No torch.
+
+Schema (one JSON object)::
+
+    {"format": "plait-outcome/1",
+     "status": "ok" | "refused" | "failed" | "oom" | "stopped",
+     "reason": str,            # one line, "" when ok: the error plait train printed (without the traceback)
+     "failed_rank": int|null,  # the global rank whose failure ended the run (failed, oom)
+     "exit_code": int|null,    # the status plait train exits with: 0 ok, 2 refused/failed/oom, 143 stopped
+     "signal": str|null}       # "SIGTERM" (stopped), or the signal that killed the failed rank ("SIGKILL")
+
+Statuses: ``ok`` the workers finished; ``refused`` plait train would not start it (a bad flag, a
+layout rule, a predicted out-of-memory, a multi-node setup torchrun cannot take); ``failed`` a
+worker raised or died, or torchrun could not start the workers; ``oom`` a worker ran out of
+(device) memory; ``stopped`` a signal (SIGTERM, SIGINT) stopped the run after the workers saved
+what they could. A run killed outright (SIGKILL to plait train) writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from plait.errors import PlaitError
+
+FORMAT = "plait-outcome/1"
+FILE_NAME = "outcome.json"
+STATUSES = ("ok", "refused", "failed", "oom", "stopped")
+EXIT_OK, EXIT_ERROR, EXIT_STOPPED = 0, 2, 143  # plait's CLI: 2 for any PlaitError, 128 + SIGTERM when stopped
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one run ended (see the module docstring for each field)."""
+
+    status: str
+    reason: str = ""
+    failed_rank: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise PlaitError(f"outcome status {self.status!r} is not one of {', '.join(STATUSES)}")
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Outcome:
+        """The outcome of a parsed ``outcome.json``; PlaitError for another format or a bad field."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise PlaitError(f"not a {FORMAT} outcome (format {found!r})")
+        rank, code, signal = data.get("failed_rank"), data.get("exit_code"), data.get("signal")
+        if not isinstance(data.get("reason", ""), str) or any(
+                v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in (rank, code)) \
+                or not (signal is None or isinstance(signal, str)):
+            raise PlaitError(f"{FORMAT} outcome with a field of the wrong type: {data}")
+        return cls(status=data.get("status"), reason=data.get("reason", ""), failed_rank=rank, exit_code=code,
+                   signal=signal)
+
+
+def outcome_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / FILE_NAME
+
+
+def write_outcome(run_dir: str | Path, outcome: Outcome) -> Path:
+    """Write ``RUN_DIR/outcome.json`` atomically (a reader never sees half a file); returns its path."""
+    path = outcome_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(outcome.to_dict(), indent=2) + "\n")
+    os.replace(partial, path)
+    return path
+
+
+def read_outcome(run_dir: str | Path) -> Outcome | None:
+    """The outcome written in ``run_dir``, or None when there is none (the run died before writing it).
+
+    PlaitError when the file is there but unreadable or not a ``plait-outcome/1`` object.
+    """
+    path = outcome_path(run_dir)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PlaitError(f"cannot read {path}: {exc}") from None
+    try:
+        return Outcome.from_dict(json.loads(text))
+    except (json.JSONDecodeError, PlaitError) as exc:
+        raise PlaitError(f"{path}: {exc}") from None
+
+
+def first_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def refused(exc: BaseException) -> Outcome:
+    """The outcome of a run that plait train refused to start with ``exc`` (a PlaitError)."""
+    return Outcome("refused", first_line(str(exc)), exit_code=EXIT_ERROR)
+
+
+def rank_errors(run_dir: str | Path) -> list[dict]:
+    """The ``error-rank<R>.json`` records the failed workers wrote, the root cause first.
+
+    The rank that failed first is the root cause; the others then fail in collectives with their
+    dead peer. Unreadable files are skipped.
+    """
+    errors = []
+    for path in sorted(Path(run_dir).glob("error-rank*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("rank"), int):
+            errors.append(record)
+    errors.sort(key=lambda e: (e.get("time", 0.0), e["rank"]))
+    return errors
+
+
+def is_out_of_memory(record: dict) -> bool:
+    """Whether a worker's error record is an out-of-memory error (torch.OutOfMemoryError, or its message)."""
+    return record.get("type") == "OutOfMemoryError" or "out of memory" in str(record.get("message", "")).lower()
+
+
+def failed_run(run_dir: str | Path, what: str = "training", died: str = "", dead_rank: int | None = None,
+               signal: str | None = None) -> tuple[Outcome, str]:
+    """(outcome, full message) of a run whose workers failed, from the error files in ``run_dir``.
+
+    ``died`` is torchrun's one-line account, used when no worker left an error file (e.g. killed by
+    the kernel's OOM killer); ``dead_rank`` and ``signal`` are torchrun's first failed rank and the
+    signal that ended it, if any. The message names the root-cause rank, carries its traceback and
+    lists the other ranks that stopped; the outcome's reason is its first line.
+    """
+    errors = rank_errors(run_dir)
+    if not errors:
+        message = f"{what} failed: a worker died without a message ({died or 'no detail from torchrun'})"
+        return Outcome("failed", message, failed_rank=dead_rank, exit_code=EXIT_ERROR, signal=signal), message
+    memory = [e for e in errors if is_out_of_memory(e)]
+    first = memory[0] if memory else errors[0]
+    message = f"{what} failed on rank {first['rank']}: {first.get('message', '')}"
+    reason = first_line(message)
+    if "traceback" in first:
+        message += "\n" + str(first["traceback"]).rstrip()
+    others = [e["rank"] for e in errors if e is not first]
+    if others:
+        message += f"\n(ranks {', '.join(map(str, others))} also stopped)"
+    status = "oom" if memory else "failed"
+    own_signal = signal if dead_rank == first["rank"] else None
+    return Outcome(status, reason, failed_rank=first["rank"], exit_code=EXIT_ERROR, signal=own_signal), message
