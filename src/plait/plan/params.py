@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.spec.hardware import GIB, MIB_BYTES
+from plait.spec.units import GIB, MIB_BYTES
 from plait.spec.serialize import dataclass_from_dict, read_json_file
 
 

@@ -18,12 +18,13 @@ from plait.plan.cost import estimate_step
 from plait.plan.memory import estimate_memory
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.plan import Plan
-from plait.spec.hardware import GIB, ClusterSpec
-from plait.spec.layout import JobSpec, Layout
+from plait.spec.hardware import ClusterSpec
+from plait.spec.layout import CKPT_POLICIES, JobSpec, Layout
 from plait.spec.model import ModelSpec
+from plait.spec.units import GIB, divisors
 from plait.spec.validate import errors_of, validate
 
-CKPT_ORDER = ("none", "selective", "balanced", "full")
+CKPT_ORDER = CKPT_POLICIES  # tried in this order: cheapest recompute first
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,6 @@ class SearchResult:
         return self.evaluated / self.seconds if self.seconds > 0 else float("inf")
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _options(constraints: SearchConstraints, key: str, default: list) -> list:
     value = constraints.fixed_value(key)
     return [value] if value is not None else default
@@ -67,8 +64,8 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     """Yield the layouts the search considers (before the memory check)."""
     n = cluster.n_gpus
     heads_gcd = _gcd(model.n_heads, model.n_kv_heads, model.ffn_hidden)
-    tps = _options(constraints, "tp", [t for t in _divisors(heads_gcd) if n % t == 0 and t <= cluster.gpus_per_node])
-    cps = _options(constraints, "cp", [c for c in _divisors(n) if c & (c - 1) == 0 and job.seq_len % (2 * c) == 0
+    tps = _options(constraints, "tp", [t for t in divisors(heads_gcd) if n % t == 0 and t <= cluster.gpus_per_node])
+    cps = _options(constraints, "cp", [c for c in divisors(n) if c & (c - 1) == 0 and job.seq_len % (2 * c) == 0
                                          and (c == 1 or job.seq_len // c >= 4096)])
     zeros = _options(constraints, "zero", [0, 1, 2, 3])
     ckpts = _options(constraints, "ckpt", list(CKPT_ORDER))
@@ -77,7 +74,7 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
             if n % (tp * cp):
                 continue
             rest = n // (tp * cp)
-            pps = _options(constraints, "pp", [p for p in _divisors(rest) if p <= min(constraints.max_pp, model.n_layers)])
+            pps = _options(constraints, "pp", [p for p in divisors(rest) if p <= min(constraints.max_pp, model.n_layers)])
             for pp in pps:
                 if rest % pp:
                     continue
@@ -85,7 +82,7 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                 if constraints.fixed_value("dp") not in (None, dp) or job.global_batch % dp:
                     continue
                 per_rank = job.global_batch // dp
-                mbss = _options(constraints, "mbs", [m for m in _divisors(per_rank) if m <= constraints.max_mbs])
+                mbss = _options(constraints, "mbs", [m for m in divisors(per_rank) if m <= constraints.max_mbs])
                 for mbs in mbss:
                     if per_rank % mbs:
                         continue

@@ -28,8 +28,8 @@ from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.plan import Plan, evaluate
 from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_cluster
 from plait.spec.layout import JobSpec, Layout
+from plait.spec.units import DEFAULT_GPU
 
-DEFAULT_GPU = "h100-sxm"
 DEFAULT_TOP1_TOLERANCE = 0.03  # when the sweep's summary JSON is missing (plait sweep's default)
 REPORT_IMAGES = ("step_time.png", "mfu.png", "memory.png", "timeline.png")
 

@@ -18,13 +18,14 @@ from plait.errors import PlaitError
 from plait.run.checkpoint import store
 from plait.run.config import RunConfig
 from plait.spec.hardware import GIB, cluster_for_gpu
+from plait.spec.units import DEFAULT_GPU
 
 
 def replan(config: RunConfig, world_size: int, gpus_per_node: int) -> tuple[RunConfig, str]:
     """``config`` on the planner's best runnable layout for ``world_size`` processes, and why."""
     from plait.plan.search import SearchConstraints, search
 
-    gpu = config.gpu or "h100-sxm"
+    gpu = config.gpu or DEFAULT_GPU
     cluster = cluster_for_gpu(gpu, world_size, min(gpus_per_node, world_size))
     result = search(config.model, cluster, config.job, SearchConstraints(allow_offload=False))
     runnable = [plan for plan in result.plans
