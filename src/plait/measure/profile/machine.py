@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.measure.calibrate.output import FORMAT
+from plait.plan.calibration import FORMAT
 from plait.spec.model import ModelSpec
 from plait.spec.units import KIB, MIB
 

@@ -13,9 +13,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from plait.measure.sweep.cases import OVERHEAD_ITEMS, allocated_bytes
 from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.report.timeline import BACKWARD, BUBBLE, FORWARD, Interval
+from plait.plan.memory import OVERHEAD_ITEMS, allocated_bytes
 from plait.spec.units import GIB
 
 COLORS = {FORWARD: "#4C72B0", BACKWARD: "#DD8452", BUBBLE: "#DDDDDD"}

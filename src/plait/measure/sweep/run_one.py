@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import plait
-from plait.measure.sweep.cases import SweepCase, SweepSpec, allocated_bytes
+from plait.measure.sweep.cases import SweepCase, SweepSpec
 from plait.measure.sweep.csv_file import SweepRow
 
 WORKER_MODULE = "plait.run.worker"
@@ -93,7 +93,7 @@ def predicted_fields(spec: SweepSpec, case: SweepCase) -> dict:
     if case.plan is None or not spec.prediction_gpu:
         return {}
     memory, step = case.plan.memory, case.plan.step
-    allocated = allocated_bytes(memory.items())
+    allocated = memory.allocated
     return {"predicted_step_time_s": step.step_time, "predicted_memory_bytes": allocated,
             "predicted_mfu": step.mfu, "gpu": spec.prediction_gpu, "calibration": spec.calibration,
             "calibration_sha256": spec.calibration_sha256}

@@ -27,13 +27,13 @@ def replan(config: RunConfig, world_size: int, gpus_per_node: int) -> tuple[RunC
 
     gpu = config.gpu or DEFAULT_GPU
     cluster = cluster_for_gpu(gpu, world_size, min(gpus_per_node, world_size))
-    result = search(config.model, cluster, config.job, SearchConstraints(allow_offload=False))
-    runnable = [plan for plan in result.plans
-                if not dataclasses.replace(config, layout=plan.layout).runtime_problems()]
+    result = search(config.model, cluster, config.job, SearchConstraints(allow_offload=False), runnable=True,
+                    compile=config.compile)
+    runnable = result.plans
     if not runnable:
         raise PlaitError(
             f"no layout of {world_size} processes runs {config.model.name} with the saved global batch "
-            f"{config.global_batch} × {config.seq_len} ({result.evaluated} valid layouts, {len(result.plans)} fit "
+            f"{config.global_batch} × {config.seq_len} ({result.evaluated} valid layouts, {len(result.all_fitting())} fit "
             f"in memory on {gpu}, none the runtime runs); resume with a world size that divides the batch, "
             "or give --layout")
     best = runnable[0]

@@ -116,7 +116,7 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
     config = dataclasses.replace(config, prediction={
         "step_time_s": plan.step.step_time, "memory_bytes": memory.total, "mfu": plan.step.mfu, "gpu": config.gpu,
         # what torch's caching allocator should hand out at the peak (no context, NCCL, fragmentation)
-        "allocated_bytes": memory.total - memory.cuda_context - memory.comm_buffers - memory.fragmentation})
+        "allocated_bytes": memory.allocated})
     if not plan.fits:
         over = (plan.memory.total - plan.memory.capacity) / GIB
         message = (f"layout {layout} is predicted to need {plan.memory.total / GIB:.1f} GiB per GPU, "
