@@ -95,3 +95,22 @@ def test_parse_fixed():
         Layout.parse_fixed(["bogus=1"])
     with pytest.raises(PlaitError, match="must be one of"):
         Layout.parse_fixed(["ckpt=sometimes"])
+
+
+def test_a_new_key_needs_only_its_declaration():
+    """What adding a key takes: one ``layout_key`` field; parsing, printing, checks and docs follow."""
+    from dataclasses import dataclass
+
+    from plait.spec.layout_keys import format_value, key_specs, keys_markdown, layout_key, parse_value, problems
+
+    @dataclass(frozen=True)
+    class Knobs:
+        fused_norm: bool = layout_key(False, "bool", "fused RMSNorm kernel")
+        gemm_tile: int = layout_key(128, "int", "GEMM tile size", choices=(64, 128, 256))
+
+    keys = key_specs(Knobs)
+    assert keys_markdown(keys).splitlines()[2:] == [
+        "| `fused_norm` | 1 / 0 | 0 | fused RMSNorm kernel |", "| `gemm_tile` | 64, 128, 256 | 128 | GEMM tile size |"]
+    assert parse_value("fused_norm", keys["fused_norm"][0], "on") == {"fused_norm": True}
+    assert format_value("fused_norm", keys["fused_norm"][0], True, False) == "fused_norm=1"
+    assert problems(Knobs(gemm_tile=96), keys) == ["gemm_tile=96 must be 64, 128 or 256"]
