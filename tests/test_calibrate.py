@@ -25,7 +25,8 @@ from plait.measure.calibrate.fit import (
     usable_cases,
 )
 from plait.measure.published import predict_row, read_runs
-from plait.plan.params import DEFAULT_PARAMS, read_calibration
+from plait.plan.calibration import read_calibration
+from plait.plan.params import DEFAULT_PARAMS
 
 RUNS_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_runs_calibration.csv"
 needs_runs = pytest.mark.skipif(not RUNS_CSV.is_file(), reason=f"published-runs CSV not found at {RUNS_CSV}")

@@ -20,7 +20,8 @@ from plait.measure.profile.machine import OPS, Where, gemm_cases, profile_config
 from plait.measure.profile.fit import calibration_fields, fit_collective, fit_gemm
 from plait.plan import comm
 from plait.plan.kernels import gemm_time
-from plait.plan.params import DEFAULT_PARAMS, read_calibration
+from plait.plan.calibration import read_calibration
+from plait.plan.params import DEFAULT_PARAMS
 from plait.spec.hardware import CLUSTERS, GPUS, get_cluster
 from plait.spec.layout import GroupPlacement
 from plait.spec.models import get_model

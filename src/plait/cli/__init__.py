@@ -148,7 +148,8 @@ def _console():
 
 def _cost_params(path: str | None, cluster=None):
     """(CostParams, cluster with GPU overrides applied) from a calibration file, else defaults."""
-    from plait.plan.params import DEFAULT_PARAMS, read_calibration
+    from plait.plan.calibration import read_calibration
+    from plait.plan.params import DEFAULT_PARAMS
 
     if not path:
         return DEFAULT_PARAMS, cluster

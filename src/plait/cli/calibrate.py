@@ -45,7 +45,7 @@ def _warn(text: str) -> None:
 def _starting_calibration(args, console):
     """The calibration the fit starts from: --calibration, else the one a sweep CSV recorded, else None."""
     from plait.measure.calibrate.from_sweep import is_sweep_csv, recorded_calibration
-    from plait.plan.params import read_calibration
+    from plait.plan.calibration import read_calibration
 
     recorded, warnings = recorded_calibration(args.runs) if is_sweep_csv(args.runs) else (None, [])
     if args.calibration:
@@ -69,7 +69,8 @@ def _same_file(a: str, b: str) -> bool:
 
 def fit_command(args, console=None) -> int:
     from plait.measure.calibrate.fit import fit_runs, parse_param_names
-    from plait.measure.calibrate.output import fit_tables, fit_to_dict, write_json
+    from plait.measure.calibrate.output import fit_tables, fit_to_dict
+    from plait.plan.calibration import write_calibration as write_json
 
     if console is None:
         from rich.console import Console

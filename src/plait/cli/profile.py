@@ -37,7 +37,7 @@ def add_profile_args(profile) -> None:
 
 
 def profile_command(args) -> int:
-    from plait.measure.calibrate.output import write_json
+    from plait.plan.calibration import write_calibration as write_json
     from plait.measure.profile.machine import (
         build_calibration,
         profile_config,

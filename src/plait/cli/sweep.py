@@ -111,7 +111,8 @@ def build_spec(args) -> SweepSpec:
 def calibrated(path: str | None, cluster):
     """(CostParams, cluster with the file's GPU and link overrides) of a calibration file, else the
     defaults; the overrides' warnings go to stderr."""
-    from plait.plan.params import DEFAULT_PARAMS, read_calibration
+    from plait.plan.calibration import read_calibration
+    from plait.plan.params import DEFAULT_PARAMS
 
     if not path:
         return DEFAULT_PARAMS, cluster

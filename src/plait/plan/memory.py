@@ -39,6 +39,15 @@ from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.validate import stage_layers
 
+# items outside the allocator's count: CUDA context, NCCL buffers, fragmentation reserve
+OVERHEAD_ITEMS = ("cuda_context", "comm_buffers", "fragmentation")
+
+
+def allocated_bytes(items: dict[str, float]) -> float:
+    """What the GPU allocator should hand out at the peak (what ``max_memory_allocated`` measures):
+    the itemized memory (``MemoryBreakdown.items()``, bytes) without ``OVERHEAD_ITEMS``."""
+    return sum(v for k, v in items.items() if k not in OVERHEAD_ITEMS)
+
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
@@ -66,6 +75,12 @@ class MemoryBreakdown:
     def total(self) -> float:
         return (self.model_states + self.activations + self.embedding_activations + self.logits
                 + self.zero3_buffers + self.comm_buffers + self.cuda_context + self.fragmentation)
+
+    @property
+    def allocated(self) -> float:
+        """What torch's caching allocator should hand out at the peak (what ``max_memory_allocated``
+        measures): ``total`` without the CUDA context, the NCCL buffers and the fragmentation reserve."""
+        return allocated_bytes(self.items())
 
     @property
     def fits(self) -> bool:

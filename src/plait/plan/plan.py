@@ -1,6 +1,8 @@
 """Plan: one layout evaluated for one model, cluster and job - memory, time, warnings - as data.
 
-``Plan.to_dict()`` is the file that ``plait plan --save`` writes and ``plait train --plan`` reads.
+``Plan.to_dict()`` is the file that ``plait plan --save`` writes and ``plait train --plan`` reads;
+``Plan.from_dict`` / ``read_plan`` read it back (the warnings and the runtime's rules are checked
+again on reading: they follow from the model, cluster, job and layout).
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.plan.cost import StepBreakdown, estimate_step
+from plait.plan.flops import hardware_flops_per_token
 from plait.plan.memory import MemoryBreakdown, estimate_memory
 from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.spec.capabilities import runtime_violations
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.serialize import read_json_file
-from plait.spec.validate import Violation, check
+from plait.spec.validate import Violation, check, validate
 
 PLAN_FORMAT = "plait-plan/1"
 
@@ -31,10 +35,16 @@ class Plan:
     memory: MemoryBreakdown
     step: StepBreakdown
     warnings: tuple[Violation, ...] = ()
+    runtime_violations: tuple[Violation, ...] = ()  # rules of plait train it breaks (empty: it runs)
 
     @property
     def fits(self) -> bool:
         return self.memory.fits
+
+    @property
+    def runnable(self) -> bool:
+        """Whether ``plait train`` runs this layout (without --compile)."""
+        return not self.runtime_violations
 
     def to_dict(self) -> dict:
         return {
@@ -55,10 +65,31 @@ class Plan:
                 "memory_capacity_bytes": self.memory.capacity,
                 "memory_items_bytes": self.memory.items(),
                 "memory_stage": self.memory.stage,
+                "memory_host_bytes": self.memory.host_bytes,
                 "fits": self.fits,
             },
             "warnings": [str(w) for w in self.warnings],
         }
+
+    @classmethod
+    def from_dict(cls, data: dict, path: str | Path = "plan") -> Plan:
+        """The plan of ``to_dict()`` (a saved plan file's content); a missing part is one
+        PlaitError naming it. Warnings and runtime rules are evaluated again from the parts."""
+        model, cluster, job, layout = plan_parts_of(data, path)
+        try:
+            prediction = data["prediction"]
+            memory = MemoryBreakdown(**prediction["memory_items_bytes"], capacity=prediction["memory_capacity_bytes"],
+                                     stage=prediction["memory_stage"],
+                                     host_bytes=prediction.get("memory_host_bytes", 0.0))
+            step = StepBreakdown(**prediction["time_items_s"], step_time=prediction["step_time_s"],
+                                 tokens_per_step=job.tokens_per_step, n_gpus=layout.world_size,
+                                 model_flops_per_token=model.model_flops_per_token(job.seq_len),
+                                 hardware_flops_per_token=hardware_flops_per_token(model, layout, job.seq_len),
+                                 peak_flops=cluster.gpu.bf16_flops)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise _missing(path, exc) from None
+        warnings = tuple(v for v in validate(model, cluster, job, layout) if v.severity == "warning")
+        return cls(model, cluster, job, layout, memory, step, warnings, tuple(runtime_violations(model, layout, job)))
 
     def save(self, path: str | Path) -> None:
         try:
@@ -72,7 +103,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
     """Validate (raising PlaitError on any broken rule) and predict memory and time."""
     warnings = check(model, cluster, job, layout)
     return Plan(model, cluster, job, layout, estimate_memory(model, cluster, job, layout, params),
-                estimate_step(model, cluster, job, layout, params), tuple(warnings))
+                estimate_step(model, cluster, job, layout, params), tuple(warnings),
+                tuple(runtime_violations(model, layout, job)))
 
 
 def load_plan(path: str | Path) -> dict:
@@ -81,3 +113,21 @@ def load_plan(path: str | Path) -> dict:
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         raise PlaitError(f"{path}: not a plait plan (expected format {PLAN_FORMAT!r})")
     return data
+
+
+def read_plan(path: str | Path) -> Plan:
+    """A saved plan file as a Plan (format tag checked; one-line PlaitError on a missing part)."""
+    return Plan.from_dict(load_plan(path), path)
+
+
+def plan_parts_of(data: dict, path: str | Path = "plan") -> tuple[ModelSpec, ClusterSpec, JobSpec, Layout]:
+    """(model, cluster, job, layout) of a plan dict (no prediction needed), with one-line errors."""
+    try:
+        return (ModelSpec.from_dict(data["model"]), ClusterSpec.from_dict(data["cluster"]),
+                JobSpec.from_dict(data["job"]), Layout.from_dict(data["layout"]))
+    except (KeyError, TypeError) as exc:
+        raise _missing(path, exc) from None
+
+
+def _missing(path: str | Path, exc: Exception) -> PlaitError:
+    return PlaitError(f"{path}: plan file is missing {exc}; write it with plait plan --save")

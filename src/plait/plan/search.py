@@ -6,6 +6,9 @@ must divide the global batch), micro-batch size, ZeRO stage 0-3 and hybrid shard
 node, checkpoint policy none/selective/balanced/full, schedules 1F1B, interleaved (2 and 4
 virtual stages) and zero-bubble. Offload (activations to host, then the optimizer) is tried only
 for layouts that do not fit otherwise. ``fixed`` pins any layout key (``--fix tp=8``).
+
+Every plan carries the runtime rules it breaks (``plait.spec.capabilities``); with
+``runnable=True`` only the layouts that ``plait train`` runs are kept.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from plait.plan.cost import estimate_step
 from plait.plan.memory import estimate_memory
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.plan import Plan
-from plait.spec.hardware import GIB, ClusterSpec
-from plait.spec.layout import JobSpec, Layout
+from plait.spec.capabilities import runtime_violations
+from plait.spec.hardware import ClusterSpec
+from plait.spec.layout import CKPT_POLICIES, JobSpec, Layout
 from plait.spec.model import ModelSpec
+from plait.spec.units import GIB, divisors
 from plait.spec.validate import errors_of, validate
 
-CKPT_ORDER = ("none", "selective", "balanced", "full")
+CKPT_ORDER = CKPT_POLICIES  # tried in this order: cheapest recompute first
 
 
 @dataclass(frozen=True)
@@ -40,21 +45,35 @@ class SearchConstraints:
 
 @dataclass
 class SearchResult:
-    plans: list[Plan]  # fitting layouts, fastest first
+    plans: list[Plan]  # fitting layouts, fastest first (with runnable=True: only those plait train runs)
     candidates: int  # layouts the enumeration produced (before validation and memory)
     evaluated: int  # valid layouts whose memory was predicted
     rejected_oom: int
     seconds: float
     smallest: Plan | None  # the smallest-memory layout seen (for "nothing fits" messages)
     rule_errors: tuple = ()  # the broken rules of the first candidate, when none was valid
+    fitting: list[Plan] | None = None  # every fitting layout, fastest first, runnable or not (None: = plans)
+
+    def all_fitting(self) -> list[Plan]:
+        """Every fitting layout, fastest first, including those ``runnable=True`` dropped."""
+        return self.plans if self.fitting is None else self.fitting
+
+    def unrunnable_ahead(self, k: int) -> int:
+        """Fitting layouts that plait train does not run ranked ahead of the k-th runnable one
+        (all of them when fewer than k are runnable)."""
+        dropped = kept = 0
+        for plan in self.all_fitting():
+            if plan.runtime_violations:
+                dropped += 1
+            else:
+                kept += 1
+                if kept == k:
+                    break
+        return dropped
 
     @property
     def layouts_per_second(self) -> float:
         return self.evaluated / self.seconds if self.seconds > 0 else float("inf")
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _options(constraints: SearchConstraints, key: str, default: list) -> list:
@@ -67,8 +86,8 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     """Yield the layouts the search considers (before the memory check)."""
     n = cluster.n_gpus
     heads_gcd = _gcd(model.n_heads, model.n_kv_heads, model.ffn_hidden)
-    tps = _options(constraints, "tp", [t for t in _divisors(heads_gcd) if n % t == 0 and t <= cluster.gpus_per_node])
-    cps = _options(constraints, "cp", [c for c in _divisors(n) if c & (c - 1) == 0 and job.seq_len % (2 * c) == 0
+    tps = _options(constraints, "tp", [t for t in divisors(heads_gcd) if n % t == 0 and t <= cluster.gpus_per_node])
+    cps = _options(constraints, "cp", [c for c in divisors(n) if c & (c - 1) == 0 and job.seq_len % (2 * c) == 0
                                          and (c == 1 or job.seq_len // c >= 4096)])
     zeros = _options(constraints, "zero", [0, 1, 2, 3])
     ckpts = _options(constraints, "ckpt", list(CKPT_ORDER))
@@ -77,7 +96,7 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
             if n % (tp * cp):
                 continue
             rest = n // (tp * cp)
-            pps = _options(constraints, "pp", [p for p in _divisors(rest) if p <= min(constraints.max_pp, model.n_layers)])
+            pps = _options(constraints, "pp", [p for p in divisors(rest) if p <= min(constraints.max_pp, model.n_layers)])
             for pp in pps:
                 if rest % pp:
                     continue
@@ -85,7 +104,7 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                 if constraints.fixed_value("dp") not in (None, dp) or job.global_batch % dp:
                     continue
                 per_rank = job.global_batch // dp
-                mbss = _options(constraints, "mbs", [m for m in _divisors(per_rank) if m <= constraints.max_mbs])
+                mbss = _options(constraints, "mbs", [m for m in divisors(per_rank) if m <= constraints.max_mbs])
                 for mbs in mbss:
                     if per_rank % mbs:
                         continue
@@ -137,8 +156,13 @@ def _hsdp_options(zero: int, dp: int, model_parallel: int, gpus_per_node: int, c
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-           constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS) -> SearchResult:
-    """All fitting layouts, fastest first (ties: less memory first)."""
+           constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS, *,
+           runnable: bool = False, compile: bool = False) -> SearchResult:
+    """All fitting layouts, fastest first (ties: less memory first).
+
+    Each plan carries the runtime rules it breaks (``Plan.runtime_violations``, with ``plait train
+    --compile`` when ``compile``); ``runnable``: keep only the plans that break none.
+    """
     check_cluster(cluster)
     start = time.perf_counter()
     plans: list[Plan] = []
@@ -163,15 +187,19 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
             rejected += 1
             continue
         step = estimate_step(model, cluster, job, layout, params)
-        plans.append(Plan(model, cluster, job, layout, memory, step, tuple(violations)))
+        plans.append(Plan(model, cluster, job, layout, memory, step, tuple(violations),
+                          tuple(runtime_violations(model, layout, job, compile=compile))))
     plans.sort(key=lambda p: (-p.step.tokens_per_s_per_gpu, p.memory.total))
+    fitting = None
+    if runnable:
+        fitting, plans = plans, [p for p in plans if not p.runtime_violations]
     seconds = time.perf_counter() - start
     smallest_plan = None
     if smallest is not None:
         layout, memory = smallest
         smallest_plan = Plan(model, cluster, job, layout, memory, estimate_step(model, cluster, job, layout, params))
     return SearchResult(plans, candidates, evaluated, rejected, seconds, smallest_plan,
-                        tuple(first_errors or ()) if evaluated == 0 else ())
+                        tuple(first_errors or ()) if evaluated == 0 else (), fitting)
 
 
 def _with_offload(model, cluster, job, layout, memory, params):
@@ -224,6 +252,11 @@ def require_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, result: 
     if result.rule_errors:
         raise PlaitError(f"no valid layout of {model.name} on {cluster.n_gpus} GPUs: "
                          + "; ".join(e.message for e in result.rule_errors))
-    if not result.plans:
+    if not result.all_fitting():
         raise PlaitError(nothing_fits_message(model, cluster, result))
+    if not result.plans:
+        best = result.all_fitting()[0]
+        raise PlaitError(f"none of the {len(result.all_fitting())} layouts of {model.name} that fit on "
+                         f"{cluster.n_gpus} x {cluster.gpu.name} is one plait train runs yet; the fastest, "
+                         f"{best.layout}: " + "; ".join(v.message for v in best.runtime_violations))
     return result.plans

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.spec.capabilities import runtime_violations
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.serialize import dataclass_from_dict, read_json_file
@@ -31,14 +32,6 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
 
-
-
-# Layout features that the planner models but this runtime does not run yet.
-NOT_RUN_YET = {
-    "cp": "context parallelism with pipeline parallelism (cp > 1 with pp > 1)",
-    "opt_offload": "optimizer offload (opt_offload=1)",
-    "fp8": "precision=fp8",
-}
 
 
 @dataclass(frozen=True)
@@ -99,34 +92,11 @@ class RunConfig:
 
     # ------------------------------------------------------------ checks
     def runtime_problems(self) -> list[str]:
-        """Why the runtime cannot run this layout (empty when it can); no hardware needed."""
-        lay, model, out = self.layout, self.model, []
-        if lay.cp > 1 and lay.pp > 1:
-            out.append(f"{NOT_RUN_YET['cp']} is planned but not run yet; use pp=1 or cp=1")
-        if lay.cp > 1 and model.dropout:
-            out.append(f"cp={lay.cp}: context-parallel attention has no dropout, but model {model.name} uses "
-                       "dropout; use cp=1 or a model without dropout")
-        if lay.cp > 1 and self.compile:
-            out.append("--compile with cp > 1: ring attention's send/recv are not compiled; run without --compile")
-        if lay.offload and self.compile:
-            out.append("--compile with activation offload: saved-tensor hooks are not compiled; run without "
-                       "--compile or use offload=0")
-        if lay.offload and lay.offload_target == "disk":
+        """Why the runtime cannot run this layout (empty when it can): the rules of
+        ``plait.spec.capabilities``, then for ``offload=disk`` the offload directory's checks."""
+        out = [v.message for v in runtime_violations(self.model, self.layout, self.job, compile=self.compile)]
+        if self.layout.offload and self.layout.offload_target == "disk":
             out += self.offload_dir_problems()
-        if lay.opt_offload:
-            out.append(f"{NOT_RUN_YET['opt_offload']} is planned but not run yet")
-        if self.compile and lay.tp > 1:
-            out.append("--compile with tp > 1: per-block torch.compile of DTensor tensor-parallel blocks fails "
-                       "in the backward on torch 2.13; run without --compile")
-        if lay.precision == "fp8":
-            out.append(f"{NOT_RUN_YET['fp8']} is planned but not run yet; use precision=bf16")
-        if lay.pp > 1 and model.tied_embeddings:
-            out.append(f"model {model.name} ties its embeddings, which needs the first and last pipeline "
-                       "stage on one GPU; use pp=1")
-        if self.seq_len > model.max_seq_len:
-            out.append(f"seq_len={self.seq_len} exceeds the model's max_seq_len={model.max_seq_len}")
-        if lay.pp > 1 and lay.schedule == "zero-bubble" and self.compile:
-            out.append("schedule zero-bubble with --compile is not supported by torch.distributed.pipelining")
         return out
 
     def offload_dir_problems(self) -> list[str]:
@@ -164,12 +134,8 @@ class RunConfig:
 
 
 def plan_parts(plan: dict, path: str) -> tuple[ModelSpec, Layout, JobSpec, str]:
-    """(model, layout, job, GPU name) of a saved plan, with clear errors."""
-    try:
-        model = ModelSpec.from_dict(plan["model"])
-        layout = Layout.from_dict(plan["layout"])
-        job = JobSpec.from_dict(plan["job"])
-        gpu = plan["cluster"]["gpu"]["name"]
-    except (KeyError, TypeError) as exc:
-        raise PlaitError(f"{path}: plan file is missing {exc}; write it with plait plan --save") from None
-    return model, layout, job, gpu
+    """(model, layout, job, GPU name) of a saved plan, with clear errors (``plait.plan.plan.plan_parts_of``)."""
+    from plait.plan.plan import plan_parts_of
+
+    model, cluster, job, layout = plan_parts_of(plan, path)
+    return model, layout, job, cluster.gpu.name

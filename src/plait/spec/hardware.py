@@ -15,9 +15,7 @@ from pathlib import Path
 from plait.errors import PlaitError
 from plait.spec.serialize import dataclass_from_dict, read_json_file
 
-GIB = 1024**3
-GB = 1e9
-MIB_BYTES = 1024**2
+from plait.spec.units import GB, GIB
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,12 @@
 """Layout (how one training step is split over GPUs) and JobSpec (what is trained), as data.
 
-``Layout.parse("dp=8,tp=4,pp=2,mbs=1,ckpt=selective")`` and ``str(layout)`` round-trip.
-Keys (an omitted degree is 1; other keys take the defaults below):
-
-  dp, tp, pp, cp   data, tensor, pipeline and context parallel degrees
-  vpp              virtual pipeline stages per GPU (interleaved schedule); default 1
-  mbs              micro-batch size in sequences; default 1
-  zero             0 = DDP, 1 = optimizer states sharded, 2 = + gradients, 3 = + parameters
-                   (FSDP); default 0
-  hsdp             replicate degree of hybrid sharding: ZeRO shards inside groups of dp/hsdp
-                   ranks, groups are replicas; default 1 (shard over all of dp)
-  reshard          ZeRO-3: free gathered parameters after forward (1) or keep them (0); default 1
-  sp               sequence parallel with tensor parallel (1/0); default 1
-  ckpt             activation checkpointing none | selective | balanced | full; ``ckpt=full:4``
-                   checkpoints 4 layers per pipeline stage (same as ``ckpt_layers=4``); default none
-  schedule         gpipe | 1f1b | interleaved-1f1b | zero-bubble; default 1f1b
-                   (interleaved-1f1b when vpp > 1)
-  split            even (pp·vpp divides n_layers) | uneven (the most loaded stage takes the
-                   ceiling); default even
-  offload          fraction of a stage's layers whose activations go to host memory, or
-                   ``cpu:0.5`` / ``disk:0.5`` for the target; default 0
-  opt_offload      optimizer states and step on the host (1/0); default 0
-  precision        bf16 | fp8 (fp8 GEMMs, bf16 elsewhere); default bf16
-  attn             flash | eager (eager materializes the s×s scores); default flash
-  order            rank order, innermost dimension first; default tp-cp-dp-pp
-  cp_impl          how the runtime's context-parallel attention exchanges K/V: ring (send/recv
-                   around the cp ring) | allgather | torch (PyTorch's own ring attention) |
-                   ulysses (all-to-all of heads; cp must divide n_kv_heads/tp); default ring
+``Layout.parse("dp=8,tp=4,pp=2,mbs=1,ckpt=selective")`` and ``str(layout)`` round-trip. Every key
+is declared once, as a field of ``Layout`` with its ``KeySpec`` (``plait.spec.layout_keys``): its
+kind, allowed values, default and meaning, from which parsing, printing, validation and the
+documentation (``layout_keys_markdown()``, docs/layout-keys.md) follow. An omitted degree is 1.
+Special syntaxes: ``ckpt=full:4`` (policy and ``ckpt_layers``), ``offload=cpu:0.5`` /
+``disk:0.5`` / ``0.5`` (fraction and target), schedule aliases (``zb``, ``interleaved``), and a
+default schedule of interleaved-1f1b when vpp > 1.
 """
 
 from __future__ import annotations
@@ -36,6 +16,17 @@ import json
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
+from plait.spec.layout_keys import (
+    as_int,
+    fields_set_by,
+    format_value,
+    key_specs,
+    keys_markdown,
+    layout_key,
+    parse_value,
+    parseable_keys,
+    problems,
+)
 from plait.spec.serialize import dataclass_from_dict
 
 CKPT_POLICIES = ("none", "selective", "balanced", "full")
@@ -47,66 +38,103 @@ PRECISIONS = ("bf16", "fp8")
 ATTENTION_KERNELS = ("flash", "eager")
 CP_IMPLS = ("ring", "allgather", "torch", "ulysses")
 PARALLEL_DIMS = ("tp", "cp", "dp", "pp")
-_TRUE = {"1", "true", "yes", "on", "y"}
-_FALSE = {"0", "false", "no", "off", "n"}
+SPLITS = ("even", "uneven")
+
+
+def _default_schedule(vpp: int) -> str:
+    return "interleaved-1f1b" if vpp > 1 else "1f1b"
+
+
+def _parse_ckpt(raw: str) -> dict:
+    policy, _, layers = raw.partition(":")
+    out: dict = {"ckpt": policy}
+    if layers:
+        out["ckpt_layers"] = as_int("ckpt layers", layers)
+    return out
+
+
+def _format_ckpt(layout: Layout) -> str | None:
+    if layout.ckpt == "none" and not layout.ckpt_layers:
+        return None
+    return f"ckpt={layout.ckpt}" + (f":{layout.ckpt_layers}" if layout.ckpt_layers else "")
+
+
+def _parse_offload(raw: str) -> dict:
+    target, _, fraction = raw.rpartition(":")
+    try:
+        value = float(fraction)
+    except ValueError:
+        raise PlaitError(f"offload={raw!r} must be a fraction, or cpu:FRACTION / disk:FRACTION") from None
+    return {"offload": value, "offload_target": target or "cpu"}
+
+
+def _format_offload(layout: Layout) -> str | None:
+    if not layout.offload and layout.offload_target == "cpu":
+        return None
+    return f"offload={layout.offload_target}:{float(layout.offload)!r}"
+
+
+def _check_order(order: str) -> str | None:
+    if sorted(order.split("-")) == sorted(PARALLEL_DIMS):
+        return None
+    return f"must list each of {', '.join(PARALLEL_DIMS)} once, e.g. tp-cp-dp-pp"
+
+
+def _degree(doc: str):
+    return layout_key(1, "int", doc, always=True)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """One parallelization layout. See the module docstring for every key."""
+    """One parallelization layout. Each field's ``KeySpec`` (its metadata) says what it means."""
 
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    vpp: int = 1
-    mbs: int = 1
-    zero: int = 0
-    hsdp: int = 1
-    reshard: bool = True
-    sp: bool = True
-    ckpt: str = "none"
-    ckpt_layers: int = 0  # 0: every layer of the stage
-    schedule: str = "1f1b"
-    split: str = "even"
-    offload: float = 0.0
-    offload_target: str = "cpu"
-    opt_offload: bool = False
-    precision: str = "bf16"
-    attn: str = "flash"
-    order: str = "tp-cp-dp-pp"
-    cp_impl: str = "ring"
+    dp: int = _degree("data-parallel degree")
+    tp: int = _degree("tensor-parallel degree")
+    pp: int = _degree("pipeline-parallel degree")
+    cp: int = _degree("context-parallel degree")
+    vpp: int = layout_key(1, "int", "virtual pipeline stages per GPU (interleaved 1F1B)")
+    mbs: int = layout_key(1, "int", "micro-batch size in sequences; gradient accumulation = global batch / (dp·mbs)",
+                          always=True)
+    zero: int = layout_key(0, "int", "0 DDP, 1 optimizer states sharded, 2 + gradients, 3 + parameters (FSDP)",
+                           choices=(0, 1, 2, 3))
+    hsdp: int = layout_key(1, "int", "hybrid sharding: replicas; ZeRO shards inside groups of dp/hsdp ranks "
+                                     "(1: shard over all of dp)")
+    reshard: bool = layout_key(True, "bool", "ZeRO-3 frees gathered parameters after forward (1) or keeps them (0)")
+    sp: bool = layout_key(True, "bool", "sequence parallel with tp > 1")
+    ckpt: str = layout_key("none", "choice", "activation checkpointing: `selective` (attention core), `balanced` "
+                           "(GEMM outputs kept), `full`; `ckpt=full:4` checkpoints 4 layers per pipeline stage",
+                           choices=CKPT_POLICIES, parse=_parse_ckpt, format=_format_ckpt)
+    ckpt_layers: int = layout_key(0, "int", "layers per pipeline stage that `ckpt` checkpoints (0: every layer)",
+                                  minimum=0, printed_by="ckpt")
+    schedule: str = layout_key("1f1b", "choice", "pipeline schedule", choices=SCHEDULES,
+                               aliases=tuple(SCHEDULE_ALIASES.items()),
+                               default_from=lambda values: _default_schedule(values.get("vpp", 1)),
+                               default_doc="1f1b (interleaved-1f1b when vpp > 1)")
+    split: str = layout_key("even", "choice", "`even` (pp·vpp divides n_layers) or `uneven` (the most loaded "
+                            "stage takes the ceiling)", choices=SPLITS)
+    offload: float = layout_key(0.0, "fraction", "fraction α of the first stage's layers whose activations go to "
+                                "host memory (`cpu:α`) or local disk (`disk:α`); later stages offload less",
+                                parse=_parse_offload, format=_format_offload,
+                                values_doc="0 to 1, or `cpu:α`, `disk:α`", default_doc="0")
+    offload_target: str = layout_key("cpu", "choice", "where offloaded activations go", choices=OFFLOAD_TARGETS,
+                                     own_key=False, printed_by="offload", label="offload target")
+    opt_offload: bool = layout_key(False, "bool", "optimizer states and step on the host", runtime=False)
+    precision: str = layout_key("bf16", "choice", "GEMM precision (`fp8`: fp8 GEMMs, bf16 elsewhere; "
+                                "planner only)", choices=PRECISIONS)
+    attn: str = layout_key("flash", "choice", "attention kernel (`eager` materializes the s×s scores)",
+                           choices=ATTENTION_KERNELS)
+    order: str = layout_key("tp-cp-dp-pp", "special", "rank order, innermost dimension first: decides which "
+                            "groups stay inside a node", check=_check_order,
+                            values_doc="the four of tp, cp, dp, pp joined by `-`")
+    cp_impl: str = layout_key("ring", "choice", "how the runtime's context-parallel attention exchanges K/V: "
+                              "`ring` (send/recv around the cp ring), `allgather`, `torch` (PyTorch's ring "
+                              "attention), `ulysses` (all-to-all of heads; cp divides n_kv_heads/tp); the "
+                              "planner models one", choices=CP_IMPLS)
 
     def __post_init__(self) -> None:
-        problems = []
-        for key in ("dp", "tp", "pp", "cp", "vpp", "mbs", "hsdp"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                problems.append(f"{key}={value!r} must be a positive integer")
-        if self.zero not in (0, 1, 2, 3):
-            problems.append(f"zero={self.zero!r} must be 0, 1, 2 or 3")
-        if self.ckpt not in CKPT_POLICIES:
-            problems.append(f"ckpt={self.ckpt!r} must be one of {', '.join(CKPT_POLICIES)}")
-        if not isinstance(self.ckpt_layers, int) or self.ckpt_layers < 0:
-            problems.append(f"ckpt_layers={self.ckpt_layers!r} must be a non-negative integer")
-        if self.schedule not in SCHEDULES:
-            problems.append(f"schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}")
-        if self.split not in ("even", "uneven"):
-            problems.append(f"split={self.split!r} must be even or uneven")
-        if not (0.0 <= float(self.offload) <= 1.0):
-            problems.append(f"offload={self.offload!r} must be a fraction between 0 and 1")
-        if self.offload_target not in OFFLOAD_TARGETS:
-            problems.append(f"offload target {self.offload_target!r} must be cpu or disk")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision={self.precision!r} must be one of {', '.join(PRECISIONS)}")
-        if self.attn not in ATTENTION_KERNELS:
-            problems.append(f"attn={self.attn!r} must be flash or eager")
-        if self.cp_impl not in CP_IMPLS:
-            problems.append(f"cp_impl={self.cp_impl!r} must be one of {', '.join(CP_IMPLS)}")
-        if sorted(self.order.split("-")) != sorted(PARALLEL_DIMS):
-            problems.append(f"order={self.order!r} must list each of {', '.join(PARALLEL_DIMS)} once, e.g. tp-cp-dp-pp")
-        if problems:
-            raise PlaitError("invalid layout: " + "; ".join(problems))
+        wrong = problems(self, LAYOUT_KEYS)
+        if wrong:
+            raise PlaitError("invalid layout: " + "; ".join(wrong))
 
     # ------------------------------------------------------------ derived sizes
     @property
@@ -135,38 +163,19 @@ class Layout:
         return self.to_string()
 
     def to_string(self) -> str:
-        """Canonical ``key=value`` text: the degrees always, other keys when not default."""
-        defaults = Layout()
-        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}", f"cp={self.cp}"]
-        if self.vpp != 1:
-            parts.append(f"vpp={self.vpp}")
-        parts.append(f"mbs={self.mbs}")
-        if self.zero:
-            parts.append(f"zero={self.zero}")
-        if self.hsdp != 1:
-            parts.append(f"hsdp={self.hsdp}")
-        if not self.reshard:
-            parts.append("reshard=0")
-        if not self.sp:
-            parts.append("sp=0")
-        if self.ckpt != "none" or self.ckpt_layers:
-            parts.append(f"ckpt={self.ckpt}" + (f":{self.ckpt_layers}" if self.ckpt_layers else ""))
-        if self.schedule != _default_schedule(self.vpp):
-            parts.append(f"schedule={self.schedule}")
-        if self.split != defaults.split:
-            parts.append(f"split={self.split}")
-        if self.offload or self.offload_target != defaults.offload_target:
-            parts.append(f"offload={self.offload_target}:{float(self.offload)!r}")
-        if self.opt_offload:
-            parts.append("opt_offload=1")
-        if self.precision != defaults.precision:
-            parts.append(f"precision={self.precision}")
-        if self.attn != defaults.attn:
-            parts.append(f"attn={self.attn}")
-        if self.order != defaults.order:
-            parts.append(f"order={self.order}")
-        if self.cp_impl != defaults.cp_impl:
-            parts.append(f"cp_impl={self.cp_impl}")
+        """Canonical ``key=value`` text: the degrees and mbs always, other keys when not default."""
+        values = dataclasses.asdict(self)
+        parts = []
+        for name, (spec, default) in LAYOUT_KEYS.items():
+            if spec.printed_by:
+                continue
+            if spec.format is not None:
+                text = spec.format(self)
+            else:
+                default = spec.default_from(values) if spec.default_from else default
+                text = format_value(name, spec, values[name], default)
+            if text is not None:
+                parts.append(text)
         return ",".join(parts)
 
     @classmethod
@@ -180,14 +189,33 @@ class Layout:
                 raise PlaitError(f"layout item {item!r} is not key=value (e.g. tp=4)")
             key, raw = (s.strip() for s in item.split("=", 1))
             key = key.lower().replace("-", "_")
-            if key in values or (key == "ckpt" and "ckpt_layers" in values):
+            if key not in parseable_keys(LAYOUT_KEYS):
+                raise PlaitError(f"unknown layout key {key!r}; known keys: {', '.join(parseable_keys(LAYOUT_KEYS))}")
+            if any(name in values for name in fields_set_by(LAYOUT_KEYS, key)):
                 raise PlaitError(f"layout key {key!r} given twice")
-            values.update(_parse_item(key, raw.lower()))
+            values.update(parse_value(key, LAYOUT_KEYS[key][0], raw.lower()))
         if not values:
             raise PlaitError("empty layout: give key=value items, e.g. dp=8,tp=4,pp=2")
-        if "schedule" not in values:
-            values["schedule"] = _default_schedule(values.get("vpp", 1))
+        for name, (spec, _) in LAYOUT_KEYS.items():
+            if spec.default_from is not None and name not in values:
+                values[name] = spec.default_from(values)
         return cls(**values)
+
+    @classmethod
+    def parse_fixed(cls, items: list[str]) -> tuple[tuple[str, object], ...]:
+        """``plait plan --fix KEY=VALUE`` items as sorted (key, value) pairs for ``SearchConstraints.fixed``.
+
+        Each item is parsed as a layout (so key and value are checked); ``ckpt=full:4`` pins the
+        policy only; offload cannot be pinned (the search adds it only where nothing else fits).
+        """
+        fixed = {}
+        for item in items:
+            parsed = cls.parse(item)
+            key = item.split("=", 1)[0].strip().lower().replace("-", "_")
+            if key == "offload":
+                raise PlaitError("--fix offload is not supported; evaluate the layout with --layout")
+            fixed[key] = getattr(parsed, key)
+        return tuple(sorted(fixed.items()))
 
     # ----------------------------------------------------------- JSON / dict
     def to_dict(self) -> dict:
@@ -205,51 +233,12 @@ class Layout:
         return cls.from_dict(json.loads(text))
 
 
-def _default_schedule(vpp: int) -> str:
-    return "interleaved-1f1b" if vpp > 1 else "1f1b"
+LAYOUT_KEYS = key_specs(Layout)  # {field: (KeySpec, default)}, read-only
 
 
-def _as_int(key: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise PlaitError(f"layout key {key}={raw!r} must be an integer") from None
-
-
-def _as_bool(key: str, raw: str) -> bool:
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise PlaitError(f"layout key {key}={raw!r} must be 1/0 (or true/false)")
-
-
-def _parse_item(key: str, raw: str) -> dict:
-    if key in ("dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "hsdp", "ckpt_layers"):
-        return {key: _as_int(key, raw)}
-    if key in ("sp", "reshard", "opt_offload"):
-        return {key: _as_bool(key, raw)}
-    if key == "ckpt":
-        policy, _, layers = raw.partition(":")
-        out = {"ckpt": policy}
-        if layers:
-            out["ckpt_layers"] = _as_int("ckpt layers", layers)
-        return out
-    if key == "schedule":
-        return {"schedule": SCHEDULE_ALIASES.get(raw, raw)}
-    if key == "offload":
-        target, _, fraction = raw.rpartition(":")
-        try:
-            value = float(fraction)
-        except ValueError:
-            raise PlaitError(f"offload={raw!r} must be a fraction, or cpu:FRACTION / disk:FRACTION") from None
-        return {"offload": value, "offload_target": target or "cpu"}
-    if key in ("precision", "attn", "order", "split", "cp_impl"):
-        return {key: raw}
-    raise PlaitError(
-        f"unknown layout key {key!r}; known keys: dp, tp, pp, cp, vpp, mbs, zero, hsdp, reshard, sp, "
-        "ckpt, ckpt_layers, schedule, split, offload, opt_offload, precision, attn, order, cp_impl"
-    )
+def layout_keys_markdown() -> str:
+    """The Markdown table of every layout key (key, values, default, meaning), from the declaration."""
+    return keys_markdown(LAYOUT_KEYS)
 
 
 @dataclass(frozen=True)

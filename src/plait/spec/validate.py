@@ -12,6 +12,7 @@ from plait.errors import PlaitError
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import JobSpec, Layout, placement
 from plait.spec.model import ModelSpec
+from plait.spec.units import divisors
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,6 @@ class Violation:
 
     def __str__(self) -> str:
         return f"{self.severity}: {self.message}"
-
-
-def _divisors(n: int, limit: int | None = None) -> list[int]:
-    return [d for d in range(1, (limit or n) + 1) if n % d == 0]
 
 
 def _fmt(values: list[int], most: int = 8) -> str:
@@ -75,10 +72,10 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
     # ---- tensor parallel
     if model.n_heads % lay.tp:
         error("tp-divides-heads", f"tp={lay.tp} does not divide n_heads={model.n_heads}; "
-              f"tp that would: {_fmt(_divisors(model.n_heads))}")
+              f"tp that would: {_fmt(divisors(model.n_heads))}")
     if model.n_kv_heads % lay.tp:
         error("tp-divides-kv-heads", f"tp={lay.tp} does not divide n_kv_heads={model.n_kv_heads}; "
-              f"tp that would: {_fmt(_divisors(model.n_kv_heads))}")
+              f"tp that would: {_fmt(divisors(model.n_kv_heads))}")
     if model.ffn_hidden % lay.tp:
         error("tp-divides-ffn", f"tp={lay.tp} does not divide ffn_hidden={model.ffn_hidden}")
     # ---- pipeline
@@ -88,7 +85,7 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
     elif model.n_layers % chunks and lay.split == "even":
         what = f"pp={lay.pp}" if lay.vpp == 1 else f"pp·vpp = {lay.pp}·{lay.vpp} = {chunks}"
         error("pp-divides-layers", f"{what} does not divide n_layers={model.n_layers}; "
-              f"pp that would: {_fmt([d for d in _divisors(model.n_layers) if d <= n])} "
+              f"pp that would: {_fmt([d for d in divisors(model.n_layers) if d <= n])} "
               "(or split=uneven)")
     if lay.vpp > 1 and lay.schedule != "interleaved-1f1b":
         error("vpp-schedule", f"vpp={lay.vpp} needs schedule=interleaved-1f1b, not {lay.schedule}")
@@ -99,7 +96,7 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
     if job.global_batch % per_step:
         error("batch-divides", f"global batch {job.global_batch} is not a multiple of dp·mbs = "
               f"{lay.dp}·{lay.mbs} = {per_step}; mbs that would: "
-              f"{_fmt([m for m in _divisors(job.global_batch) if job.global_batch % (lay.dp * m) == 0]) or 'none (change dp)'}")
+              f"{_fmt([m for m in divisors(job.global_batch) if job.global_batch % (lay.dp * m) == 0]) or 'none (change dp)'}")
     else:
         micro = job.global_batch // per_step
         if lay.schedule == "interleaved-1f1b" and lay.pp > 1 and micro % lay.pp:
@@ -117,7 +114,7 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
         error("cp-divides-seq", f"seq_len={job.seq_len} is not a multiple of 2·cp = {2 * lay.cp} "
               "(load-balanced causal context parallel splits each sequence into 2·cp chunks)")
     if lay.cp > 1 and lay.cp_impl == "ulysses" and (model.n_kv_heads // lay.tp) % lay.cp:
-        fits = [d for d in _divisors(max(1, model.n_kv_heads // lay.tp)) if d > 1]
+        fits = [d for d in divisors(max(1, model.n_kv_heads // lay.tp)) if d > 1]
         error("ulysses-divides-heads", f"cp_impl=ulysses splits heads over cp: cp={lay.cp} does not divide the "
               f"n_kv_heads/tp = {model.n_kv_heads}/{lay.tp} K/V heads of a rank; cp that would: "
               f"{_fmt(fits) or 'none'} (or cp_impl=ring)")

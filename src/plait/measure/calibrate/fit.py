@@ -291,7 +291,7 @@ def fit_runs(path: str | Path, names: tuple[str, ...] = DEFAULT_FIT, metric: str
              progress=None, polish: int = 20, calibration=None) -> FitResult:
     """Fit ``names`` to the runs of ``path`` (published-runs or ``plait sweep`` CSV).
 
-    ``calibration`` (a ``plait.plan.params.Calibration``): the search starts at its parameters,
+    ``calibration`` (a ``plait.plan.calibration.Calibration``): the search starts at its parameters,
     and sweep rows are predicted on its GPU and links (published rows keep their own GPU presets,
     and a CPU profile's CPU-measured params are not used for them). ``progress(text)`` is told
     about each fit. The held-out error is by source, or by layout when there is one source

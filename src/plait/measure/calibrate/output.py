@@ -1,24 +1,20 @@
 """What ``plait calibrate fit`` writes and prints: the calibration JSON and two rich tables.
 
-The JSON is a calibration file that ``plait plan/validate --calibration`` reads (``gpu``,
-``params``) plus the fit's record: which parameters were fitted, within which bounds, the
+The JSON is a calibration file (``plait.plan.calibration``: format tag, reader, writer) that
+``plait plan/validate --calibration`` reads (``gpu``, ``params``) plus the fit's record: which parameters were fitted, within which bounds, the
 in-sample and held-out errors (fractions; leave-one-source-out, or by layout when the runs have
 one source: ``holdout`` names the scheme), the rows used and skipped, and when.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 from datetime import datetime, timezone
-from pathlib import Path
 
 from plait import __version__
-from plait.errors import PlaitError
 from plait.measure.calibrate.fit import SOURCE_HOLDOUT, FitResult
-
-FORMAT = "plait-calibration/1"
+from plait.plan.calibration import FORMAT
 
 
 def _number(value: float) -> float | None:
@@ -66,14 +62,6 @@ def fit_to_dict(result: FitResult, runs_path: str, gpu: str | None = None, calib
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": {"plait": __version__, "python": platform.python_version()},
     }
-
-
-def write_json(path: str | Path, data: dict) -> None:
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(data, indent=2) + "\n")
-    except OSError as exc:
-        raise PlaitError(f"cannot write {path}: {exc}") from None
 
 
 def _percent(value: float) -> str:

@@ -24,10 +24,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.measure.calibrate.output import FORMAT
+from plait.plan.calibration import FORMAT
 from plait.spec.model import ModelSpec
+from plait.spec.units import KIB, MIB
 
-KIB, MIB = 1024, 1024**2
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 COMPUTE_WAIT_S = 3600.0  # extra patience of the other ranks during rank 0's compute benchmarks
 

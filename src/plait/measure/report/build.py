@@ -27,8 +27,8 @@ from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.plan import Plan, evaluate
 from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_cluster
 from plait.spec.layout import JobSpec, Layout
+from plait.spec.units import DEFAULT_GPU
 
-DEFAULT_GPU = "h100-sxm"
 DEFAULT_TOP1_TOLERANCE = 0.03  # when the sweep's summary JSON is missing (plait sweep's default)
 REPORT_IMAGES = ("step_time.png", "mfu.png", "memory.png", "timeline.png")
 
@@ -66,7 +66,7 @@ def sweep_calibration(rows: list[SweepRow], saved: dict, cluster: ClusterSpec
     """(cost parameters, cluster with the calibration's overrides, a note, warnings) of the
     calibration the sweep recorded; the defaults when it recorded none or the file is gone."""
     from plait.measure.sweep.cases import calibration_fingerprint
-    from plait.plan.params import read_calibration
+    from plait.plan.calibration import read_calibration
 
     path = next((r.calibration for r in rows if r.calibration), "") or saved.get("calibration") or ""
     recorded = next((r.calibration_sha256 for r in rows if r.calibration_sha256), "") or \
@@ -115,15 +115,9 @@ def layout_plans(rows: list[SweepRow], cluster: ClusterSpec,
 def _timeline_plan(plan_path: str | None, plans: list[tuple[SweepRow, Plan]],
                    params: CostParams = DEFAULT_PARAMS) -> tuple[Plan | None, str]:
     if plan_path:
-        from plait.plan.plan import load_plan
-        from plait.run.config import plan_parts
+        from plait.plan.plan import load_plan, plan_parts_of
 
-        data = load_plan(plan_path)
-        model, layout, job, _ = plan_parts(data, plan_path)
-        try:
-            cluster = ClusterSpec.from_dict(data["cluster"])
-        except (KeyError, TypeError) as exc:
-            raise PlaitError(f"{plan_path}: plan file has no valid cluster ({exc})") from None
+        model, cluster, job, layout = plan_parts_of(load_plan(plan_path), plan_path)
         return evaluate(model, cluster, job, layout, params), f"the plan in {plan_path}"
     for row, plan in plans:
         if plan.layout.pp > 1:

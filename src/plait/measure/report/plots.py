@@ -13,11 +13,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from plait.measure.sweep.cases import OVERHEAD_ITEMS, allocated_bytes
 from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.report.timeline import BACKWARD, BUBBLE, FORWARD, Interval
+from plait.plan.memory import OVERHEAD_ITEMS, allocated_bytes
+from plait.spec.units import GIB
 
-GIB = 2**30
 COLORS = {FORWARD: "#4C72B0", BACKWARD: "#DD8452", BUBBLE: "#DDDDDD"}
 ITEM_COLORS = ("#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD", "#DD8452", "#937860",
                "#DA8BC3", "#8C8C8C")

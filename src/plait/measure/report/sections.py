@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from plait.measure.report.render import Section, Table
-from plait.measure.sweep.cases import OVERHEAD_ITEMS, allocated_bytes
 from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.sweep.stats import top1_text
+from plait.plan.memory import OVERHEAD_ITEMS, allocated_bytes
 from plait.plan.plan import Plan
 from plait.spec.hardware import GIB, ClusterSpec
 

@@ -27,8 +27,6 @@ from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.validate import errors_of, validate
 
-# planner memory items outside the allocator's count: CUDA context, NCCL buffers, fragmentation reserve
-OVERHEAD_ITEMS = ("cuda_context", "comm_buffers", "fragmentation")
 SHA256_DIGITS = 16  # of a calibration file's hash, recorded with the sweep
 NOT_PLANNER_RULES = ("whole-nodes",)  # plait train runs a part of a node; the planner's node rule does not apply
 
@@ -81,12 +79,6 @@ class SweepCase:
     def predicted_fits(self) -> bool | None:
         """Whether the planner predicts the layout fits in memory (None: not evaluated)."""
         return None if self.plan is None else self.plan.fits
-
-
-def allocated_bytes(items: dict[str, float]) -> float:
-    """What the GPU allocator should hand out at the peak (what ``max_memory_allocated`` measures):
-    the planner's itemized memory (``MemoryBreakdown.items()``, bytes) without ``OVERHEAD_ITEMS``."""
-    return sum(v for k, v in items.items() if k not in OVERHEAD_ITEMS)
 
 
 def calibration_fingerprint(path: str | Path) -> tuple[str, str]:
@@ -194,26 +186,14 @@ def top_k_entries(spec: SweepSpec, k: int) -> tuple[list[tuple[str, bool]], int]
     """The planner's K fastest fitting layouts that plait train can run, and how many faster ones
     it skipped because the runtime does not run them yet (offload, cp, ckpt=balanced, ...)."""
     from plait.plan.search import SearchConstraints, require_plans, search
-    from plait.run.config import RunConfig
 
     if k < 1:
         raise PlaitError("--top must be at least 1")
     constraints = SearchConstraints(max_pp=spec.nproc_per_node)
-    plans = require_plans(spec.model, spec.cluster, spec.job, search(spec.model, spec.cluster, spec.job,
-                                                                      constraints, spec.params), constraints)
-    chosen, skipped = [], 0
-    for plan in plans:
-        config = RunConfig(model=spec.model, layout=plan.layout, global_batch=spec.global_batch,
-                           seq_len=spec.seq_len, compile=spec.compile)
-        if config.runtime_problems():
-            skipped += 1
-            continue
-        chosen.append((str(plan.layout), spec.compile))
-        if len(chosen) == k:
-            break
-    if not chosen:
-        first = RunConfig(model=spec.model, layout=plans[0].layout, global_batch=spec.global_batch,
-                          seq_len=spec.seq_len, compile=spec.compile).runtime_problems()
-        raise PlaitError(f"none of the planner's {len(plans)} fitting layouts is one plait train runs yet (the "
-                         f"best: {first[0]}); give layouts with --grid or --layout")
-    return chosen, skipped
+    result = search(spec.model, spec.cluster, spec.job, constraints, spec.params, runnable=True, compile=spec.compile)
+    fitting = result.all_fitting()
+    if fitting and not result.plans:
+        raise PlaitError(f"none of the planner's {len(fitting)} fitting layouts is one plait train runs yet (the "
+                         f"best: {fitting[0].runtime_violations[0].message}); give layouts with --grid or --layout")
+    plans = require_plans(spec.model, spec.cluster, spec.job, result, constraints)
+    return [(str(plan.layout), spec.compile) for plan in plans[:k]], result.unrunnable_ahead(k)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import plait
 from plait.errors import PlaitError
-from plait.measure.sweep.cases import SweepCase, SweepSpec, allocated_bytes
+from plait.measure.sweep.cases import SweepCase, SweepSpec
 from plait.measure.sweep.csv_file import SweepRow
 from plait.run.launcher.outcome import FILE_NAME as OUTCOME_FILE
 from plait.run.launcher.outcome import Outcome, outcome_path, read_outcome
@@ -123,7 +123,7 @@ def predicted_fields(spec: SweepSpec, case: SweepCase) -> dict:
     if case.plan is None or not spec.prediction_gpu:
         return {}
     memory, step = case.plan.memory, case.plan.step
-    allocated = allocated_bytes(memory.items())
+    allocated = memory.allocated
     return {"predicted_step_time_s": step.step_time, "predicted_memory_bytes": allocated,
             "predicted_mfu": step.mfu, "gpu": spec.prediction_gpu}
 

@@ -18,21 +18,22 @@ from plait.errors import PlaitError
 from plait.run.checkpoint import store
 from plait.run.config import RunConfig
 from plait.spec.hardware import GIB, cluster_for_gpu
+from plait.spec.units import DEFAULT_GPU
 
 
 def replan(config: RunConfig, world_size: int, gpus_per_node: int) -> tuple[RunConfig, str]:
     """``config`` on the planner's best runnable layout for ``world_size`` processes, and why."""
     from plait.plan.search import SearchConstraints, search
 
-    gpu = config.gpu or "h100-sxm"
+    gpu = config.gpu or DEFAULT_GPU
     cluster = cluster_for_gpu(gpu, world_size, min(gpus_per_node, world_size))
-    result = search(config.model, cluster, config.job, SearchConstraints(allow_offload=False))
-    runnable = [plan for plan in result.plans
-                if not dataclasses.replace(config, layout=plan.layout).runtime_problems()]
+    result = search(config.model, cluster, config.job, SearchConstraints(allow_offload=False), runnable=True,
+                    compile=config.compile)
+    runnable = result.plans
     if not runnable:
         raise PlaitError(
             f"no layout of {world_size} processes runs {config.model.name} with the saved global batch "
-            f"{config.global_batch} × {config.seq_len} ({result.evaluated} valid layouts, {len(result.plans)} fit "
+            f"{config.global_batch} × {config.seq_len} ({result.evaluated} valid layouts, {len(result.all_fitting())} fit "
             f"in memory on {gpu}, none the runtime runs); resume with a world size that divides the batch, "
             "or give --layout")
     best = runnable[0]

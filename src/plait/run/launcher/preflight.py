@@ -12,6 +12,7 @@ from plait.errors import PlaitError
 from plait.run.config import RunConfig
 from plait.run.launcher.launch import LaunchOptions
 from plait.spec.hardware import GIB, ClusterSpec, cluster_for_gpu, get_gpu
+from plait.spec.units import DEFAULT_GPU
 from plait.spec.validate import errors_of, validate
 
 # Device names (as torch.cuda.get_device_name prints them) that identify one GPU spec without
@@ -76,7 +77,7 @@ def resolve_gpu(config: RunConfig, on_gpu: bool) -> RunConfig:
 
 def run_cluster(config: RunConfig, options: LaunchOptions) -> ClusterSpec:
     """The cluster the planner predicts for: the run's GPU, its nodes and processes per node."""
-    return cluster_for_gpu(config.gpu or "h100-sxm", options.world_size, options.nproc_per_node)
+    return cluster_for_gpu(config.gpu or DEFAULT_GPU, options.world_size, options.nproc_per_node)
 
 
 def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False) -> tuple[RunConfig, list[str]]:
@@ -115,7 +116,7 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
     config = dataclasses.replace(config, prediction={
         "step_time_s": plan.step.step_time, "memory_bytes": memory.total, "mfu": plan.step.mfu, "gpu": config.gpu,
         # what torch's caching allocator should hand out at the peak (no context, NCCL, fragmentation)
-        "allocated_bytes": memory.total - memory.cuda_context - memory.comm_buffers - memory.fragmentation})
+        "allocated_bytes": memory.allocated})
     if not plan.fits:
         over = (plan.memory.total - plan.memory.capacity) / GIB
         message = (f"layout {layout} is predicted to need {plan.memory.total / GIB:.1f} GiB per GPU, "

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import uuid
 
-GIB = 2**30
+from plait.spec.units import GIB
 
 
 def disk_free_bytes(path: str) -> int:

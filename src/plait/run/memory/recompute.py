@@ -38,9 +38,9 @@ from torch.utils.checkpoint import (
 )
 
 from plait.run.model import Transformer
-from plait.spec.layout import Layout
+from plait.spec.layout import CKPT_POLICIES, Layout
 
-POLICIES = ("none", "selective", "balanced", "full")
+POLICIES = CKPT_POLICIES  # the names are declared once, with the Layout key
 
 
 def _ops(*names: str) -> frozenset:

@@ -1,0 +1,164 @@
+"""The calibration file: its format tag, its reader and its writer, in one place.
+
+``plait profile`` and ``plait calibrate fit`` write it (``write_calibration``); ``plait plan``,
+``validate``, ``sweep``, ``report`` and ``calibrate fit`` read it (``read_calibration``). It holds
+the cost parameters to replace (``CostParams`` fields), GpuSpec and ClusterSpec link overrides,
+the GPU preset it was measured on and the device, plus a record for people (measurements, fits,
+machine, versions, date) that the reader ignores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from plait.errors import PlaitError
+from plait.plan.params import CLUSTER_RANGES, DEFAULT_PARAMS, GPU_RANGES, CostParams, Range, check_ranges
+from plait.spec.serialize import read_json_file
+
+FORMAT = "plait-calibration/1"
+
+# GpuSpec / ClusterSpec fields a calibration may replace (what ``plait profile`` measures).
+GPU_CALIBRATION_FIELDS = tuple(GPU_RANGES)
+CLUSTER_CALIBRATION_FIELDS = tuple(CLUSTER_RANGES)
+# The params ``plait profile`` measures on the device: a CPU profile's describe the CPU.
+DEVICE_MEASURED_PARAMS = ("gemm_half_flops", "flash_backward_factor")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration file, read and checked.
+
+    Attributes:
+        params: the cost parameters (defaults where the file names none).
+        gpu_overrides: GpuSpec fields to replace (FLOP/s, bytes, bytes/s, fractions, seconds).
+        cluster_overrides: ClusterSpec link fields to replace (bytes/s, seconds, fraction).
+        gpu: the GPU preset it was measured on (None: a CPU profile, or a fit over several GPUs).
+        device: "cuda", "cpu" (a CPU profile: the overrides describe the CPU) or "" (not measured).
+        path: where it was read from (for messages).
+    """
+
+    params: CostParams
+    gpu_overrides: tuple[tuple[str, float], ...] = ()
+    cluster_overrides: tuple[tuple[str, float], ...] = ()
+    gpu: str | None = None
+    device: str = ""
+    path: str = ""
+
+    @property
+    def cpu_profile(self) -> bool:
+        return self.device == "cpu"
+
+    def apply(self, cluster):
+        """(cluster with the overrides applied, warning lines). Overrides apply even on a mismatch."""
+        warnings = []
+        if self.cpu_profile:
+            warnings.append(f"calibration {self.path} is a CPU profile: the planned {cluster.gpu.name} gets "
+                            "the CPU's measured FLOP/s, memory and link bandwidths; profile the GPU instead")
+        elif self.gpu and self.gpu != cluster.gpu.name:
+            warnings.append(f"calibration {self.path} is for {self.gpu}, the cluster has {cluster.gpu.name}")
+        try:
+            gpu = dataclasses.replace(cluster.gpu, **dict(self.gpu_overrides))
+        except TypeError as exc:
+            raise PlaitError(f"{self.path}: bad gpu_overrides ({exc})") from None
+        return dataclasses.replace(cluster, gpu=gpu, **dict(self.cluster_overrides)), warnings
+
+    def params_for_runs_elsewhere(self) -> tuple[CostParams, list[str]]:
+        """(params, warning lines) for runs on other hardware (``plait validate``: published GPU runs).
+
+        The GPU and link overrides describe one machine and are not used. A CPU profile's
+        device-measured params (``DEVICE_MEASURED_PARAMS``) describe the CPU: they are refused
+        (the defaults are kept), and its other params are applied with a warning.
+        """
+        warnings = []
+        params = self.params
+        if self.cpu_profile:
+            params = dataclasses.replace(params, **{n: getattr(DEFAULT_PARAMS, n) for n in DEVICE_MEASURED_PARAMS})
+            others = [n for n in params.to_dict() if getattr(params, n) != getattr(DEFAULT_PARAMS, n)]
+            warnings.append(f"calibration {self.path} is a CPU profile: its CPU-measured "
+                            f"{' and '.join(DEVICE_MEASURED_PARAMS)} are not applied to GPU runs (defaults kept)"
+                            + (f"; its other params ({', '.join(others)}) are, though they were fitted on a CPU"
+                               if others else ""))
+        if self.gpu_overrides or self.cluster_overrides:
+            warnings.append(f"only the params of calibration {self.path} apply here; its GPU and link "
+                            "overrides are for one machine and are not used")
+        return params, warnings
+
+
+def _overrides(path, data: dict, key: str, ranges: dict[str, Range]) -> tuple[tuple[str, float], ...]:
+    known = tuple(ranges)
+    values = data.get(key, {})
+    if not isinstance(values, dict):
+        raise PlaitError(f"{path}: {key} must be an object")
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise PlaitError(f"{path}: bad {key} (unknown fields {unknown}; known: {', '.join(known)})")
+    bad = {k: v for k, v in values.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
+    if bad:
+        raise PlaitError(f"{path}: {key} must be numbers, got {bad}")
+    try:
+        check_ranges(key, values, ranges)
+    except PlaitError as exc:
+        raise PlaitError(f"{path}: {exc}") from None
+    return tuple(sorted((k, float(v)) for k, v in values.items()))
+
+
+def _gpu_preset(path, gpu, device: str) -> str | None:
+    """The file's "gpu": a known preset name (aliases resolved), or None; a CPU profile has none."""
+    from plait.spec.hardware import GPUS, get_gpu
+
+    if gpu is None:
+        return None
+    if not isinstance(gpu, str):
+        raise PlaitError(f"{path}: \"gpu\" must be a GPU preset name or null, got {gpu!r}")
+    if device == "cpu":
+        raise PlaitError(f"{path}: a CPU profile (\"device\": \"cpu\") has \"gpu\": null, got {gpu!r}")
+    try:
+        return get_gpu(gpu).name
+    except PlaitError:
+        raise PlaitError(f"{path}: \"gpu\" {gpu!r} is not a GPU preset; use one of {', '.join(GPUS)} "
+                         "(or null for a CPU profile)") from None
+
+
+def read_calibration(path: str | Path) -> Calibration:
+    """Read a calibration JSON (``plait profile``, ``plait calibrate fit`` or hand-written)::
+
+        {"gpu": "h100-sxm" | null, "device": "cuda" | "cpu", "params": {CostParams fields},
+         "gpu_overrides": {GpuSpec fields}, "cluster_overrides": {ClusterSpec link fields}, ...}
+
+    Every key is optional; other keys (measurements, machine, versions) are kept for people. A
+    ``"format"`` other than ``FORMAT`` is refused; a file without one (hand-written, or older) is read.
+    Values are range-checked (``PARAM_RANGES``, ``GPU_RANGES``, ``CLUSTER_RANGES``: finite, positive
+    rates and capacities, efficiencies in (0, 1]) and "gpu" must be a known preset or null.
+    """
+    data = read_json_file(path, "calibration file")
+    if not isinstance(data, dict) or not isinstance(data.get("params", {}), dict):
+        raise PlaitError(f"{path}: a calibration file holds a JSON object with a \"params\" object")
+    if data.get("format", FORMAT) != FORMAT:
+        raise PlaitError(f"{path}: not a plait calibration file (format {data['format']!r}, expected {FORMAT!r})")
+    try:
+        params = CostParams.from_dict(data.get("params", {}))
+    except PlaitError as exc:
+        raise PlaitError(f"{path}: {exc}") from None
+    device = data.get("device", "")
+    if device not in ("", "cuda", "cpu"):
+        raise PlaitError(f"{path}: \"device\" must be \"cuda\" or \"cpu\", got {device!r}")
+    gpu = _gpu_preset(path, data.get("gpu"), device)
+    return Calibration(params=params, gpu=gpu, device=device, path=str(path),
+                       gpu_overrides=_overrides(path, data, "gpu_overrides", GPU_RANGES),
+                       cluster_overrides=_overrides(path, data, "cluster_overrides", CLUSTER_RANGES))
+
+
+def write_calibration(path: str | Path, data: dict) -> None:
+    """Write a calibration file (``data`` as built by ``plait profile`` / ``plait calibrate fit``,
+    tagged with ``FORMAT``); the parent directory is created; one-line PlaitError on failure."""
+    if data.get("format", FORMAT) != FORMAT:
+        raise PlaitError(f"cannot write {path}: format {data['format']!r} is not {FORMAT!r}")
+    body = {"format": FORMAT, **data}
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(body, indent=2) + "\n")
+    except OSError as exc:
+        raise PlaitError(f"cannot write {path}: {exc}") from None
