@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
+from plait.cli import common
 from plait.errors import PlaitError
 
 
-def register(sub) -> None:
-    """Add ``plait calibrate fit`` to the CLI's subparsers; ``plait.cli.main`` calls ``args.handler``."""
-    calibrate = sub.add_parser("calibrate", help="fit cost-model parameters to measured or published runs")
-    calibrate_sub = calibrate.add_subparsers(dest="calibrate_command", required=True)
+HELP = "fit cost-model parameters to measured or published runs"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    calibrate_sub = parser.add_subparsers(dest="calibrate_command", required=True)
     fit = calibrate_sub.add_parser("fit", help="fit a few cost parameters to a runs CSV; write a calibration file")
-    add_fit_args(fit)
-    fit.set_defaults(handler=fit_command)
+    _add_fit_args(fit)
 
 
-def add_fit_args(fit) -> None:
+def run(args) -> int:
+    """``fit``, the only ``calibrate`` command so far."""
+    return _fit(args, common.console())
+
+
+def _add_fit_args(fit: argparse.ArgumentParser) -> None:
     """The flags of ``plait calibrate fit``."""
     fit.add_argument("--runs", required=True, help="CSV of runs: published-runs schema (shared/data/README.md) "
                      "or a plait sweep CSV")
@@ -38,10 +44,6 @@ def add_fit_args(fit) -> None:
     fit.add_argument("--json", action="store_true", help="print the fit record as JSON")
 
 
-def _warn(text: str) -> None:
-    print(f"plait: warning: {text}", file=sys.stderr)
-
-
 def _starting_calibration(args, console):
     """The calibration the fit starts from: --calibration, else the one a sweep CSV recorded, else None."""
     from plait.measure.calibrate.from_sweep import is_sweep_csv, recorded_calibration
@@ -50,10 +52,11 @@ def _starting_calibration(args, console):
     recorded, warnings = recorded_calibration(args.runs) if is_sweep_csv(args.runs) else (None, [])
     if args.calibration:
         if recorded and not _same_file(recorded, args.calibration):
-            _warn(f"--calibration {args.calibration} replaces the calibration the sweep's predictions used ({recorded})")
+            common.warn(f"--calibration {args.calibration} replaces the calibration the sweep's predictions used "
+                        f"({recorded})")
         return read_calibration(args.calibration)
     for warning in warnings:
-        _warn(warning)
+        common.warn(warning)
     if recorded is None:
         return None
     if not args.json:
@@ -67,15 +70,11 @@ def _same_file(a: str, b: str) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
-def fit_command(args, console=None) -> int:
+def _fit(args, console) -> int:
     from plait.measure.calibrate.fit import fit_runs, parse_param_names
     from plait.measure.calibrate.output import fit_tables, fit_to_dict
     from plait.plan.calibration import write_calibration as write_json
 
-    if console is None:
-        from rich.console import Console
-
-        console = Console() if sys.stdout.isatty() else Console(width=200)
     names = parse_param_names(args.params)
     if args.gpu:
         from plait.spec.hardware import get_gpu
@@ -100,7 +99,7 @@ def fit_command(args, console=None) -> int:
     result = fit_runs(args.runs, names, metric=args.metric, objective=args.objective, rounds=args.rounds,
                       points=args.points, leave_out=not args.no_leave_out, progress=progress, calibration=calibration)
     for warning in result.warnings:
-        _warn(warning)
+        common.warn(warning)
     data = fit_to_dict(result, args.runs, gpu, calibration)
     write_json(args.out, data)
     if args.json:

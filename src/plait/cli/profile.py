@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import sys
+import argparse
 import tempfile
 from pathlib import Path
 
+from plait.cli.common import warn
 from plait.errors import PlaitError
 
-
-def register(sub) -> None:
-    """Add ``plait profile`` to the CLI's subparsers; ``plait.cli.main`` calls ``args.handler``."""
-    profile = sub.add_parser("profile", help="micro-benchmark this machine and write a calibration file")
-    add_profile_args(profile)
-    profile.set_defaults(handler=profile_command)
+HELP = "micro-benchmark this machine and write a calibration file"
 
 
-def add_profile_args(profile) -> None:
-    """The flags of ``plait profile`` on its argparse sub-parser."""
+def add_arguments(profile: argparse.ArgumentParser) -> None:
     profile.add_argument("--out", required=True, help="calibration JSON to write (for plait plan --calibration)")
     profile.add_argument("--model", default="llama3-8b", help="model whose GEMM and attention shapes to time")
     profile.add_argument("--seq-len", type=int, help="planned sequence length (default: min(model's, 4096))")
@@ -36,7 +31,7 @@ def add_profile_args(profile) -> None:
                               "benchmarks)")
 
 
-def profile_command(args) -> int:
+def run(args) -> int:
     from plait.plan.calibration import write_calibration as write_json
     from plait.measure.profile.machine import (
         build_calibration,
@@ -62,7 +57,7 @@ def profile_command(args) -> int:
     if config["limits"]:
         print(config["limits"], flush=True)
     with tempfile.TemporaryDirectory(prefix="plait-profile-") as directory:
-        raw = run_workers(config, where, args, Path(directory))
+        raw = run_workers(config, where, Path(directory), args.rdzv_endpoint, args.rdzv_id)
     if not raw:
         print("this node's measurements went to node 0's rank 0; node 0 writes the calibration file")
         return 0
@@ -91,4 +86,4 @@ def _print_summary(data: dict, out: str) -> None:
     lines.append(f"wrote {out} (use: plait plan ... --calibration {out})")
     print("\n".join(lines), flush=True)
     for warning in data.get("warnings", []):
-        print(f"plait: warning: {warning}", file=sys.stderr)
+        warn(warning)

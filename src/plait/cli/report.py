@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-
-def register(sub) -> None:
-    """Add ``plait report`` to the CLI's subparsers; ``plait.cli.main`` calls ``args.handler``."""
-    report = sub.add_parser("report", help="HTML and Markdown report with plots of a sweep")
-    add_report_args(report)
-    report.set_defaults(handler=cmd_report)
+HELP = "HTML and Markdown report with plots of a sweep"
 
 
-def add_report_args(report: argparse.ArgumentParser) -> None:
+def add_arguments(report: argparse.ArgumentParser) -> None:
     report.add_argument("--sweep", required=True, help="sweep CSV written by plait sweep --out")
     report.add_argument("--plan", help="plan file (plait plan --save) whose pipeline schedule is drawn per rank "
                                        "(default: the first swept layout with pp > 1)")
@@ -20,7 +15,7 @@ def add_report_args(report: argparse.ArgumentParser) -> None:
     report.add_argument("--out", required=True, help="directory for report.html, report.md and the PNG plots")
 
 
-def cmd_report(args) -> int:
+def run(args) -> int:
     from plait.measure.report.build import write_report
 
     written = write_report(args.sweep, args.out, plan_path=args.plan, runs_path=args.runs)

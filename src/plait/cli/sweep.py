@@ -1,4 +1,4 @@
-"""``plait sweep`` on the command line: arguments, the layout list, the result tables."""
+"""``plait sweep`` on the command line: arguments, the layout list, the result tables (``plait.cli.tables``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import argparse
 import dataclasses
 import sys
 
-from rich.table import Table
-
+from plait.cli.common import console, cost_params, warn
 from plait.errors import PlaitError
 from plait.measure.sweep.cases import (
     SweepSpec,
@@ -16,20 +15,12 @@ from plait.measure.sweep.cases import (
     parse_grid,
     top_k_entries,
 )
-from plait.measure.sweep.csv_file import SweepRow
-from plait.measure.sweep.stats import top1_text
 
-EXIT_ALL_FAILED = 1
-
-
-def register(sub) -> None:
-    """Add ``plait sweep`` to the CLI's subparsers; ``plait.cli.main`` calls ``args.handler``."""
-    sweep = sub.add_parser("sweep", help="run layouts for a few steps each; CSV of predicted vs measured")
-    add_sweep_args(sweep)
-    sweep.set_defaults(handler=cmd_sweep)
+HELP = "run layouts for a few steps each; CSV of predicted vs measured"
+EXIT_ALL_FAILED = 1  # no layout of the sweep ran
 
 
-def add_sweep_args(sweep: argparse.ArgumentParser) -> None:
+def add_arguments(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("--model", required=True, help="model preset, config.json or model JSON")
     sweep.add_argument("--nproc-per-node", "--nproc", type=int, required=True,
                        help="processes (GPUs) of every run, on this machine")
@@ -76,11 +67,11 @@ def _prediction_gpu(args) -> str | None:
         return args.gpu
     preset = gpu_from_device_name(name)
     if preset is None:
-        print(f"plait: warning: GPU {name!r} is not a known spec: pass --gpu to record predictions", file=sys.stderr)
+        warn(f"GPU {name!r} is not a known spec: pass --gpu to record predictions")
     return preset
 
 
-def build_spec(args) -> SweepSpec:
+def _spec(args) -> SweepSpec:
     from plait.spec.hardware import cluster_for_gpu, get_cluster
     from plait.spec.models import get_model
 
@@ -94,7 +85,7 @@ def build_spec(args) -> SweepSpec:
     n = args.nproc_per_node
     cluster = cluster_for_gpu(gpu, n, n) if gpu else get_cluster(args.cluster)
     cluster = dataclasses.replace(cluster.with_gpus(n), gpus_per_node=n)
-    params, cluster = calibrated(args.calibration, cluster)
+    params, cluster = cost_params(args.calibration, cluster)
     if args.data != "synthetic":
         from pathlib import Path
 
@@ -108,26 +99,13 @@ def build_spec(args) -> SweepSpec:
                      calibration_sha256=calibration_sha256)
 
 
-def calibrated(path: str | None, cluster):
-    """(CostParams, cluster with the file's GPU and link overrides) of a calibration file, else the
-    defaults; the overrides' warnings go to stderr."""
-    from plait.plan.calibration import read_calibration
-    from plait.plan.params import DEFAULT_PARAMS
-
-    if not path:
-        return DEFAULT_PARAMS, cluster
-    calibration = read_calibration(path)
-    cluster, warnings = calibration.apply(cluster)
-    for warning in warnings:
-        print(f"plait: warning: {warning}", file=sys.stderr)
-    return calibration.params, cluster
-
-
-def cmd_sweep(args) -> int:
-    from plait.measure.sweep.loop import run_sweep, summary_path
+def run(args) -> int:
+    from plait.cli import tables
+    from plait.measure.sweep.csv_file import summary_path
+    from plait.measure.sweep.loop import run_sweep
     from plait.measure.sweep.stats import failure_reasons
 
-    spec = build_spec(args)
+    spec = _spec(args)
     skipped = 0
     if args.top is not None:
         entries, skipped = top_k_entries(spec, args.top)
@@ -138,77 +116,22 @@ def cmd_sweep(args) -> int:
     cases = make_cases(spec, entries)
     if not cases:
         raise PlaitError("the sweep has no layouts; give --top K, --grid or --layout")
-    console = _console()
+    out = console()
     basis = (f"predictions for {spec.prediction_gpu}" if spec.prediction_gpu else
              f"no predictions recorded (CPU run; the planner ranks for {spec.cluster.gpu.name})")
     basis += (f", calibration {spec.calibration} (sha256 {spec.calibration_sha256})" if spec.calibration
               else ", default cost parameters")
-    console.print(f"plait sweep: {len(cases)} layouts of {spec.model.name}, global batch {spec.global_batch} × "
-                  f"{spec.seq_len}, {spec.steps} steps each, {spec.nproc_per_node} processes; {basis}"
-                  + (f"; skipped {skipped} faster layouts plait train does not run yet" if skipped else ""))
+    out.print(f"plait sweep: {len(cases)} layouts of {spec.model.name}, global batch {spec.global_batch} × "
+              f"{spec.seq_len}, {spec.steps} steps each, {spec.nproc_per_node} processes; {basis}"
+              + (f"; skipped {skipped} faster layouts plait train does not run yet" if skipped else ""))
     rows, summary = run_sweep(spec, cases, args.out, top1_tolerance=args.top1_tolerance, workdir=args.keep_runs)
-    console.print(rows_table(rows))
-    console.print(summary_table(summary))
+    out.print(tables.sweep_table(rows))
+    out.print(tables.sweep_summary_table(summary))
     if summary["note"]:
-        console.print(f"[dim]{summary['note']}[/dim]")
-    console.print(f"wrote {len(rows)} rows to {args.out} and the summary to {summary_path(args.out)}")
+        out.print(f"[dim]{summary['note']}[/dim]")
+    out.print(f"wrote {len(rows)} rows to {args.out} and the summary to {summary_path(args.out)}")
     if summary["ok"] == 0:
         why = "; ".join(f"{n} × {reason}" for reason, n in failure_reasons(rows).items())
         print(f"plait: error: no layout of the sweep ran: {why}", file=sys.stderr)
         return EXIT_ALL_FAILED
     return 0
-
-
-def _console():
-    from rich.console import Console
-
-    return Console() if sys.stdout.isatty() else Console(width=200)
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "" if value is None else format(value, fmt)
-
-
-def _pct(value: float | None) -> str:
-    return "" if value is None else f"{100 * value:+.1f}%"
-
-
-def rows_table(rows: list[SweepRow]) -> Table:
-    table = Table(title="Sweep: predicted vs measured per layout", title_justify="left")
-    for column in ("layout", "status", "rank", "pred s/step", "meas s/step", "err", "pred mem GiB",
-                   "meas mem GiB", "pred MFU", "meas MFU", "tokens/s", "reason"):
-        table.add_column(column, justify="left" if column in ("layout", "status", "reason") else "right")
-    for r in rows:
-        kind = " (RSS)" if r.memory_kind == "host_rss" else ""
-        table.add_row(
-            r.layout + (" +compile" if r.compile else ""), r.status,
-            "pred OOM" if r.predicted_fits is False else _num(r.planner_rank, "d"),
-            _num(r.predicted_step_time_s, ".4f"), _num(r.measured_step_time_s, ".4f"), _pct(r.step_time_error),
-            _num(r.predicted_memory_bytes and r.predicted_memory_bytes / 2**30, ".2f"),
-            (_num(r.measured_memory_bytes / 2**30, ".2f") + kind) if r.measured_memory_bytes is not None else "",
-            _pct(r.predicted_mfu).lstrip("+"), _pct(r.measured_mfu).lstrip("+"), _num(r.tokens_per_s, ",.0f"),
-            (r.reason[:70] + "...") if len(r.reason) > 73 else r.reason)
-    return table
-
-
-def summary_table(summary: dict) -> Table:
-    table = Table(title="Sweep summary", title_justify="left", show_header=False)
-    table.add_column("what")
-    table.add_column("value")
-    counts = ", ".join(f"{n} {s}" for s, n in summary["by_status"].items() if n)
-    table.add_row("layouts", f"{summary['rows']} ({counts})")
-    rho = summary["rank_correlation"]
-    table.add_row("Spearman rank correlation",
-                  (f"{rho['spearman']:+.3f}" if rho["spearman"] is not None else "n/a (fewer than 2 ranked runs "
-                   "or a constant order)") + f" over {rho['n']} layouts: {rho['basis']}")
-    for key, label in (("step_time_error", "step-time error"), ("memory_error", "memory error"),
-                       ("mfu_error", "MFU error")):
-        e = summary[key]
-        table.add_row(label, f"median |err| {100 * e['median_abs']:.1f}%, mean |err| {100 * e['mean_abs']:.1f}% "
-                             f"over {e['n']}" if e["n"] else "n/a (no predictions recorded or nothing comparable)")
-    for check in summary.get("top1_checks", []):
-        table.add_row("planner's top-1" + (" (compiled)" if check["compile"] else ""),
-                      top1_text(check, summary["top1_tolerance"]))
-    if summary.get("calibration"):
-        table.add_row("calibration", f"{summary['calibration']} (sha256 {summary['calibration_sha256']})")
-    return table

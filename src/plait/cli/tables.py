@@ -1,4 +1,4 @@
-"""Rich tables for the CLI: ranked plans, itemized memory and time, validation results."""
+"""Rich tables for the CLI: ranked plans, itemized memory and time, validation results, sweep results."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from rich.console import Console
 from rich.table import Table
 
 from plait.measure.published import RunResult
+from plait.measure.sweep.csv_file import SweepRow
+from plait.measure.sweep.stats import top1_text
 from plait.plan.plan import Plan
 from plait.spec.hardware import GIB
 
@@ -23,7 +25,7 @@ def plans_table(plans: list[Plan], title: str) -> Table:
         mem_text = f"{memory.total / GIB:.1f} / {memory.capacity / GIB:.0f} GiB"
         if not memory.fits:
             mem_text = f"[red]{mem_text} (OOM)[/red]"
-        table.add_row(str(rank), str(plan.layout), mem_text, _ms(plan.step.step_time),
+        table.add_row(str(rank), str(plan.layout) + ("" if plan.runnable else " *"), mem_text, _ms(plan.step.step_time),
                       f"{plan.step.tokens_per_s_per_gpu:,.0f}", f"{100 * plan.step.mfu:.1f}%", plan.step.bottleneck)
     return table
 
@@ -105,4 +107,54 @@ def summary_table(summary: dict) -> Table:
     for source, s in summary["per_source"].items():
         row(source[:60], s)
     row("[bold]all[/bold]", summary["overall"])
+    return table
+
+
+# ------------------------------------------------------------------ plait sweep
+def _num(value: float | None, fmt: str) -> str:
+    return "" if value is None else format(value, fmt)
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:+.1f}%"
+
+
+def sweep_table(rows: list[SweepRow]) -> Table:
+    table = Table(title="Sweep: predicted vs measured per layout", title_justify="left")
+    for column in ("layout", "status", "rank", "pred s/step", "meas s/step", "err", "pred mem GiB",
+                   "meas mem GiB", "pred MFU", "meas MFU", "tokens/s", "reason"):
+        table.add_column(column, justify="left" if column in ("layout", "status", "reason") else "right")
+    for r in rows:
+        kind = " (RSS)" if r.memory_kind == "host_rss" else ""
+        table.add_row(
+            r.layout + (" +compile" if r.compile else ""), r.status,
+            "pred OOM" if r.predicted_fits is False else _num(r.planner_rank, "d"),
+            _num(r.predicted_step_time_s, ".4f"), _num(r.measured_step_time_s, ".4f"), _pct(r.step_time_error),
+            _num(r.predicted_memory_bytes and r.predicted_memory_bytes / 2**30, ".2f"),
+            (_num(r.measured_memory_bytes / 2**30, ".2f") + kind) if r.measured_memory_bytes is not None else "",
+            _pct(r.predicted_mfu).lstrip("+"), _pct(r.measured_mfu).lstrip("+"), _num(r.tokens_per_s, ",.0f"),
+            (r.reason[:70] + "...") if len(r.reason) > 73 else r.reason)
+    return table
+
+
+def sweep_summary_table(summary: dict) -> Table:
+    table = Table(title="Sweep summary", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    counts = ", ".join(f"{n} {s}" for s, n in summary["by_status"].items() if n)
+    table.add_row("layouts", f"{summary['rows']} ({counts})")
+    rho = summary["rank_correlation"]
+    table.add_row("Spearman rank correlation",
+                  (f"{rho['spearman']:+.3f}" if rho["spearman"] is not None else "n/a (fewer than 2 ranked runs "
+                   "or a constant order)") + f" over {rho['n']} layouts: {rho['basis']}")
+    for key, label in (("step_time_error", "step-time error"), ("memory_error", "memory error"),
+                       ("mfu_error", "MFU error")):
+        e = summary[key]
+        table.add_row(label, f"median |err| {100 * e['median_abs']:.1f}%, mean |err| {100 * e['mean_abs']:.1f}% "
+                             f"over {e['n']}" if e["n"] else "n/a (no predictions recorded or nothing comparable)")
+    for check in summary.get("top1_checks", []):
+        table.add_row("planner's top-1" + (" (compiled)" if check["compile"] else ""),
+                      top1_text(check, summary["top1_tolerance"]))
+    if summary.get("calibration"):
+        table.add_row("calibration", f"{summary['calibration']} (sha256 {summary['calibration_sha256']})")
     return table

@@ -1,228 +1,97 @@
-"""``plait train``: build the RunConfig from the command line or a plan, check it, launch it."""
+"""``plait train``: its flags, turned into a ``TrainRequest`` for ``plait.run.launcher.resolve.start``.
+
+The defaults shown in the help are read from where they are declared (``RunConfig``,
+``OptimConfig``, ``TrainRequest``), never restated here.
+"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import sys
-from pathlib import Path
 
-from plait.errors import PlaitError
-from plait.run.checkpoint import store
-from plait.run.config import OptimConfig, RunConfig, plan_parts
-from plait.run.launcher.launch import LaunchOptions, launch, print_dry_run, record_refusal
-from plait.run.launcher.preflight import preflight
-from plait.spec.layout import Layout
+from plait.run.config import OptimConfig, RunConfig
+from plait.run.launcher.request import TrainRequest
 
-DEFAULT_STEPS = 20
+HELP = "train a layout with torchrun (CPU: gloo, GPU: NCCL)"
+DEFAULTS = TrainRequest()
 
 
-def parse_nnodes(text) -> tuple[int, int]:
-    """(min, max) nodes from ``--nnodes N`` or the elastic ``--nnodes MIN:MAX``."""
-    try:
-        low, _, high = str(text).partition(":")
-        low_n, high_n = int(low), int(high or low)
-    except ValueError:
-        raise PlaitError(f"--nnodes {text}: expected N or MIN:MAX") from None
-    if low_n < 1 or high_n < low_n:
-        raise PlaitError(f"--nnodes {text}: need 1 <= MIN <= MAX")
-    return low_n, high_n
+def _shown(value: float) -> str:
+    """A default as the help prints it: ``3e-4`` rather than ``0.0003``, ``1.0``, ``0.1``."""
+    text = repr(value)
+    mantissa, _, exponent = f"{value:.0e}".partition("e")
+    compact = f"{mantissa}e{int(exponent)}"
+    return compact if float(compact) == value and len(compact) < len(text) and value < 1 else text
 
 
-def launch_options(args, default_world: int | None = None) -> LaunchOptions:
-    """torchrun placement; without --nproc-per-node/--gpus, the layout's world size over nnodes."""
-    min_nodes, nnodes = parse_nnodes(args.nnodes)
-    if min_nodes != nnodes and not args.rdzv_endpoint:
-        raise PlaitError(f"--nnodes {args.nnodes} (elastic) needs --rdzv-endpoint host:port")
-    nproc = args.nproc_per_node
-    if args.gpus is not None:
-        if args.gpus < 1 or args.gpus % nnodes:
-            raise PlaitError(f"--gpus {args.gpus} is not a positive multiple of --nnodes {nnodes}")
-        if nproc is not None and nproc * nnodes != args.gpus:
-            raise PlaitError(f"--gpus {args.gpus} disagrees with --nproc-per-node {nproc} × --nnodes {nnodes}")
-        nproc = args.gpus // nnodes
-    if nproc is None:
-        nproc = max(1, (default_world or 1) // nnodes)
-    if nproc < 1:
-        raise PlaitError(f"--nproc-per-node {nproc}: need at least one process")
-    restarts = getattr(args, "max_restarts", 0) or 0
-    if restarts < 0:
-        raise PlaitError(f"--max-restarts {restarts}: must be >= 0")
-    return LaunchOptions(nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nodes, rdzv_endpoint=args.rdzv_endpoint,
-                         rdzv_id=args.rdzv_id, node_rank=args.node_rank, master_addr=args.master_addr,
-                         master_port=args.master_port, max_restarts=restarts)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    optim = OptimConfig()
+    what = parser.add_argument_group("what to train (a saved plan, or model + layout + batch)")
+    what.add_argument("--plan", help="plan file written by plait plan --save")
+    what.add_argument("--model", help="model preset, config.json or model JSON")
+    what.add_argument("--layout", help='e.g. "dp=2,tp=2,pp=2,zero=3,ckpt=selective" (default: dp over all processes)')
+    what.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    what.add_argument("--seq-len", type=int, help="tokens per sequence")
+    what.add_argument("--steps", type=int,
+                      help=f"optimizer steps in all (default {RunConfig.steps}; resumed: the saved run's)")
+    what.add_argument("--seed", type=int, help=f"seed of weights, data order and dropout (default {RunConfig.seed})")
+    what.add_argument("--data", default=DEFAULTS.data, help="synthetic, or a token file (plait data prepare)")
+    what.add_argument("--log", help="JSONL metrics file: one line per step, then a summary line")
+    opt = parser.add_argument_group("optimizer")
+    opt.add_argument("--lr", type=float, help=f"peak learning rate (default {_shown(optim.lr)})")
+    opt.add_argument("--warmup-steps", type=int, default=None, help="linear warm-up steps (default: 10%% of steps)")
+    opt.add_argument("--weight-decay", type=float,
+                     help=f"AdamW weight decay of matrices (default {_shown(optim.weight_decay)})")
+    opt.add_argument("--grad-clip", type=float,
+                     help=f"max global gradient norm (default {_shown(optim.grad_clip)}; 0: off)")
+    where = parser.add_argument_group("where to run (torchrun)")
+    where.add_argument("--nproc-per-node", "--nproc", type=int, help="processes (GPUs) per node")
+    where.add_argument("--gpus", type=int, help="processes in all (alternative to --nproc-per-node)")
+    where.add_argument("--nnodes", default=DEFAULTS.nnodes,
+                       help="nodes (run the same command on each); elastic: MIN:MAX with --rdzv-endpoint")
+    where.add_argument("--rdzv-endpoint", help="host:port of the rendezvous, for several nodes")
+    where.add_argument("--rdzv-id", default=DEFAULTS.rdzv_id, help="job id shared by the nodes of one run")
+    where.add_argument("--node-rank", type=int, help="this node's rank (static rendezvous, with --master-addr)")
+    where.add_argument("--master-addr", help="address of node 0 (static rendezvous)")
+    where.add_argument("--master-port", type=int, help="port on node 0 (static rendezvous; default 29500)")
+    where.add_argument("--device", default=DEFAULTS.device, choices=("auto", "cpu", "cuda"),
+                       help="default: cuda if present")
+    where.add_argument("--gpu", help="GPU spec for MFU and the memory check (plait clusters); default: from the device name")
+    where.add_argument("--compile", action="store_true", help="torch.compile every block")
+    where.add_argument("--compile-backend", default=DEFAULTS.compile_backend,
+                       help=f"torch.compile backend (default {DEFAULTS.compile_backend})")
+    where.add_argument("--offload-dir", default=DEFAULTS.offload_dir,
+                       help="offload=disk:α writes activations under this directory (default: the temp dir)")
+    where.add_argument("--timeout", type=float, default=DEFAULTS.timeout,
+                       help="collective timeout in seconds: ranks waiting on a dead peer give up "
+                            f"(default {DEFAULTS.timeout:g})")
+    where.add_argument("--allow-oom", action="store_true", help="run even if the planner predicts out-of-memory")
+    where.add_argument("--log-every", type=int, default=DEFAULTS.log_every,
+                       help="print every N steps when not on a terminal")
+    where.add_argument("--run-dir", help="keep the run's config and error files here (default: a temporary dir)")
+    where.add_argument("--dry-run", action="store_true", help="check everything, print the torchrun command, do not run")
+    ckpt = parser.add_argument_group("checkpoints, resume, failures")
+    ckpt.add_argument("--checkpoint-dir", help="save checkpoints here (step_NNNNNNNN directories, DCP + manifest)")
+    ckpt.add_argument("--checkpoint-every", type=int, help="save every N steps (default: only on SIGTERM and at the end)")
+    ckpt.add_argument("--keep-checkpoints", type=int,
+                      help=f"keep the newest K complete checkpoints (default {RunConfig.keep_checkpoints}; 0: all)")
+    ckpt.add_argument("--async-checkpoint", choices=("auto", "on", "off"), default=DEFAULTS.async_checkpoint,
+                      help="write checkpoints from a background thread (auto: on GPU)")
+    ckpt.add_argument("--resume", metavar="DIR",
+                      help="resume from a checkpoint directory, or the newest valid one in a --checkpoint-dir; "
+                           "with another --layout or process count (re-planned when the world size changed)")
+    ckpt.add_argument("--max-restarts", type=int, default=DEFAULTS.max_restarts,
+                      help="torchrun restarts after a worker dies; each restart resumes from the newest checkpoint")
+    ckpt.add_argument("--on-nan", choices=("stop", "skip"), default=DEFAULTS.on_nan,
+                      help="non-finite loss or gradient norm: stop naming the step, or skip that optimizer step")
 
 
-def run_config(args, options: LaunchOptions) -> RunConfig:
-    """The RunConfig that the flags (and ``--plan``) describe; flags override the plan's job."""
-    from plait.plan.plan import load_plan
-    from plait.spec.models import get_model
+def run(args) -> int:
+    from plait.run.launcher.resolve import start
 
-    gpu = args.gpu
-    if args.plan:
-        model, layout, job, plan_gpu = plan_parts(load_plan(args.plan), args.plan)
-        if args.model and get_model(args.model) != model:
-            raise PlaitError(f"{args.plan} is a plan for model {model.name}, not {args.model}")
-        if args.layout:
-            raise PlaitError("give either --plan or --layout, not both (the plan holds the layout)")
-        global_batch = args.global_batch or job.global_batch
-        seq_len = args.seq_len or job.seq_len
-        gpu = gpu or plan_gpu
-    else:
-        if not args.model:
-            raise PlaitError("plait train needs --plan FILE, or --model with --global-batch and --seq-len")
-        model = get_model(args.model)
-        layout = Layout.parse(args.layout) if args.layout else Layout(dp=options.world_size)
-        if args.global_batch is None or args.seq_len is None:
-            raise PlaitError("plait train --model needs --global-batch and --seq-len")
-        global_batch, seq_len = args.global_batch, args.seq_len
-    steps = args.steps or DEFAULT_STEPS
-    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, steps // 10)
-    defaults = OptimConfig()
-    optim = OptimConfig(lr=_given(args.lr, defaults.lr), warmup_steps=warmup,
-                        weight_decay=_given(args.weight_decay, defaults.weight_decay),
-                        grad_clip=_given(args.grad_clip, defaults.grad_clip))
-    seed = _given(args.seed, 0)
-    config = RunConfig(model=model, layout=layout, global_batch=global_batch, seq_len=seq_len, steps=steps,
-                       seed=seed, data=args.data, log=args.log, optim=optim, compile=args.compile,
-                       compile_backend=args.compile_backend,
-                       device=args.device, gpu=gpu, timeout_s=args.timeout, log_every=args.log_every,
-                       offload_dir=getattr(args, "offload_dir", None))
-    if args.data != "synthetic":
-        from plait.run.data.tokens import open_tokens
-
-        open_tokens(args.data, model.vocab, seed, seq_len=seq_len, model_name=model.name)  # fail early
-    return config
+    return start(_request(args))
 
 
-def _given(value, default):
-    return default if value is None else value
-
-
-def _layout_world(args) -> int | None:
-    """The world size the plan or --layout asks for (the default process count)."""
-    from plait.plan.plan import load_plan
-
-    if args.plan:
-        return plan_parts(load_plan(args.plan), args.plan)[1].world_size
-    return Layout.parse(args.layout).world_size if args.layout else None
-
-
-def checkpoint_options(config: RunConfig, args, saved: RunConfig | None = None) -> RunConfig:
-    """``config`` with the checkpoint flags applied (a resumed run inherits the saved ones)."""
-    base = saved or config
-    keep = args.keep_checkpoints if args.keep_checkpoints is not None else base.keep_checkpoints
-    every = args.checkpoint_every if args.checkpoint_every is not None else base.checkpoint_every
-    directory = args.checkpoint_dir or (saved.checkpoint_dir if saved else None)
-    use_async = {"on": True, "off": False}.get(args.async_checkpoint)
-    if directory:
-        directory = str(Path(directory).resolve())
-    if every and not directory:
-        raise PlaitError("--checkpoint-every needs --checkpoint-dir")
-    return dataclasses.replace(config, checkpoint_dir=directory, checkpoint_every=every or 0, keep_checkpoints=keep,
-                               async_checkpoint=use_async, on_nan=args.on_nan)
-
-
-def resume_config(args) -> tuple[RunConfig, LaunchOptions, list[str], tuple]:
-    """The resumed run: the saved run's trajectory, this command's layout and processes, and notes."""
-    from plait.plan.plan import load_plan
-    from plait.run.checkpoint.select import check_same_run, replan
-    from plait.spec.models import get_model
-
-    # sizes only here: the workers check every CRC-32 in parallel (and fall back) before loading
-    checkpoint, refused = store.resolve(args.resume, checksums=False)
-    notes = [f"refused {why}" for _, why in refused]
-    saved = RunConfig.from_dict(checkpoint.run)
-    path = str(checkpoint.path)
-    layout = None
-    if args.plan:
-        if args.layout:
-            raise PlaitError("give either --plan or --layout, not both (the plan holds the layout)")
-        model, layout, job, _ = plan_parts(load_plan(args.plan), args.plan)
-        check_same_run(saved, model, job.global_batch, job.seq_len, path)
-    check_same_run(saved, get_model(args.model) if args.model else None, args.global_batch, args.seq_len, path)
-    fixed = [flag for flag, value in (("--seed", args.seed), ("--lr", args.lr), ("--warmup-steps", args.warmup_steps),
-                                      ("--weight-decay", args.weight_decay), ("--grad-clip", args.grad_clip))
-             if value is not None]
-    if fixed:
-        raise PlaitError(f"a resumed run keeps the checkpoint's seed and optimizer settings; drop {', '.join(fixed)}")
-    if args.layout:
-        layout = Layout.parse(args.layout)
-    options = launch_options(args, layout.world_size if layout else saved.layout.world_size)
-    config = dataclasses.replace(
-        saved, steps=args.steps or saved.steps, log=args.log, device=args.device, gpu=args.gpu, timeout_s=args.timeout,
-        log_every=args.log_every, compile=args.compile, compile_backend=args.compile_backend,
-        data=args.data if args.data != "synthetic" else saved.data, resume_from=path, prediction=None)
-    if config.data != saved.data:
-        notes.append(f"reading data {config.data} instead of the saved run's {saved.data}: the same samples only "
-                     "if it holds the same tokens")
-    if config.steps != saved.steps:
-        notes.append(f"--steps {config.steps} (the saved run planned {saved.steps}): the cosine schedule is "
-                     "stretched, so the learning rate changes from the resumed step on")
-    if config.data != "synthetic":
-        from plait.run.data.tokens import open_tokens
-
-        open_tokens(config.data, config.model.vocab, config.seed, seq_len=config.seq_len,
-                    model_name=config.model.name)  # fail early: the saved run's data must still be there
-    if layout is not None:
-        config = dataclasses.replace(config, layout=layout)
-    elif options.world_size != saved.layout.world_size:
-        config, why = replan(config, options.world_size, options.nproc_per_node)
-        notes.append(why)
-    config = checkpoint_options(config, args, saved)
-    if config.steps <= checkpoint.step:
-        raise PlaitError(f"checkpoint {checkpoint.path.name} is at step {checkpoint.step} and the run has "
-                         f"{config.steps} steps: nothing to train; pass a larger --steps")
-    notes.append(f"resuming from {path} (step {checkpoint.step} of {config.steps}, saved under "
-                 f"{checkpoint.manifest.get('layout')} on {checkpoint.manifest.get('world_size')} processes)")
-    return config, options, notes, (checkpoint, [p for p, _ in refused])
-
-
-def fresh_config(args) -> tuple[RunConfig, LaunchOptions]:
-    options = launch_options(args, _layout_world(args))
-    config = checkpoint_options(run_config(args, options), args)
-    if config.checkpoint_dir:
-        existing = store.complete_dirs(Path(config.checkpoint_dir))
-        if existing and options.min_nnodes not in (None, options.nnodes):
-            print(f"plait train: elastic run: the workers resume from the newest valid checkpoint in "
-                  f"{config.checkpoint_dir} ({existing[-1].name})", flush=True)
-        elif existing:
-            raise PlaitError(f"--checkpoint-dir {config.checkpoint_dir} already holds checkpoints (newest "
-                             f"{existing[-1].name}): resume with --resume {config.checkpoint_dir}, or use an "
-                             "empty directory")
-    return config, options
-
-
-def train_command(args) -> int:
-    try:
-        return _train(args)
-    except PlaitError as exc:
-        record_refusal(args.run_dir, exc)  # RUN_DIR/outcome.json of a run refused before launch
-        raise
-
-
-def _train(args) -> int:
-    notes: list[str] = []
-    resumed = None
-    if args.resume:
-        config, options, notes, resumed = resume_config(args)
-    else:
-        config, options = fresh_config(args)
-    config, warnings = preflight(config, options, allow_oom=args.allow_oom)
-    for warning in warnings:
-        print(f"plait: warning: {warning}", file=sys.stderr)
-    for note in notes:
-        print(f"plait train: {note}", flush=True)
-    if args.dry_run:
-        print_dry_run(config, options)
-        return 0
-    if config.checkpoint_dir:
-        store.check_writable(Path(config.checkpoint_dir))
-        if resumed is not None:
-            from plait.run.checkpoint.select import prepare_checkpoint_root
-
-            for note in prepare_checkpoint_root(resumed[0], Path(config.checkpoint_dir), resumed[1]):
-                print(f"plait train: {note}", flush=True)
-    print(f"plait train: {config.model.name}, layout {config.layout}, global batch {config.global_batch} × "
-          f"{config.seq_len}, {config.steps} steps, {options.world_size} processes", flush=True)
-    launch(config, options, run_dir=args.run_dir)  # raises PlaitError when any rank failed
-    return 0
+def _request(args) -> TrainRequest:
+    """The typed request of the parsed flags (every flag's dest is a TrainRequest field)."""
+    return TrainRequest(**{field.name: getattr(args, field.name) for field in dataclasses.fields(TrainRequest)})

@@ -258,5 +258,6 @@ def require_plans(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, result: 
         best = result.all_fitting()[0]
         raise PlaitError(f"none of the {len(result.all_fitting())} layouts of {model.name} that fit on "
                          f"{cluster.n_gpus} x {cluster.gpu.name} is one plait train runs yet; the fastest, "
-                         f"{best.layout}: " + "; ".join(v.message for v in best.runtime_violations))
+                         f"{best.layout}: " + "; ".join(v.message for v in best.runtime_violations)
+                         + " (plait plan --any-runtime ranks them anyway)")
     return result.plans

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from plait.progress import ProgressBar
 from plait.spec.model import ModelSpec
 
 
@@ -117,47 +117,20 @@ class JsonlLog:
 
 
 class Display:
-    """Rank 0's console: a rich progress bar on a terminal, plain lines otherwise."""
+    """Rank 0's console during training: ``plait.progress.ProgressBar`` with one item per step
+    (plain lines every ``log_every`` steps when not on a terminal)."""
 
     def __init__(self, total_steps: int, enabled: bool, log_every: int, start_step: int = 0):
-        self.enabled = enabled
-        self.log_every = log_every
-        self.total = total_steps
-        self.progress = None
-        if enabled and sys.stdout.isatty():
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
-            )
-
-            self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[status]}"), TimeRemainingColumn())
-            self.task = self.progress.add_task("train", total=total_steps, completed=start_step, status="")
-            self.progress.start()
+        self.bar = ProgressBar("train", total_steps, enabled, done=start_step, every=log_every, unit="step",
+                               clock="remaining")
 
     def step(self, record: StepRecord) -> None:
-        if not self.enabled:
-            return
         mfu_text = f" mfu {100 * record.mfu:.1f}%" if record.mfu is not None else ""
-        status = (f"loss {record.loss:.4f} | {record.tokens_per_s:,.0f} tok/s | "
-                  f"{record.step_time_s * 1e3:.0f} ms{mfu_text}")
-        if self.progress is not None:
-            self.progress.update(self.task, advance=1, status=status)
-        elif record.step % self.log_every == 0 or record.step == self.total - 1:
-            print(f"step {record.step + 1}/{self.total} {status}", flush=True)
+        self.bar.advance(f"loss {record.loss:.4f} | {record.tokens_per_s:,.0f} tok/s | "
+                         f"{record.step_time_s * 1e3:.0f} ms{mfu_text}")
 
     def message(self, text: str) -> None:
-        if not self.enabled:
-            return
-        if self.progress is not None:
-            self.progress.console.print(text)
-        else:
-            print(text, flush=True)
+        self.bar.message(text)
 
     def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
+        self.bar.close()

@@ -180,12 +180,13 @@ def resolve_where(device: str, nproc_per_node: int | None, nnodes: int, gpu: str
     return Where("cuda", n, nnodes, preset, name)
 
 
-def run_workers(config: dict, where: Where, args, run_dir: Path) -> dict:
+def run_workers(config: dict, where: Where, run_dir: Path, rdzv_endpoint: str | None, rdzv_id: str) -> dict:
+    """Run the profile workers under torchrun (rendezvous at ``rdzv_endpoint`` host:port for several
+    nodes); returns rank 0's raw measurements, or {} on the other nodes."""
     from plait.run.launcher.launch import LaunchOptions, run_torchrun, torchrun_args
 
     options = LaunchOptions(nproc_per_node=where.nproc_per_node, nnodes=where.nnodes,
-                            rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
-                            rdzv_id=getattr(args, "rdzv_id", "plait-profile"))
+                            rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
     if where.nnodes > 1 and not options.rdzv_endpoint:
         raise PlaitError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
     flags = torchrun_args(options, str(run_dir))

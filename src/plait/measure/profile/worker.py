@@ -22,36 +22,7 @@ import torch
 import torch.distributed as dist
 
 from plait.measure.profile import bench
-
-
-class Ticker:
-    """Rank 0's progress: a rich bar on a terminal, plain lines otherwise; silent on other ranks."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.enabled, self.total, self.done, self.progress = enabled, total, 0, None
-        if enabled and sys.stdout.isatty():
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-            )
-
-            self.progress = Progress(TextColumn("profile"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[what]}"))
-            self.task = self.progress.add_task("profile", total=total, what="")
-            self.progress.start()
-
-    def __call__(self, what: str) -> None:
-        self.done += 1
-        if self.progress is not None:
-            self.progress.update(self.task, advance=1, what=what)
-        elif self.enabled:
-            print(f"profile {self.done}/{self.total} {what}", flush=True)
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
+from plait.progress import ProgressBar
 
 
 def _cpu_name() -> str:
@@ -92,7 +63,8 @@ def run(config: dict) -> dict | None:
     compute_items = len(config["gemm"]) + len(config["attention"]) + len(config["memory_bytes"]) + 1
     scopes = config["collective_groups"]
     total = compute_items + len(scopes) * len(config["collective_ops"]) * len(config["collective_sizes"])
-    tick = Ticker(total, enabled=rank == 0)
+    bar = ProgressBar("profile", total, enabled=rank == 0)  # rank 0's: a bar on a terminal, else plain lines
+    tick = bar.advance
     # The others wait for rank 0's compute benchmarks on a gloo group of their own with a long
     # timeout (``compute_wait_s``): the collective timeout (--timeout) is for the collectives.
     waiting = dist.new_group(backend="gloo", timeout=timedelta(seconds=config.get("compute_wait_s", 3600.0)))
@@ -111,7 +83,7 @@ def run(config: dict) -> dict | None:
     groups = [(scope, lists) for scope, lists in scopes]
     collectives = bench.collectives(config["collective_ops"], config["collective_sizes"], groups, device,
                                     min_time, tick)
-    tick.close()
+    bar.close()
     if raw is not None:
         raw["collectives"] = collectives
     return raw

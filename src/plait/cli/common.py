@@ -1,0 +1,55 @@
+"""What every command shares: the console, the cost parameters of ``--calibration``, warnings, and
+the one place where a user error becomes one line on stderr and an exit status."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from plait.errors import PlaitError
+
+EXIT_USAGE = 2  # a user error (PlaitError without an exit_code of its own)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+
+
+def console():
+    """A rich console; wide when the output is not a terminal (files, pipes, CI logs)."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def warn(text: str) -> None:
+    """``plait: warning: TEXT`` on stderr."""
+    print(f"plait: warning: {text}", file=sys.stderr)
+
+
+def cost_params(path: str | None, cluster=None):
+    """(CostParams, cluster with GPU overrides applied) from a calibration file, else defaults;
+    the overrides' warnings go to stderr."""
+    from plait.plan.calibration import read_calibration
+    from plait.plan.params import DEFAULT_PARAMS
+
+    if not path:
+        return DEFAULT_PARAMS, cluster
+    calibration = read_calibration(path)  # checks every field; GPU and link overrides included
+    if cluster is not None:
+        cluster, warnings = calibration.apply(cluster)
+        params = calibration.params
+    else:  # e.g. validate: published runs on other GPUs
+        params, warnings = calibration.params_for_runs_elsewhere()
+    for warning in warnings:
+        warn(warning)
+    return params, cluster
+
+
+def exit_status(run: Callable[[object], int], args) -> int:
+    """``run(args)``'s exit status; a PlaitError is one line on stderr (status 2, or the error's own)."""
+    try:
+        return run(args)
+    except PlaitError as exc:
+        print(f"plait: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", EXIT_USAGE)
+    except KeyboardInterrupt:
+        print("plait: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

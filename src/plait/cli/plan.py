@@ -1,0 +1,104 @@
+"""``plait plan``: rank layouts by predicted throughput, or evaluate one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from plait.cli.common import console, cost_params
+from plait.errors import PlaitError
+
+HELP = "rank layouts by predicted throughput, or evaluate one"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="preset name (plait models), config.json or model JSON")
+    parser.add_argument("--cluster", default="dgx-h100", help="preset name (plait clusters) or a JSON file")
+    parser.add_argument("--gpus", type=int, help="GPUs in the job (default: one node)")
+    parser.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    parser.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    parser.add_argument("--calibration", help="calibration JSON replacing the default cost parameters")
+    parser.add_argument("--layout", help='evaluate one layout, e.g. "dp=8,tp=4,pp=2,mbs=1,ckpt=selective"')
+    parser.add_argument("--top", type=int, default=5, help="how many layouts to show (default 5)")
+    parser.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
+                        help="pin a layout key in the search (repeatable), e.g. --fix tp=8")
+    parser.add_argument("--max-pp", type=int, default=128, help="largest pipeline degree to search")
+    parser.add_argument("--max-mbs", type=int, default=16, help="largest micro-batch size to search")
+    parser.add_argument("--schedule", help="only this pipeline schedule (gpipe, 1f1b, interleaved-1f1b, zero-bubble)")
+    parser.add_argument("--no-offload", action="store_true", help="never offload to make a layout fit")
+    parser.add_argument("--explain", action="store_true",
+                        help="itemized memory and time of the best (or given) layout")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--save", help="write the best (or given) plan to this file (for plait train --plan)")
+    parser.add_argument("--any-runtime", action="store_true",
+                        help="rank every layout the planner models, also those plait train does not run yet "
+                             "(marked *); --save then writes such a layout too")
+
+
+def run(args) -> int:
+    from plait.cli import tables as report
+    from plait.plan.plan import evaluate
+    from plait.plan.search import SearchConstraints, require_plans, search
+    from plait.spec.hardware import get_cluster
+    from plait.spec.layout import JobSpec, Layout
+    from plait.spec.models import get_model
+
+    model = get_model(args.model)
+    cluster = get_cluster(args.cluster)
+    cluster = cluster.with_gpus(args.gpus if args.gpus is not None else cluster.gpus_per_node)
+    if cluster.n_gpus < 1:
+        raise PlaitError(f"--gpus {cluster.n_gpus}: need at least one GPU")
+    job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
+    params, cluster = cost_params(args.calibration, cluster)
+    out = console()
+    if args.layout is not None:
+        plans = [evaluate(model, cluster, job, Layout.parse(args.layout), params)]
+        title = f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name}: given layout"
+        stats = ""
+    else:
+        if args.top < 1:
+            raise PlaitError("--top must be at least 1")
+        constraints = SearchConstraints(
+            fixed=Layout.parse_fixed(args.fix), max_pp=args.max_pp, max_mbs=args.max_mbs,
+            schedules=(args.schedule,) if args.schedule else SearchConstraints().schedules,
+            allow_offload=not args.no_offload)
+        if args.schedule:
+            Layout(schedule=args.schedule)  # validates the name
+        result = search(model, cluster, job, constraints, params, runnable=not args.any_runtime)
+        plans = require_plans(model, cluster, job, result, constraints)
+        which = "fitting layouts" if args.any_runtime else "fitting layouts that plait train runs"
+        title = (f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name} ({cluster.name}), global batch "
+                 f"{job.global_batch} x {job.seq_len}: top {min(args.top, len(plans))} of {len(plans)} {which}")
+        stats = (f"searched {result.evaluated:,} layouts in {result.seconds:.2f} s "
+                 f"({result.layouts_per_second:,.0f}/s); {result.rejected_oom:,} do not fit")
+        hidden = result.unrunnable_ahead(1)
+        if hidden:
+            stats += (f"; {hidden:,} faster fitting layout(s) that plait train does not run yet are not ranked "
+                      "(--any-runtime shows them)")
+    best = plans[0]
+    if args.save:
+        if not best.runnable and not args.any_runtime:
+            raise PlaitError(f"not saving layout {best.layout}: plait train does not run it yet ("
+                             + "; ".join(v.message for v in best.runtime_violations)
+                             + "); pass --any-runtime to save it anyway")
+        best.save(args.save)
+    if args.json:
+        print(json.dumps([p.to_dict() for p in plans[: args.top]], indent=2))
+        return 0
+    out.print(report.plans_table(plans[: args.top], title))
+    if stats:
+        out.print(f"[dim]{stats}[/dim]")
+    unrunnable = [p for p in plans[: args.top] if not p.runnable]
+    if unrunnable:
+        out.print("* plait train does not run this layout yet: "
+                  + "; ".join(sorted({v.message for p in unrunnable for v in p.runtime_violations})))
+    if args.explain or args.layout is not None:
+        report.explain(out, best)
+    if not best.fits:
+        over = (best.memory.total - best.memory.capacity) / 2**30
+        out.print(f"[red]does not fit: {over:.1f} GiB over; try ckpt=full, zero=3, larger tp/pp, "
+                  "or offload=cpu:1[/red]")
+    report.confidence_note(out)
+    if args.save:
+        out.print(f"saved the plan to {args.save}")
+    return 0 if best.fits else 1

@@ -1,0 +1,261 @@
+"""From a ``TrainRequest`` to a checked run: the RunConfig (fresh, from a plan, or resumed), the
+torchrun placement, the notes to print; then ``start`` launches it (no torch at import).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from plait.errors import PlaitError
+from plait.run.checkpoint import store
+from plait.run.config import OptimConfig, RunConfig, plan_parts
+from plait.run.launcher.launch import LaunchOptions, launch, print_dry_run, record_refusal
+from plait.run.launcher.preflight import preflight
+from plait.run.launcher.request import TrainRequest
+from plait.spec.layout import Layout
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The checkpoint a resumed run starts from, and the newer ones refused (set aside before launching)."""
+
+    checkpoint: store.Checkpoint
+    refused: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A run as the request describes it, before the preflight check."""
+
+    config: RunConfig
+    options: LaunchOptions
+    notes: tuple[str, ...] = ()  # printed as "plait train: NOTE"
+    resumed: Resumed | None = None
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """(min, max) nodes from ``--nnodes N`` or the elastic ``--nnodes MIN:MAX``."""
+    try:
+        low, _, high = str(text).partition(":")
+        low_n, high_n = int(low), int(high or low)
+    except ValueError:
+        raise PlaitError(f"--nnodes {text}: expected N or MIN:MAX") from None
+    if low_n < 1 or high_n < low_n:
+        raise PlaitError(f"--nnodes {text}: need 1 <= MIN <= MAX")
+    return low_n, high_n
+
+
+def launch_options(request: TrainRequest, default_world: int | None = None) -> LaunchOptions:
+    """torchrun placement; without nproc_per_node/gpus, the layout's world size over nnodes."""
+    min_nodes, nnodes = parse_nnodes(request.nnodes)
+    if min_nodes != nnodes and not request.rdzv_endpoint:
+        raise PlaitError(f"--nnodes {request.nnodes} (elastic) needs --rdzv-endpoint host:port")
+    nproc, gpus = request.nproc_per_node, request.gpus
+    if gpus is not None:
+        if gpus < 1 or gpus % nnodes:
+            raise PlaitError(f"--gpus {gpus} is not a positive multiple of --nnodes {nnodes}")
+        if nproc is not None and nproc * nnodes != gpus:
+            raise PlaitError(f"--gpus {gpus} disagrees with --nproc-per-node {nproc} × --nnodes {nnodes}")
+        nproc = gpus // nnodes
+    if nproc is None:
+        nproc = max(1, (default_world or 1) // nnodes)
+    if nproc < 1:
+        raise PlaitError(f"--nproc-per-node {nproc}: need at least one process")
+    restarts = request.max_restarts or 0
+    if restarts < 0:
+        raise PlaitError(f"--max-restarts {restarts}: must be >= 0")
+    return LaunchOptions(nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nodes,
+                         rdzv_endpoint=request.rdzv_endpoint, rdzv_id=request.rdzv_id, node_rank=request.node_rank,
+                         master_addr=request.master_addr, master_port=request.master_port, max_restarts=restarts)
+
+
+def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
+    """The RunConfig of a fresh run (from the plan, if any; the request's sizes override the plan's job)."""
+    from plait.plan.plan import load_plan
+    from plait.spec.models import get_model
+
+    gpu = request.gpu
+    if request.plan:
+        model, layout, job, plan_gpu = plan_parts(load_plan(request.plan), request.plan)
+        if request.model and get_model(request.model) != model:
+            raise PlaitError(f"{request.plan} is a plan for model {model.name}, not {request.model}")
+        if request.layout:
+            raise PlaitError("give either --plan or --layout, not both (the plan holds the layout)")
+        global_batch = request.global_batch or job.global_batch
+        seq_len = request.seq_len or job.seq_len
+        gpu = gpu or plan_gpu
+    else:
+        if not request.model:
+            raise PlaitError("plait train needs --plan FILE, or --model with --global-batch and --seq-len")
+        model = get_model(request.model)
+        layout = Layout.parse(request.layout) if request.layout else Layout(dp=options.world_size)
+        if request.global_batch is None or request.seq_len is None:
+            raise PlaitError("plait train --model needs --global-batch and --seq-len")
+        global_batch, seq_len = request.global_batch, request.seq_len
+    steps = request.steps or RunConfig.steps
+    warmup = request.warmup_steps if request.warmup_steps is not None else max(1, steps // 10)
+    defaults = OptimConfig()
+    optim = OptimConfig(lr=_given(request.lr, defaults.lr), warmup_steps=warmup,
+                        weight_decay=_given(request.weight_decay, defaults.weight_decay),
+                        grad_clip=_given(request.grad_clip, defaults.grad_clip))
+    seed = _given(request.seed, RunConfig.seed)
+    config = RunConfig(model=model, layout=layout, global_batch=global_batch, seq_len=seq_len, steps=steps,
+                       seed=seed, data=request.data, log=request.log, optim=optim, compile=request.compile,
+                       compile_backend=request.compile_backend,
+                       device=request.device, gpu=gpu, timeout_s=request.timeout, log_every=request.log_every,
+                       offload_dir=request.offload_dir)
+    if request.data != "synthetic":
+        from plait.run.data.tokens import open_tokens
+
+        open_tokens(request.data, model.vocab, seed, seq_len=seq_len, model_name=model.name)  # fail early
+    return config
+
+
+def _given(value, default):
+    return default if value is None else value
+
+
+def _layout_world(request: TrainRequest) -> int | None:
+    """The world size the plan or the layout asks for (the default process count)."""
+    from plait.plan.plan import load_plan
+
+    if request.plan:
+        return plan_parts(load_plan(request.plan), request.plan)[1].world_size
+    return Layout.parse(request.layout).world_size if request.layout else None
+
+
+def checkpoint_options(config: RunConfig, request: TrainRequest, saved: RunConfig | None = None) -> RunConfig:
+    """``config`` with the request's checkpoint settings applied (a resumed run inherits the saved ones)."""
+    base = saved or config
+    keep = request.keep_checkpoints if request.keep_checkpoints is not None else base.keep_checkpoints
+    every = request.checkpoint_every if request.checkpoint_every is not None else base.checkpoint_every
+    directory = request.checkpoint_dir or (saved.checkpoint_dir if saved else None)
+    use_async = {"on": True, "off": False}.get(request.async_checkpoint)
+    if directory:
+        directory = str(Path(directory).resolve())
+    if every and not directory:
+        raise PlaitError("--checkpoint-every needs --checkpoint-dir")
+    return dataclasses.replace(config, checkpoint_dir=directory, checkpoint_every=every or 0, keep_checkpoints=keep,
+                               async_checkpoint=use_async, on_nan=request.on_nan)
+
+
+def resume_config(request: TrainRequest) -> Resolved:
+    """The resumed run: the saved run's trajectory, this request's layout and processes, and notes."""
+    from plait.plan.plan import load_plan
+    from plait.run.checkpoint.select import check_same_run, replan
+    from plait.spec.models import get_model
+
+    # sizes only here: the workers check every CRC-32 in parallel (and fall back) before loading
+    checkpoint, refused = store.resolve(request.resume, checksums=False)
+    notes = [f"refused {why}" for _, why in refused]
+    saved = RunConfig.from_dict(checkpoint.run)
+    path = str(checkpoint.path)
+    layout = None
+    if request.plan:
+        if request.layout:
+            raise PlaitError("give either --plan or --layout, not both (the plan holds the layout)")
+        model, layout, job, _ = plan_parts(load_plan(request.plan), request.plan)
+        check_same_run(saved, model, job.global_batch, job.seq_len, path)
+    check_same_run(saved, get_model(request.model) if request.model else None, request.global_batch,
+                   request.seq_len, path)
+    fixed = [flag for flag, value in (("--seed", request.seed), ("--lr", request.lr),
+                                      ("--warmup-steps", request.warmup_steps),
+                                      ("--weight-decay", request.weight_decay), ("--grad-clip", request.grad_clip))
+             if value is not None]
+    if fixed:
+        raise PlaitError(f"a resumed run keeps the checkpoint's seed and optimizer settings; drop {', '.join(fixed)}")
+    if request.layout:
+        layout = Layout.parse(request.layout)
+    options = launch_options(request, layout.world_size if layout else saved.layout.world_size)
+    config = dataclasses.replace(
+        saved, steps=request.steps or saved.steps, log=request.log, device=request.device, gpu=request.gpu,
+        timeout_s=request.timeout, log_every=request.log_every, compile=request.compile,
+        compile_backend=request.compile_backend,
+        data=request.data if request.data != "synthetic" else saved.data, resume_from=path, prediction=None)
+    if config.data != saved.data:
+        notes.append(f"reading data {config.data} instead of the saved run's {saved.data}: the same samples only "
+                     "if it holds the same tokens")
+    if config.steps != saved.steps:
+        notes.append(f"--steps {config.steps} (the saved run planned {saved.steps}): the cosine schedule is "
+                     "stretched, so the learning rate changes from the resumed step on")
+    if config.data != "synthetic":
+        from plait.run.data.tokens import open_tokens
+
+        open_tokens(config.data, config.model.vocab, config.seed, seq_len=config.seq_len,
+                    model_name=config.model.name)  # fail early: the saved run's data must still be there
+    if layout is not None:
+        config = dataclasses.replace(config, layout=layout)
+    elif options.world_size != saved.layout.world_size:
+        config, why = replan(config, options.world_size, options.nproc_per_node)
+        notes.append(why)
+    config = checkpoint_options(config, request, saved)
+    if config.steps <= checkpoint.step:
+        raise PlaitError(f"checkpoint {checkpoint.path.name} is at step {checkpoint.step} and the run has "
+                         f"{config.steps} steps: nothing to train; pass a larger --steps")
+    notes.append(f"resuming from {path} (step {checkpoint.step} of {config.steps}, saved under "
+                 f"{checkpoint.manifest.get('layout')} on {checkpoint.manifest.get('world_size')} processes)")
+    return Resolved(config, options, tuple(notes), Resumed(checkpoint, tuple(p for p, _ in refused)))
+
+
+def fresh_config(request: TrainRequest) -> Resolved:
+    """A run from the start; refuses a checkpoint directory that already holds checkpoints (unless elastic)."""
+    options = launch_options(request, _layout_world(request))
+    config = checkpoint_options(run_config(request, options), request)
+    if config.checkpoint_dir:
+        existing = store.complete_dirs(Path(config.checkpoint_dir))
+        if existing and options.min_nnodes not in (None, options.nnodes):
+            print(f"plait train: elastic run: the workers resume from the newest valid checkpoint in "
+                  f"{config.checkpoint_dir} ({existing[-1].name})", flush=True)
+        elif existing:
+            raise PlaitError(f"--checkpoint-dir {config.checkpoint_dir} already holds checkpoints (newest "
+                             f"{existing[-1].name}): resume with --resume {config.checkpoint_dir}, or use an "
+                             "empty directory")
+    return Resolved(config, options)
+
+
+def resolve(request: TrainRequest) -> Resolved:
+    """The run the request describes: resumed when it names a checkpoint, else fresh."""
+    return resume_config(request) if request.resume else fresh_config(request)
+
+
+def start(request: TrainRequest) -> int:
+    """``plait train``: resolve, check (preflight), print the notes, then launch (or print the
+    torchrun command for a dry run). Returns the exit status; a failed rank raises PlaitError.
+
+    A run refused before launch leaves ``RUN_DIR/outcome.json`` (status refused) when
+    ``request.run_dir`` is given; a launched run's outcome is written by ``launch``.
+    """
+    try:
+        return _start(request)
+    except PlaitError as exc:
+        record_refusal(request.run_dir, exc)
+        raise
+
+
+def _start(request: TrainRequest) -> int:
+    resolved = resolve(request)
+    config, options = resolved.config, resolved.options
+    config, warnings = preflight(config, options, allow_oom=request.allow_oom)
+    for warning in warnings:
+        print(f"plait: warning: {warning}", file=sys.stderr)
+    for note in resolved.notes:
+        print(f"plait train: {note}", flush=True)
+    if request.dry_run:
+        print_dry_run(config, options)
+        return 0
+    if config.checkpoint_dir:
+        store.check_writable(Path(config.checkpoint_dir))
+        if resolved.resumed is not None:
+            from plait.run.checkpoint.select import prepare_checkpoint_root
+
+            resumed = resolved.resumed
+            for note in prepare_checkpoint_root(resumed.checkpoint, Path(config.checkpoint_dir),
+                                                list(resumed.refused)):
+                print(f"plait train: {note}", flush=True)
+    print(f"plait train: {config.model.name}, layout {config.layout}, global batch {config.global_batch} × "
+          f"{config.seq_len}, {config.steps} steps, {options.world_size} processes", flush=True)
+    launch(config, options, run_dir=request.run_dir)  # raises PlaitError when any rank failed
+    return 0
