@@ -125,7 +125,8 @@ def checkpoint_options(config: RunConfig, args, saved: RunConfig | None = None) 
 def resume_config(args) -> tuple[RunConfig, LaunchOptions, list[str], tuple]:
     """The resumed run: the saved run's trajectory, this command's layout and processes, and notes."""
     from plait.plan.plan import load_plan
-    from plait.run.checkpoint.select import check_same_run, replan
+    from plait.run.checkpoint.select import check_same_run, nothing_to_train
+    from plait.run.replan import replan
     from plait.spec.models import get_model
 
     # sizes only here: the workers check every CRC-32 in parallel (and fall back) before loading
@@ -169,9 +170,9 @@ def resume_config(args) -> tuple[RunConfig, LaunchOptions, list[str], tuple]:
         config, why = replan(config, options.world_size, options.nproc_per_node)
         notes.append(why)
     config = checkpoint_options(config, args, saved)
-    if config.steps <= checkpoint.step:
-        raise PlaitError(f"checkpoint {checkpoint.path.name} is at step {checkpoint.step} and the run has "
-                         f"{config.steps} steps: nothing to train; pass a larger --steps")
+    why = nothing_to_train(checkpoint.path, checkpoint.step, config.steps)
+    if why:
+        raise PlaitError(f"{why}; pass a larger --steps")
     notes.append(f"resuming from {path} (step {checkpoint.step} of {config.steps}, saved under "
                  f"{checkpoint.manifest.get('layout')} on {checkpoint.manifest.get('world_size')} processes)")
     return config, options, notes, (checkpoint, [p for p, _ in refused])

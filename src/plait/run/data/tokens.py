@@ -235,7 +235,7 @@ def open_tokens(data: str | os.PathLike, vocab_size: int, seed: int = 0, seq_len
 
 def sample_corpus_path() -> Path:
     """The directory of the small English corpus shipped with plait (a few *.txt files)."""
-    return Path(__file__).resolve().parent.parent / "data" / "sample_corpus"
+    return Path(__file__).resolve().parents[2] / "data" / "sample_corpus"  # src/plait/data
 
 
 def _text_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
