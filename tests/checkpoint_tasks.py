@@ -66,9 +66,10 @@ def train_with_fault(layout: str, fault: str, **kwargs) -> dict:
 
 def elastic_layout(layout: str, **kwargs) -> str:
     """The layout the worker runs when torchrun gives it a world size other than the layout's."""
-    from plait.run.startup import startup_config
+    from plait.run.env import RankEnv
+    from plait.run.worker import startup_config
 
-    return str(startup_config(make_config(layout, **kwargs), say=lambda text: None)[0].layout)
+    return str(startup_config(make_config(layout, **kwargs), RankEnv.from_environ(), say=lambda text: None)[0].layout)
 
 
 def train_with_full_disk(layout: str, full_from_step: int, **kwargs) -> dict:

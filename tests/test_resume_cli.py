@@ -182,13 +182,16 @@ def test_other_bad_checkpoint_input(tmp_path, saved4, capsys):
 
 def test_faults_spec_is_checked():
     from plait.errors import PlaitError
-    from plait.run.faults import injected_fault, parse_fault
+    from plait.run.env import RankEnv
+    from plait.run.faults import FaultPlan, parse_fault
 
     assert parse_fault("rank=1,step=3,kind=kill").kind == "kill"
     with pytest.raises(PlaitError, match="kind"):
         parse_fault("rank=1,step=3,kind=explode")
     os.environ["PLAIT_INJECT_FAULT"] = "rank=0,step=2,attempt=1;rank=0,step=5,kind=nan"
     try:
-        assert injected_fault(0).kind == "nan" and injected_fault(1) is None
+        assert FaultPlan.from_environ(RankEnv(rank=0)).step_fault.kind == "nan"
+        assert not FaultPlan.from_environ(RankEnv(rank=1))
+        assert FaultPlan.from_environ(RankEnv(rank=0, restart_count=1)).step_fault.step == 2
     finally:
         del os.environ["PLAIT_INJECT_FAULT"]

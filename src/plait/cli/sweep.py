@@ -56,7 +56,7 @@ def _prediction_gpu(args) -> str | None:
         get_gpu(args.gpu)  # validates the name
     if args.device == "cpu":
         return args.gpu
-    from plait.run.launcher.preflight import gpu_from_device_name, local_accelerator
+    from plait.run.launcher.device import gpu_from_device_name, local_accelerator
 
     name = local_accelerator()
     if name is None:

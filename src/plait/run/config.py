@@ -1,8 +1,8 @@
 """RunConfig: everything one training run needs, as plain data (no torch import).
 
 ``plait train`` builds it, checks it before launching anything, writes it to a JSON file and
-hands that file to every worker. The same value can be built from a saved plan
-(``from_plan``), whose model, layout and job it reuses.
+hands that file to every worker. A saved plan supplies its model, layout, job and GPU
+(``plan_parts``); ``plait train --plan`` builds the RunConfig from them.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class RunConfig:
     timeout_s: float = 600.0  # collective timeout: ranks stuck waiting for a dead peer give up after this
     log_every: int = 1  # print a line every N steps when stdout is not a terminal
     prediction: dict | None = None  # the planner's step time and memory for this run, if known
-    # checkpoints (issue 5): see plait.run.checkpoint.dcp
+    # checkpoints: see plait.run.checkpoint.dcp
     checkpoint_dir: str | None = None  # root of step_NNNNNNNN checkpoint directories
     checkpoint_every: int = 0  # save every N optimizer steps (0: only on SIGTERM and at the end)
     keep_checkpoints: int = 3  # newest complete checkpoints kept (0: all)

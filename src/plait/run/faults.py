@@ -10,14 +10,20 @@ Kinds (what rank R does at 0-based optimizer step S):
 
 The fault fires only in torchrun attempt ``A`` (default 0, the first), so an elastic restart
 does not fail again at the same place. Several faults are separated by ``;``.
+
+The worker parses the variable once into a ``FaultPlan`` and hands it to the training loop and
+the Checkpointer, which call ``FaultPlan.at`` at the points named above; without the variable
+the plan is empty and ``at`` does nothing.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
+from plait.run.env import RankEnv
 
 KINDS = ("raise", "kill", "kill-in-save", "nan")
 
@@ -42,17 +48,57 @@ def parse_fault(text: str) -> Fault:
     return fault
 
 
-def injected_fault(rank: int, *kinds: str) -> Fault | None:
-    """This rank's first fault in this attempt (of one of ``kinds``, if given), or None."""
-    text = os.environ.get("PLAIT_INJECT_FAULT")
-    if not text:
-        return None
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    for item in text.split(";"):
-        fault = parse_fault(item.strip())
-        if fault.rank == rank and fault.attempt == attempt and (not kinds or fault.kind in kinds):
-            return fault
-    return None
+@dataclass(frozen=True)
+class FaultPlan:
+    """This rank's faults in this torchrun attempt, fired by ``at(step, point)`` (no fault: does nothing).
+
+    The training loop calls ``at`` at the points "before-step" (``raise``) and "after-backward"
+    (``kill``, ``nan``), the Checkpointer at "in-save" (``kill-in-save``). Only the rank's first
+    fault of a loop kind and its first ``kill-in-save`` are planned.
+    """
+
+    rank: int = 0
+    step_fault: Fault | None = None  # raise, kill or nan
+    save_fault: Fault | None = None  # kill-in-save
+
+    @classmethod
+    def parse(cls, text: str | None, rank: int, attempt: int) -> FaultPlan:
+        """The faults of ``text`` (PLAIT_INJECT_FAULT's syntax; None or empty: none) for ``rank`` in ``attempt``."""
+        faults = [parse_fault(item.strip()) for item in text.split(";")] if text else []
+        mine = [f for f in faults if f.rank == rank and f.attempt == attempt]
+        return cls(rank=rank, step_fault=next((f for f in mine if f.kind != "kill-in-save"), None),
+                   save_fault=next((f for f in mine if f.kind == "kill-in-save"), None))
+
+    @classmethod
+    def from_environ(cls, env: RankEnv, environ: Mapping[str, str] | None = None) -> FaultPlan:
+        """The plan of PLAIT_INJECT_FAULT in ``environ`` (default: this process's) for ``env``'s rank and attempt."""
+        text = (os.environ if environ is None else environ).get("PLAIT_INJECT_FAULT")
+        return cls.parse(text, env.rank, env.restart_count)
+
+    def __bool__(self) -> bool:
+        return self.step_fault is not None or self.save_fault is not None
+
+    def at(self, step: int, point: str, loss=None):
+        """Fire the fault planned at ``point`` of 0-based optimizer step ``step`` (for "in-save": the
+        checkpoint of ``step`` completed steps), if any; returns ``loss`` (this rank's loss of the
+        step at "after-backward"), multiplied by NaN for a ``nan`` fault."""
+        if point == "in-save":
+            if self.save_fault is not None and self.save_fault.step == step:
+                kill_self()  # the checkpoint's files are written, the checkpoint is not committed
+            return loss
+        fault = self.step_fault
+        if fault is None or fault.step != step:
+            return loss
+        if point == "before-step" and fault.kind == "raise":
+            raise RuntimeError(f"injected fault (PLAIT_INJECT_FAULT) on rank {self.rank} at step {step}")
+        if point == "after-backward" and fault.kind == "nan":
+            return loss * float("nan")
+        if point == "after-backward" and fault.kind == "kill":
+            kill_self()  # mid-step: gradients computed, optimizer not stepped
+        return loss
+
+
+NO_FAULTS = FaultPlan()
 
 
 def kill_self() -> None:

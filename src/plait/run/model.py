@@ -7,8 +7,9 @@ Two architectures, matching ``plait.spec.model`` parameter for parameter:
 Attention runs through ``F.scaled_dot_product_attention`` (FlashAttention kernels on GPU).
 Q, K and V are separate linear layers so that column-parallel sharding splits whole heads.
 With context parallelism (``plait.run.parallel.context.ring``) each block's ``Attention.kernel`` is a
-cp kernel and ``Transformer.sequence_shard`` says which tokens of each sequence the rank holds:
-RoPE angles and learned positions are taken at those tokens' global positions.
+cp kernel and the caller passes ``forward(tokens, positions)``: the global positions of the tokens
+of each sequence the rank holds, at which RoPE angles and learned positions are taken. The model
+itself knows nothing of how sequences are split.
 
 The model is built on the meta device (``build_model``), parallelized, moved to its device with
 ``to_empty`` and only then initialized (``init_weights``): every parameter is drawn from a
@@ -30,7 +31,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from plait.run.parallel.context.shard import SequenceShard
 from plait.spec.model import ModelSpec
 
 INIT_STD = 0.02  # standard deviation of every weight matrix (GPT-2 / Megatron convention)
@@ -173,8 +173,6 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, "meta")
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        # context parallelism: which tokens of each sequence this rank is given (None: all, in order)
-        self.sequence_shard: SequenceShard | None = None
 
     def tie_embeddings(self) -> None:
         """Share the LM head's weight with the token embedding (tied models holding both, else no-op).
@@ -185,23 +183,21 @@ class Transformer(nn.Module):
         if self.spec.tied_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
-    def token_positions(self, seq: int, device: torch.device) -> torch.Tensor:
-        """Global positions (int64) of the ``seq`` tokens of each sequence this rank holds."""
-        if self.sequence_shard is None:
-            return torch.arange(seq, device=device)
-        return self.sequence_shard.positions(seq, device)
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
         if self.pos_embeddings is not None:
-            h = h + self.pos_embeddings(self.token_positions(tokens.shape[1], tokens.device))
+            if positions is None:
+                positions = torch.arange(tokens.shape[1], device=tokens.device)
+            h = h + self.pos_embeddings(positions)
         return h
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x) if self.tok_embeddings is not None else x
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``x``: token ids (batch, seq), or a pipeline stage's input activations. ``positions``: the
+        global positions (int64, (seq,)) of the tokens of each sequence, when they are not 0..seq-1
+        (a context-parallel rank's share of the sequence)."""
+        h = self.embed(x, positions) if self.tok_embeddings is not None else x
         cos, sin = self.rope_cos, self.rope_sin
-        if self.sequence_shard is not None:  # x: token ids (cp runs without pipeline stages)
-            positions = self.token_positions(x.shape[1], x.device)
+        if positions is not None:
             cos, sin = cos[positions], sin[positions]
         for layer in self.layers.values():
             h = layer(h, cos, sin)

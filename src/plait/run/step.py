@@ -1,4 +1,5 @@
-"""Forward and backward of one optimizer step on one rank, with or without a pipeline.
+"""One optimizer step on one rank (``train_step``): seed, batch, forward and backward with or
+without a pipeline, global loss, gradient clipping, the --on-nan policy, the optimizer step.
 
 Loss normalization: every micro-batch holds the same number of tokens, so the mean token loss
 of the rank's batch is the mean of the micro-batch means. Without a pipeline each micro-batch's
@@ -10,14 +11,26 @@ gradients over dp ranks: the step's gradient is that of the mean token loss of t
 from __future__ import annotations
 
 import contextlib
+import math
+import time
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
+from plait.errors import PlaitError
+from plait.run.config import RunConfig
+from plait.run.faults import FaultPlan
+from plait.run.metrics import StepRecord, mfu
+from plait.run.optim import clip_grad_norm, lr_at, set_lr
+from plait.run.parallel.context.shard import sequence_shard_of
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.parallel.parallelize import ModelParts, token_loss
+
+MAX_CONSECUTIVE_SKIPS = 5  # --on-nan skip: stop after this many bad steps in a row
 
 
 def loss_context(pdims: ParallelDims):
@@ -54,11 +67,12 @@ def forward_backward(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tenso
     if parts.schedule is not None:
         return _pipelined(parts, pdims, inputs, labels)
     model = parts.chunks[0]
+    positions = parts.token_positions(inputs.shape[1], inputs.device)
     total = torch.zeros((), device=inputs.device)
     with loss_context(pdims), compute_context(parts, inputs.device):
         for index, (x, y) in enumerate(zip(inputs.chunk(n_microbatches), labels.chunk(n_microbatches))):
             with _gradient_sync(model, index == n_microbatches - 1):
-                loss = token_loss(model(x), y) / n_microbatches
+                loss = token_loss(model(x, positions=positions), y) / n_microbatches
                 loss.backward()
             total += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
     return total
@@ -88,3 +102,104 @@ def global_mean_loss(local_loss: torch.Tensor | None, pdims: ParallelDims, devic
         value += local_loss.float()
     dist.all_reduce(value)
     return float(value) / pdims.grad_sync_size  # dp·cp loss owners, each with an equal share of tokens
+
+
+def seed_step(seed: int, step: int, pdims: ParallelDims) -> None:
+    """Seed the RNG streams (dropout) of optimizer step ``step`` from (seed, step, dp rank, pp rank).
+
+    Re-seeding every step makes the stream a function of the step alone, so a run resumed at
+    any step draws exactly what the uninterrupted run drew (no generator state to save).
+    Weights use their own seeds. Tensor-parallel ranks share a stream: dropout on activations
+    they all hold (the residual stream without sequence parallelism) must drop the same
+    elements on every one of them.
+    """
+    stream = ((seed * 1_000_003 + step) * 1_000_033 + pdims.dp_rank) * 1_009 + pdims.pp_rank
+    torch.manual_seed(stream & ((1 << 63) - 1))
+    np.random.seed(stream % 2**32)
+
+
+def local_batch(source, config: RunConfig, pdims: ParallelDims, step: int, device: torch.device):
+    """(inputs, labels) of this rank's data-parallel share of global step ``step``; with context
+    parallelism, of its cp rank's two head-tail chunks of each sequence (labels alike)."""
+    per_rank = config.global_batch // config.layout.dp
+    start = pdims.dp_rank * per_rank
+    rows = source.batch(step, range(start, start + per_rank), config.seq_len, config.global_batch)
+    tokens = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(device)
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    if config.layout.cp > 1:
+        shard = sequence_shard_of(pdims.group("cp"))
+        inputs, labels = shard.shard(inputs), shard.shard(labels)
+    return inputs, labels
+
+
+@dataclass
+class StepSetup:
+    """What every training step of one rank uses, fixed for the whole run."""
+
+    config: RunConfig
+    pdims: ParallelDims
+    parts: ModelParts
+    optimizer: torch.optim.Optimizer
+    source: object  # the token source (``plait.run.data.tokens.open_tokens``)
+    device: torch.device
+    n_micro: int  # micro-batches per step on each data-parallel rank
+    peak_flops: float | None  # the GPU's dense bf16 peak (FLOP/s) for MFU; None on CPU or an unknown GPU
+    faults: FaultPlan
+
+
+class NonFinitePolicy:
+    """--on-nan: stop at a step whose loss or gradient norm is not finite, or skip its optimizer
+    step (``skip``), stopping after ``MAX_CONSECUTIVE_SKIPS`` skipped steps in a row."""
+
+    def __init__(self, on_nan: str):
+        self.on_nan = on_nan
+        self.skipped_in_a_row = 0
+
+    def check(self, step: int, loss: float, grad_norm: float, lr: float) -> str | None:
+        """None for a finite step; "loss" or "gradient norm" for one to skip; raises PlaitError to stop."""
+        bad = None if math.isfinite(loss) else "loss"
+        if bad is None and not math.isfinite(grad_norm):
+            bad = "gradient norm"
+        if bad is None:
+            self.skipped_in_a_row = 0
+            return None
+        self.skipped_in_a_row += 1
+        if self.on_nan == "stop" or self.skipped_in_a_row > MAX_CONSECUTIVE_SKIPS:
+            value = loss if bad == "loss" else grad_norm
+            text = (f"{bad} is {value} at step {step} (loss {loss:.4g}, lr {lr:.3g}); stopping before the optimizer "
+                    "step. Lower the learning rate, check the data, or pass --on-nan skip")
+            if self.on_nan == "skip":
+                text = f"{MAX_CONSECUTIVE_SKIPS + 1} steps in a row skipped; " + text
+            raise PlaitError(text)
+        return bad
+
+
+def train_step(setup: StepSetup, step: int, policy: NonFinitePolicy) -> tuple[StepRecord, str | None]:
+    """Optimizer step ``step`` (0-based) on this rank, a collective; returns its record and, when
+    its optimizer step was skipped (--on-nan skip), what was not finite ("loss" or "gradient norm")."""
+    config, pdims, device = setup.config, setup.pdims, setup.device
+    start = time.perf_counter()
+    setup.faults.at(step, "before-step")
+    seed_step(config.seed, step, pdims)
+    inputs, labels = local_batch(setup.source, config, pdims, step, device)
+    lr = lr_at(step, config.steps, config.optim)
+    set_lr(setup.optimizer, lr)
+    local = forward_backward(setup.parts, pdims, inputs, labels, setup.n_micro)
+    local = setup.faults.at(step, "after-backward", local)
+    loss = global_mean_loss(local, pdims, device)
+    params = setup.parts.parameters()
+    grad_norm = clip_grad_norm(params, config.optim.grad_clip, pdims) if math.isfinite(loss) else loss
+    skipped = policy.check(step, loss, grad_norm, lr)
+    if skipped is None:
+        setup.optimizer.step()
+    setup.optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - start
+    tokens_per_s = config.tokens_per_step / elapsed
+    offloader = setup.parts.offloader
+    record = StepRecord(step=step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=elapsed,
+                        tokens_per_s=tokens_per_s,
+                        mfu=mfu(config.model, config.seq_len, tokens_per_s, config.layout.world_size, setup.peak_flops),
+                        offload=offloader.step_stats().to_dict() if offloader else None)
+    return record, skipped

@@ -1,15 +1,14 @@
 """The training loop of one rank (the process group must already be initialized).
 
-Per step: read this rank's share of the global batch (a pure function of step and position in
-the global batch, whatever the layout), forward and backward over the micro-batches, the
-global mean loss (stop with a message if it is not finite), clip by the global gradient norm,
-AdamW step with the scheduled learning rate, metrics.
+``run_training`` sets up (model parts, optimizer, the checkpoint to resume, the Checkpointer,
+the log), runs ``train`` and writes the summary. ``train`` is the loop: per step,
+``plait.run.step.train_step`` (seed, batch, forward and backward, global loss, clipping, the
+--on-nan policy, the optimizer step), the step's metrics, then the Checkpointer's schedule
+(``Checkpointer.after_step``), which also saves when a SIGTERM asks the run to stop.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import resource
 import statistics
 import tempfile
@@ -17,18 +16,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from plait.errors import PlaitError
 from plait.run.checkpoint.dcp import Checkpointer, load_checkpoint
+from plait.run.checkpoint.select import check_same_run, nothing_to_train
 from plait.run.checkpoint.store import read_manifest
 from plait.run.config import RunConfig
-from plait.run.parallel.context.shard import sequence_shard_of
 from plait.run.data.tokens import open_tokens
-from plait.run.faults import injected_fault, kill_self
-from plait.run.parallel.mesh import ParallelDims, build_parallel_dims
+from plait.run.env import RankEnv
+from plait.run.faults import FaultPlan
+from plait.run.launcher.device import rank_device
 from plait.run.metrics import (
     Display,
     JsonlLog,
@@ -38,51 +37,11 @@ from plait.run.metrics import (
     mfu,
     steady_state,
 )
-from plait.run.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
+from plait.run.optim import build_optimizer
+from plait.run.parallel.mesh import ParallelDims, build_parallel_dims
 from plait.run.parallel.parallelize import ModelParts, build_model_parts
-from plait.run.step import forward_backward, global_mean_loss
+from plait.run.step import NonFinitePolicy, StepSetup, train_step
 from plait.spec.hardware import get_gpu
-from plait.spec.model import ModelSpec
-
-
-def pick_device(config: RunConfig) -> torch.device:
-    """cuda:<local rank> when asked for (or available with device=auto), else cpu."""
-    want_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
-    if not want_cuda:
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise PlaitError("device=cuda but torch sees no GPU")
-    index = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
-
-
-def seed_step(seed: int, step: int, pdims: ParallelDims) -> None:
-    """Seed the RNG streams (dropout) of optimizer step ``step`` from (seed, step, dp rank, pp rank).
-
-    Re-seeding every step makes the stream a function of the step alone, so a run resumed at
-    any step draws exactly what the uninterrupted run drew (no generator state to save).
-    Weights use their own seeds. Tensor-parallel ranks share a stream: dropout on activations
-    they all hold (the residual stream without sequence parallelism) must drop the same
-    elements on every one of them.
-    """
-    stream = ((seed * 1_000_003 + step) * 1_000_033 + pdims.dp_rank) * 1_009 + pdims.pp_rank
-    torch.manual_seed(stream & ((1 << 63) - 1))
-    np.random.seed(stream % 2**32)
-
-
-def local_batch(source, config: RunConfig, pdims: ParallelDims, step: int, device: torch.device):
-    """(inputs, labels) of this rank's data-parallel share of global step ``step``; with context
-    parallelism, of its cp rank's two head-tail chunks of each sequence (labels alike)."""
-    per_rank = config.global_batch // config.layout.dp
-    start = pdims.dp_rank * per_rank
-    rows = source.batch(step, range(start, start + per_rank), config.seq_len, config.global_batch)
-    tokens = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(device)
-    inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    if config.layout.cp > 1:
-        shard = sequence_shard_of(pdims.group("cp"))
-        inputs, labels = shard.shard(inputs), shard.shard(labels)
-    return inputs, labels
 
 
 def peak_flops(config: RunConfig, device: torch.device) -> float | None:
@@ -101,14 +60,6 @@ class TrainResult:
     parts: ModelParts = field(repr=False)
     pdims: ParallelDims = field(repr=False)
     optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
-
-
-MAX_CONSECUTIVE_SKIPS = 5  # --on-nan skip: stop after this many bad steps in a row
-
-
-def _nonfinite_message(what: str, value: float, step: int, loss: float, lr: float) -> str:
-    return (f"{what} is {value} at step {step} (loss {loss:.4g}, lr {lr:.3g}); stopping before the optimizer "
-            "step. Lower the learning rate, check the data, or pass --on-nan skip")
 
 
 def _stop_requested(stop, device: torch.device) -> bool:
@@ -137,123 +88,76 @@ def offload_summary(records: list[StepRecord], device: torch.device) -> dict:
             "offload_exposed_s": float(values[2])}
 
 
-def run_training(config: RunConfig, device: torch.device | None = None, stop=None) -> TrainResult:
+def build_setup(config: RunConfig, device: torch.device, faults: FaultPlan) -> StepSetup:
+    """This rank's parallel dimensions, token source, model parts and optimizer for ``config``."""
+    pdims = build_parallel_dims(config.layout, device.type)
+    n_micro = config.layout.micro_batches(config.global_batch)
+    parts = build_model_parts(config.model, pdims, device, config.seed, n_micro, compile_blocks=config.compile,
+                              compile_backend=config.compile_backend,
+                              offload_dir=offload_directory(config, dist.get_rank()))
+    return StepSetup(config=config, pdims=pdims, parts=parts, optimizer=build_optimizer(parts.parameters(), config.optim),
+                     source=open_tokens(config.data, config.model.vocab, config.seed), device=device,
+                     n_micro=n_micro, peak_flops=peak_flops(config, device), faults=faults)
+
+
+def resume(setup: StepSetup, env: RankEnv) -> tuple[int, list[dict]]:
+    """Load ``config.resume_from`` into the parts and optimizer; (the step to start at, JSONL events)."""
+    config = setup.config
+    if not config.resume_from:
+        return 0, []
+    load_start = time.perf_counter()
+    manifest = read_manifest(Path(config.resume_from))
+    start_step = int(manifest["step"])
+    check_same_run(RunConfig.from_dict(manifest["run"]), model=config.model, path=config.resume_from)
+    why = nothing_to_train(config.resume_from, start_step, config.steps)
+    if why:
+        raise PlaitError(f"{why}; pass a larger --steps")
+    load_checkpoint(config.resume_from, setup.parts, setup.optimizer)
+    return start_step, [{"event": "resume", "step": start_step, "checkpoint": config.resume_from,
+                         "layout": str(config.layout), "world_size": config.layout.world_size,
+                         "restart": env.restart_count, "load_s": time.perf_counter() - load_start,
+                         "time": time.time()}]
+
+
+def make_checkpointer(setup: StepSetup) -> Checkpointer | None:
+    """The run's Checkpointer (None without ``config.checkpoint_dir``); async by default on GPU."""
+    config, device = setup.config, setup.device
+    if not config.checkpoint_dir:
+        return None
+    use_async = config.async_checkpoint if config.async_checkpoint is not None else device.type == "cuda"
+    return Checkpointer(config.checkpoint_dir, config.checkpoint_every, config.keep_checkpoints, run=config.to_dict(),
+                        layout=str(config.layout), use_async=use_async, device=device, parts=setup.parts,
+                        optimizer=setup.optimizer, faults=setup.faults)
+
+
+def run_training(config: RunConfig, device: torch.device | None = None, stop=None, env: RankEnv | None = None,
+                 faults: FaultPlan | None = None) -> TrainResult:
     """Train from ``config.resume_from`` (or step 0) to ``config.steps``; every rank returns the same records.
 
-    ``stop`` (a threading.Event, set by the worker's SIGTERM handler) ends the run after the
-    current step, with a checkpoint when ``config.checkpoint_dir`` is set.
+    ``stop`` (the worker's SIGTERM request, polled once per step) ends the run after the current
+    step, with a checkpoint when ``config.checkpoint_dir`` is set. ``env`` and ``faults`` are the
+    worker's; a direct caller (tests, benchmarks) may leave them out, and they are then read from
+    this process's environment. ``device`` defaults to ``rank_device``'s choice for ``config.device``.
     """
-    rank = dist.get_rank()
-    device = device or pick_device(config)
-    layout = config.layout
-    pdims = build_parallel_dims(layout, device.type)
-    source = open_tokens(config.data, config.model.vocab, config.seed)
-    n_micro = layout.micro_batches(config.global_batch)
-    parts = build_model_parts(config.model, pdims, device, config.seed, n_micro, compile_blocks=config.compile,
-                              compile_backend=config.compile_backend, offload_dir=offload_directory(config, rank))
-    params = parts.parameters()
-    optimizer = build_optimizer(params, config.optim)
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    is_rank0 = rank == 0
-    start_step, events = 0, []
-    if config.resume_from:
-        load_start = time.perf_counter()
-        manifest = read_manifest(Path(config.resume_from))
-        start_step = int(manifest["step"])
-        saved_model = ModelSpec.from_dict(manifest["run"]["model"])
-        if saved_model != config.model:
-            raise PlaitError(f"checkpoint {config.resume_from} holds model {saved_model.name}, "
-                             f"not {config.model.name}")
-        load_checkpoint(config.resume_from, parts, optimizer)
-        events.append({"event": "resume", "step": start_step, "checkpoint": config.resume_from,
-                       "layout": str(layout), "world_size": layout.world_size, "restart": restart,
-                       "load_s": time.perf_counter() - load_start, "time": time.time()})
-    if start_step >= config.steps:
-        raise PlaitError(f"the checkpoint is at step {start_step} and the run has {config.steps} steps: "
-                         "nothing to train; pass a larger --steps")
-    checkpointer = None
-    if config.checkpoint_dir:
-        use_async = config.async_checkpoint if config.async_checkpoint is not None else device.type == "cuda"
-        kill_in_save = injected_fault(rank, "kill-in-save")
-        checkpointer = Checkpointer(config.checkpoint_dir, config.checkpoint_every, config.keep_checkpoints,
-                                    run=config.to_dict(), layout=str(layout), use_async=use_async, device=device,
-                                    fault_step=kill_in_save.step if kill_in_save else None)
-    peak = peak_flops(config, device)
-    log = JsonlLog(config.log if is_rank0 else None, append=start_step > 0 or restart > 0)
+    env = env or RankEnv.from_environ()
+    faults = faults if faults is not None else FaultPlan.from_environ(env)
+    device = device or rank_device(config.device, env.local_rank)
+    setup = build_setup(config, device, faults)
+    parts = setup.parts
+    start_step, events = resume(setup, env)
+    checkpointer = make_checkpointer(setup)
+    is_rank0 = dist.get_rank() == 0
+    log = JsonlLog(config.log if is_rank0 else None, append=start_step > 0 or env.restart_count > 0)
     for event in events:
         log.write(event)
     display = Display(config.steps, is_rank0, config.log_every, start_step)
-    records: list[StepRecord] = []
-    fault = injected_fault(rank, "raise", "kill", "nan")
-    skipped_in_a_row, stopped_at = 0, None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
         parts.train()
-        for step in range(start_step, config.steps):
-            start = time.perf_counter()
-            if fault and fault.step == step and fault.kind == "raise":
-                raise RuntimeError(f"injected fault (PLAIT_INJECT_FAULT) on rank {rank} at step {step}")
-            seed_step(config.seed, step, pdims)
-            inputs, labels = local_batch(source, config, pdims, step, device)
-            lr = lr_at(step, config.steps, config.optim)
-            set_lr(optimizer, lr)
-            local = forward_backward(parts, pdims, inputs, labels, n_micro)
-            if fault and fault.step == step and fault.kind == "nan":
-                local = local * float("nan")
-            if fault and fault.step == step and fault.kind == "kill":
-                kill_self()  # mid-step: gradients computed, optimizer not stepped
-            loss = global_mean_loss(local, pdims, device)
-            grad_norm = clip_grad_norm(params, config.optim.grad_clip, pdims) if math.isfinite(loss) else loss
-            bad = None if math.isfinite(loss) else "loss"
-            if bad is None and not math.isfinite(grad_norm):
-                bad = "gradient norm"
-            skipped = False
-            if bad:
-                skipped_in_a_row += 1
-                if config.on_nan == "stop" or skipped_in_a_row > MAX_CONSECUTIVE_SKIPS:
-                    value = loss if bad == "loss" else grad_norm
-                    text = _nonfinite_message(bad, value, step, loss, lr)
-                    if config.on_nan == "skip":
-                        text = f"{MAX_CONSECUTIVE_SKIPS + 1} steps in a row skipped; " + text
-                    raise PlaitError(text)
-                optimizer.zero_grad(set_to_none=True)
-                skipped = True
-                display.message(f"step {step}: {bad} is not finite; optimizer step skipped (--on-nan skip)")
-            else:
-                skipped_in_a_row = 0
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - start
-            tokens_per_s = config.tokens_per_step / elapsed
-            record = StepRecord(step=step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=elapsed,
-                                tokens_per_s=tokens_per_s,
-                                mfu=mfu(config.model, config.seq_len, tokens_per_s, layout.world_size, peak),
-                                offload=parts.offloader.step_stats().to_dict() if parts.offloader else None)
-            records.append(record)
-            log.write({**record.to_dict(), "time": time.time(), **({"skipped": True} if skipped else {})})
-            display.step(record)
-            steps_done = step + 1
-            if stop is not None and _stop_requested(stop, device):
-                stopped_at = steps_done
-            if checkpointer is not None:
-                if stopped_at is not None or steps_done == config.steps:
-                    checkpointer.save(steps_done, parts, optimizer)
-                    checkpointer.finish()
-                elif checkpointer.due(steps_done, config.steps):
-                    checkpointer.save(steps_done, parts, optimizer)
-                    log.write({"event": "checkpoint", "step": steps_done, "stall_s": checkpointer.stall_s[-1]})
-                else:
-                    checkpointer.poll()
-            if stopped_at is not None:
-                display.message(f"stopped by SIGTERM after step {step}" + (
-                    f"; checkpoint {config.checkpoint_dir}/step_{steps_done:08d} saved" if checkpointer
-                    else " (no --checkpoint-dir: nothing saved)"))
-                break
+        records, stopped_at = train(setup, start_step, checkpointer, log, display, stop)
         display.close()
-        summary = _summarize(config, records, pdims, device, peak)
+        summary = _summarize(config, records, setup.pdims, device, setup.peak_flops)
         summary.offload = offload_summary(records, device) if parts.offloader else None
         summary.start_step = start_step
         summary.stopped_early = stopped_at is not None
@@ -267,7 +171,35 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
         log.close()
         if parts.offloader is not None:
             parts.offloader.close()
-    return TrainResult(records=records, summary=summary, parts=parts, pdims=pdims, optimizer=optimizer)
+    return TrainResult(records=records, summary=summary, parts=parts, pdims=setup.pdims, optimizer=setup.optimizer)
+
+
+def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, log: JsonlLog, display: Display,
+          stop=None) -> tuple[list[StepRecord], int | None]:
+    """Steps ``start_step`` .. ``config.steps - 1``; (their records, the step count at which a stop
+    request ended the run, or None when it ran to the end)."""
+    config = setup.config
+    policy = NonFinitePolicy(config.on_nan)
+    records: list[StepRecord] = []
+    for step in range(start_step, config.steps):
+        record, skipped = train_step(setup, step, policy)
+        if skipped:
+            display.message(f"step {step}: {skipped} is not finite; optimizer step skipped (--on-nan skip)")
+        records.append(record)
+        log.write({**record.to_dict(), "time": time.time(), **({"skipped": True} if skipped else {})})
+        display.step(record)
+        steps_done = step + 1
+        stopping = stop is not None and _stop_requested(stop, setup.device)
+        if checkpointer is not None:
+            event = checkpointer.after_step(steps_done, last_step=steps_done == config.steps, stop=stopping)
+            if event:
+                log.write(event)
+        if stopping:
+            display.message(f"stopped by SIGTERM after step {step}" + (
+                f"; checkpoint {config.checkpoint_dir}/step_{steps_done:08d} saved" if checkpointer
+                else " (no --checkpoint-dir: nothing saved)"))
+            return records, steps_done
+    return records, None
 
 
 def _summarize(config: RunConfig, records: list[StepRecord], pdims: ParallelDims, device: torch.device,

@@ -16,13 +16,13 @@ import socket
 import sys
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
 from plait.measure.profile import bench
 from plait.progress import ProgressBar
+from plait.run.env import RankEnv
 
 
 def _cpu_name() -> str:
@@ -35,13 +35,13 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_and_versions(device: torch.device) -> tuple[dict, dict]:
+def machine_and_versions(device: torch.device, env: RankEnv) -> tuple[dict, dict]:
     from plait import __version__
 
     machine = {"hostname": socket.gethostname(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
                "threads_per_process": torch.get_num_threads(), "platform": platform.platform(),
-               "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
-               "nproc_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+               "nnodes": env.group_world_size,
+               "nproc_per_node": env.local_world_size,
                "world_size": dist.get_world_size()}
     versions = {"plait": __version__, "torch": torch.__version__, "python": platform.python_version(),
                 "backend": dist.get_backend()}
@@ -54,10 +54,9 @@ def machine_and_versions(device: torch.device) -> tuple[dict, dict]:
     return machine, versions
 
 
-def run(config: dict) -> dict | None:
+def run(config: dict, device: torch.device, env: RankEnv) -> dict | None:
     rank = dist.get_rank()
-    cuda = config["device"] == "cuda"
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    cuda = device.type == "cuda"
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[config["dtype"]]
     min_time = config["min_time_s"]
     compute_items = len(config["gemm"]) + len(config["attention"]) + len(config["memory_bytes"]) + 1
@@ -78,7 +77,7 @@ def run(config: dict) -> dict | None:
         raw["kernel_overhead_s"] = bench.kernel_overhead(device, min_time)
         tick("kernel launch")
         raw["host_link"] = bench.host_link(config["host_link_bytes"], device, min_time) if cuda else []
-        raw["machine"], raw["versions"] = machine_and_versions(device)
+        raw["machine"], raw["versions"] = machine_and_versions(device, env)
     dist.barrier(group=waiting)
     groups = [(scope, lists) for scope, lists in scopes]
     collectives = bench.collectives(config["collective_ops"], config["collective_sizes"], groups, device,
@@ -90,15 +89,17 @@ def run(config: dict) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from plait.run.launcher.device import rank_device
     from plait.run.worker import init_process_group, run_as_worker
 
     argv = sys.argv[1:] if argv is None else argv
     run_dir = Path(argv[0])
 
-    def profile() -> None:
+    def profile(env: RankEnv) -> None:
         config = json.loads((run_dir / "profile-config.json").read_text())
-        init_process_group(SimpleNamespace(device=config["device"], timeout_s=config["timeout_s"]))
-        raw = run(config)
+        device = rank_device(config["device"], env.local_rank)
+        init_process_group(env, device, config["timeout_s"])
+        raw = run(config, device, env)
         if raw is not None:
             (run_dir / "raw.json").write_text(json.dumps(raw))
 

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
+from plait.run.faults import NO_FAULTS, FaultPlan
 from plait.run.model import canonical_name
 from plait.run.parallel.parallelize import ModelParts
 
@@ -105,10 +106,13 @@ class Checkpointer:
     All methods are collective: every rank must call them at the same step. Each rank checksums
     the files it wrote itself (for an async save, in the writer thread, while they are still in
     the page cache); rank 0 adds any file nobody claimed, writes the manifest and renames.
+    ``parts`` and ``optimizer`` are what ``after_step`` saves; ``faults`` is the fault-injection
+    hook, called at "in-save" between writing a checkpoint's files and committing it.
     """
 
     def __init__(self, root: str | Path, every: int, keep: int, run: dict, layout: str, use_async: bool,
-                 device: torch.device, fault_step: int | None = None):
+                 device: torch.device, parts: ModelParts | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, faults: FaultPlan = NO_FAULTS):
         self.root = Path(root)
         self.every = every
         self.keep = keep
@@ -116,15 +120,31 @@ class Checkpointer:
         self.layout = layout
         self.use_async = use_async
         self.device = device
-        self.fault_step = fault_step  # tests: SIGKILL this rank after its files are written, before the commit
+        self.parts = parts
+        self.optimizer = optimizer
+        self.faults = faults
         self.pending: PendingSave | None = None
         self.saved: list[int] = []
         self.stall_s: list[float] = []  # training time lost to each save: staging/writing plus the commit
         self._group = None
         _all_ranks_ok(lambda: store.check_writable(self.root) if dist.get_rank() == 0 else None)
 
-    def due(self, steps_done: int, total_steps: int) -> bool:
-        return self.every > 0 and steps_done % self.every == 0 and steps_done < total_steps
+    def after_step(self, steps_done: int, last_step: bool, stop: bool) -> dict | None:
+        """The checkpoint schedule, called by every rank after each optimizer step (``steps_done`` in all).
+
+        At the last step or on a stop request: save and commit before returning. Every ``every``
+        steps: start a save and return its JSONL event. Otherwise: commit an asynchronous save
+        whose writes are done.
+        """
+        if last_step or stop:
+            self.save(steps_done, self.parts, self.optimizer)
+            self.finish()
+            return None
+        if self.every > 0 and steps_done % self.every == 0:
+            self.save(steps_done, self.parts, self.optimizer)
+            return {"event": "checkpoint", "step": steps_done, "stall_s": self.stall_s[-1]}
+        self.poll()
+        return None
 
     def save(self, steps_done: int, parts: ModelParts, optimizer: torch.optim.Optimizer) -> None:
         """Start writing the state after ``steps_done`` optimizer steps (finishes any earlier save first)."""
@@ -182,8 +202,7 @@ class Checkpointer:
         rank, world = dist.get_rank(), dist.get_world_size()
         gathered: list[dict] = [{} for _ in range(world)]
         dist.all_gather_object(gathered, pending.records)
-        if self.fault_step == pending.step:
-            os.kill(os.getpid(), 9)  # tests: die with the files written but the checkpoint not committed
+        self.faults.at(pending.step, "in-save")
 
         def commit() -> None:
             with _write_errors(pending.temporary):
@@ -261,44 +280,3 @@ def load_checkpoint(path: str | Path, parts: ModelParts, optimizer: torch.optim.
         missing = [line for line in text if "Missing key" in line or "not found" in line]
         raise PlaitError(f"cannot load checkpoint {path}: {(missing or text or [type(exc).__name__])[0][:300]}") \
             from None
-
-
-def verify_in_parallel(path: Path) -> str | None:
-    """Check checkpoint ``path`` against its manifest, its files split over the ranks (a collective).
-
-    Returns the first problem found (the same on every rank), or None when every file is present
-    with its recorded size and CRC-32.
-    """
-    problem = None
-    try:
-        manifest = store.read_manifest(path)
-        names = sorted(manifest["files"])
-        for name in names[dist.get_rank()::dist.get_world_size()]:
-            store.check_file(path, name, manifest["files"][name])
-    except PlaitError as exc:
-        problem = str(exc)
-    problems = [None] * dist.get_world_size()
-    dist.all_gather_object(problems, problem)
-    return next((p for p in problems if p), None)
-
-
-def choose_checkpoint(candidates: list[str], writable_root: str | None, say) -> tuple[str | None, list[str]]:
-    """The first of ``candidates`` (newest first) that verifies on all ranks (a collective), and what was refused.
-
-    Refused candidates inside ``writable_root`` (where this run will write) are set aside by rank 0
-    as ``<name>.corrupt-<n>``, so that a later save cannot collide with them.
-    """
-    from plait.run.checkpoint.select import set_aside
-
-    refused = []
-    for candidate in candidates:
-        problem = verify_in_parallel(Path(candidate))
-        if problem is None:
-            return candidate, refused
-        refused.append(problem)
-        say(f"refused {problem}")
-        if dist.get_rank() == 0 and writable_root and Path(candidate).parent.resolve() == Path(writable_root).resolve():
-            for moved in set_aside([Path(candidate)]):
-                say(f"set aside the refused checkpoint as {moved.name}")
-        dist.barrier()
-    return None, refused

@@ -1,49 +1,26 @@
-"""Resuming a run: what the resumed run trains, on which layout, from which checkpoint (no torch).
+"""Which checkpoint a run resumes from, and whether it may (the launcher's and the workers' rules, in one place).
 
 The checkpoint's manifest holds the RunConfig of the run that wrote it. A resumed run keeps
 everything that defines the training trajectory - model, global batch, sequence length, seed,
-data, optimizer and schedule - and may change how it runs: the layout and the number of
-processes. When the world size changes and no layout is given, ``replan`` picks the planner's
-fastest layout for the new world size among those the runtime runs, for the same global
-batch (gradient accumulation follows from the layout's dp and micro-batch size).
+data, optimizer and schedule (``check_same_run``) - and may change how it runs: the layout and
+the number of processes (``plait.run.replan``). It must have steps left to train
+(``nothing_to_train``).
+
+The launcher (``plait train --resume``) checks sizes and prepares the checkpoint directory
+(``prepare_checkpoint_root``); the workers list the ``candidates``, newest first, and take the
+first one that verifies on all ranks (``choose_checkpoint``: the files split between the ranks,
+each checked for size and CRC-32); refused ones where the run writes are set aside.
+Importing this module does not import torch (the collectives import it when called).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
 from plait.run.config import RunConfig
-from plait.spec.hardware import GIB, cluster_for_gpu
-from plait.spec.units import DEFAULT_GPU
-
-
-def replan(config: RunConfig, world_size: int, gpus_per_node: int) -> tuple[RunConfig, str]:
-    """``config`` on the planner's best runnable layout for ``world_size`` processes, and why."""
-    from plait.plan.search import SearchConstraints, search
-
-    gpu = config.gpu or DEFAULT_GPU
-    cluster = cluster_for_gpu(gpu, world_size, min(gpus_per_node, world_size))
-    result = search(config.model, cluster, config.job, SearchConstraints(allow_offload=False), runnable=True,
-                    compile=config.compile)
-    runnable = result.plans
-    if not runnable:
-        raise PlaitError(
-            f"no layout of {world_size} processes runs {config.model.name} with the saved global batch "
-            f"{config.global_batch} × {config.seq_len} ({result.evaluated} valid layouts, {len(result.all_fitting())} fit "
-            f"in memory on {gpu}, none the runtime runs); resume with a world size that divides the batch, "
-            "or give --layout")
-    best = runnable[0]
-    micro = best.layout.micro_batches(config.global_batch)
-    why = (f"world size {config.layout.world_size} → {world_size}: re-planned layout {config.layout} → "
-           f"{best.layout}, the fastest of {len(runnable)} runnable layouts for the saved global batch "
-           f"{config.global_batch} (each data-parallel rank accumulates {micro} micro-batch(es) of "
-           f"{best.layout.mbs}; predicted {best.step.step_time:.3g} s/step, {best.memory.total / GIB:.1f} GiB/GPU "
-           f"on {gpu}{'' if config.gpu else ', the default GPU for ranking'})")
-    return dataclasses.replace(config, layout=best.layout, prediction=None), why
 
 
 def check_same_run(saved: RunConfig, model=None, global_batch: int | None = None, seq_len: int | None = None,
@@ -74,6 +51,14 @@ def set_aside(paths: list[Path]) -> list[Path]:
     return moved
 
 
+def nothing_to_train(checkpoint: str | Path, step: int, steps: int) -> str | None:
+    """Why resuming ``checkpoint`` (saved after ``step`` optimizer steps) leaves nothing for a run of
+    ``steps`` steps to train, or None when steps remain."""
+    if step < steps:
+        return None
+    return f"checkpoint {Path(checkpoint).name} is at step {step} and the run has {steps} steps: nothing to train"
+
+
 def newer_than(checkpoint: store.Checkpoint, root: Path) -> list[Path]:
     """Complete checkpoints in ``root`` with a later step than ``checkpoint``."""
     return [p for p in store.complete_dirs(root) if store.step_of(p) > checkpoint.step]
@@ -94,3 +79,62 @@ def prepare_checkpoint_root(checkpoint: store.Checkpoint, root: Path, refused: l
                          "or pass a new --checkpoint-dir")
     return [f"set aside the refused checkpoint as {moved.name}"
             for moved in set_aside([p for p in newer if p.resolve() in refused_paths])]
+
+
+def candidates(config: RunConfig) -> list[str]:
+    """Checkpoints to try, newest first: the checkpoint directory's newer ones, then ``resume_from``
+    and the older ones beside it (the fallback when it fails verification)."""
+    start = int(store.read_manifest(Path(config.resume_from))["step"]) if config.resume_from else -1
+    out: list[Path] = []
+    if config.checkpoint_dir:
+        out += [p for p in reversed(store.complete_dirs(Path(config.checkpoint_dir)))
+                if store.step_of(p) > start]
+    if config.resume_from:
+        origin = Path(config.resume_from)
+        out.append(origin)
+        out += [p for p in reversed(store.complete_dirs(origin.parent)) if store.step_of(p) < start]
+    unique = dict.fromkeys(str(p.resolve()) for p in out)
+    return list(unique)
+
+
+def verify_in_parallel(path: Path) -> str | None:
+    """Check checkpoint ``path`` against its manifest, its files split over the ranks (a collective).
+
+    Returns the first problem found (the same on every rank), or None when every file is present
+    with its recorded size and CRC-32.
+    """
+    import torch.distributed as dist
+
+    problem = None
+    try:
+        manifest = store.read_manifest(path)
+        names = sorted(manifest["files"])
+        for name in names[dist.get_rank()::dist.get_world_size()]:
+            store.check_file(path, name, manifest["files"][name])
+    except PlaitError as exc:
+        problem = str(exc)
+    problems = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    return next((p for p in problems if p), None)
+
+
+def choose_checkpoint(candidates: list[str], writable_root: str | None, say) -> tuple[str | None, list[str]]:
+    """The first of ``candidates`` (newest first) that verifies on all ranks (a collective), and what was refused.
+
+    Refused candidates inside ``writable_root`` (where this run will write) are set aside by rank 0
+    as ``<name>.corrupt-<n>``, so that a later save cannot collide with them.
+    """
+    import torch.distributed as dist
+
+    refused = []
+    for candidate in candidates:
+        problem = verify_in_parallel(Path(candidate))
+        if problem is None:
+            return candidate, refused
+        refused.append(problem)
+        say(f"refused {problem}")
+        if dist.get_rank() == 0 and writable_root and Path(candidate).parent.resolve() == Path(writable_root).resolve():
+            for moved in set_aside([Path(candidate)]):
+                say(f"set aside the refused checkpoint as {moved.name}")
+        dist.barrier()
+    return None, refused

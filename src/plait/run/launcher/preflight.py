@@ -1,7 +1,7 @@
 """Checks before any worker starts: the layout is valid, runnable, and predicted to fit.
 
 Runs in the ``plait train`` process. It never imports torch except to ask whether a GPU is
-present and what it is called.
+present, how many and what it is called (``plait.run.launcher.device``).
 """
 
 from __future__ import annotations
@@ -10,53 +10,24 @@ import dataclasses
 
 from plait.errors import PlaitError
 from plait.run.config import RunConfig
+from plait.run.launcher.device import gpu_from_device_name, local_accelerator, uses_gpu
 from plait.run.launcher.launch import LaunchOptions
 from plait.spec.hardware import GIB, ClusterSpec, cluster_for_gpu, get_gpu
 from plait.spec.units import DEFAULT_GPU
 from plait.spec.validate import errors_of, validate
 
-# Device names (as torch.cuda.get_device_name prints them) that identify one GPU spec without
-# doubt. Anything else needs --gpu: a wrong guess could put MFU over 100%.
-DEVICE_NAMES = (
-    (("h100", "hbm3"), "h100-sxm"),
-    (("h100", "sxm"), "h100-sxm"),
-    (("h200",), "h200"),
-    (("a100", "80gb"), "a100-80g"),
-    (("a100", "40gb"), "a100-40g"),
-    (("b200",), "b200"),
-)
-
-
-def gpu_from_device_name(name: str) -> str | None:
-    """The GpuSpec preset that a CUDA device name identifies, or None when unsure."""
-    lowered = name.lower()
-    for words, preset in DEVICE_NAMES:
-        if all(word in lowered for word in words):
-            return preset
-    return None
-
-
-def local_accelerator() -> str | None:
-    """The CUDA device name of this machine's GPU 0, or None without a GPU."""
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-
 
 def runs_on_gpu(config: RunConfig, nproc_per_node: int) -> bool:
-    if config.device == "cpu":
+    """Whether the run uses GPUs (``uses_gpu``), with one GPU of this node for each of its processes."""
+    if not uses_gpu(config.device):
         return False
-    name = local_accelerator()
-    if config.device == "cuda" and name is None:
-        raise PlaitError("--device cuda but torch sees no GPU on this machine")
-    if name is not None:
-        import torch
+    import torch
 
-        count = torch.cuda.device_count()
-        if nproc_per_node > count:
-            raise PlaitError(f"--nproc-per-node {nproc_per_node} but this node has {count} GPU(s): one process "
-                             "per GPU; use fewer processes, more nodes, or --device cpu")
-    return name is not None
+    count = torch.cuda.device_count()
+    if nproc_per_node > count:
+        raise PlaitError(f"--nproc-per-node {nproc_per_node} but this node has {count} GPU(s): one process "
+                         "per GPU; use fewer processes, more nodes, or --device cpu")
+    return True
 
 
 def resolve_gpu(config: RunConfig, on_gpu: bool) -> RunConfig:

@@ -145,7 +145,8 @@ def checkpoint_options(config: RunConfig, request: TrainRequest, saved: RunConfi
 def resume_config(request: TrainRequest) -> Resolved:
     """The resumed run: the saved run's trajectory, this request's layout and processes, and notes."""
     from plait.plan.plan import load_plan
-    from plait.run.checkpoint.select import check_same_run, replan
+    from plait.run.checkpoint.select import check_same_run, nothing_to_train
+    from plait.run.replan import replan
     from plait.spec.models import get_model
 
     # sizes only here: the workers check every CRC-32 in parallel (and fall back) before loading
@@ -192,9 +193,9 @@ def resume_config(request: TrainRequest) -> Resolved:
         config, why = replan(config, options.world_size, options.nproc_per_node)
         notes.append(why)
     config = checkpoint_options(config, request, saved)
-    if config.steps <= checkpoint.step:
-        raise PlaitError(f"checkpoint {checkpoint.path.name} is at step {checkpoint.step} and the run has "
-                         f"{config.steps} steps: nothing to train; pass a larger --steps")
+    why = nothing_to_train(checkpoint.path, checkpoint.step, config.steps)
+    if why:
+        raise PlaitError(f"{why}; pass a larger --steps")
     notes.append(f"resuming from {path} (step {checkpoint.step} of {config.steps}, saved under "
                  f"{checkpoint.manifest.get('layout')} on {checkpoint.manifest.get('world_size')} processes)")
     return Resolved(config, options, tuple(notes), Resumed(checkpoint, tuple(p for p, _ in refused)))

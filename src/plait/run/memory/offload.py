@@ -24,9 +24,10 @@ Targets:
     to host after the forward, host to device on prefetch), ordered by events - the compute
     stream waits only when a tensor is needed before its copy finished. On CPU the same code
     path copies synchronously (host to host), so that it is testable.
-  * ``disk`` (SSDTrain-style): one file per storage in ``RUN/offload/rank<R>`` (or
-    ``--offload-dir``), written and read by one background I/O thread; prefetch queues the
-    reads. A write that fails (e.g. ENOSPC: disk full) stops the run with a ``PlaitError``
+  * ``disk`` (SSDTrain-style): one file per storage in a fresh directory of this rank
+    (``plait-offload-rank<R>-*``, made by the trainer under ``--offload-dir``, by default in the
+    system temporary directory), written and read by one background I/O thread; prefetch queues
+    the reads. A write that fails (e.g. ENOSPC: disk full) stops the run with a ``PlaitError``
     naming the file and the reason at the next save or load.
 
 Counters (``OffloadStats``, per step): bytes moved out and back, tensors and deduplicated saves,

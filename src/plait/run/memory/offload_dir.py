@@ -1,9 +1,9 @@
 """Checks of the activation-offload directory before training starts (no torch import).
 
 ``plait train --offload-dir DIR`` (``RunConfig.offload_dir``) names where ``offload=disk:α``
-writes activations; by default a directory under the run directory (in the system temporary
-directory). The directory must exist, be writable, and have room for what the planner predicts
-every rank of the job offloads at its peak.
+writes activations: each rank makes a fresh ``plait-offload-rank<R>-*`` directory in it (by
+default in the system temporary directory). The directory must exist, be writable, and have
+room for what the planner predicts every rank of the job offloads at its peak.
 """
 
 from __future__ import annotations

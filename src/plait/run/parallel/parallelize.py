@@ -16,6 +16,7 @@ from torch import nn
 
 from plait.run.memory.recompute import apply_activation_checkpointing
 from plait.run.parallel.context.ring import apply_context_parallel
+from plait.run.parallel.context.shard import SequenceShard
 from plait.run.parallel.data import apply_ddp, apply_fsdp, uses_fsdp
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.model import Transformer, build_model, eager_attention, init_weights
@@ -45,6 +46,7 @@ class ModelParts:
     fsdp: bool = False
     offloader: ActivationOffloader | None = None  # activation offload (plait.run.memory.offload)
     offloaded: list[str] = field(default_factory=list)  # ids of the blocks whose activations move
+    sequence_shard: SequenceShard | None = None  # context parallelism: this rank's tokens of each sequence
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for chunk in self.chunks for p in chunk.parameters()]
@@ -55,6 +57,11 @@ class ModelParts:
     def train(self, mode: bool = True) -> None:
         for chunk in self.chunks:
             chunk.train(mode)
+
+    def token_positions(self, seq: int, device: torch.device) -> torch.Tensor | None:
+        """The global positions (int64) of this rank's ``seq`` tokens of each sequence, for the model's
+        forward; None when they are 0..seq-1 (no context parallelism)."""
+        return None if self.sequence_shard is None else self.sequence_shard.positions(seq, device)
 
 
 def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device, seed: int,
@@ -71,6 +78,7 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
     else:
         stage_ids = [0]
         chunks = [build_model(spec)]
+    sequence_shard = None
     for chunk in chunks:
         if layout.attn == "eager":
             for block in chunk.layers.values():
@@ -78,7 +86,7 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         if layout.tp > 1:
             apply_tensor_parallel(chunk, pdims.mesh["tp"], layout.sequence_parallel)
         if layout.cp > 1:
-            apply_context_parallel(chunk, pdims.mesh["cp"], layout.cp_impl)
+            sequence_shard = apply_context_parallel(chunk, pdims.mesh["cp"], layout.cp_impl)
     checkpointed = apply_activation_checkpointing(chunks, layout)
     offloader, offloaded = apply_activation_offload(chunks, layout, pdims.pp_rank, device, offload_dir)
     if compile_blocks:
@@ -99,4 +107,5 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
     if layout.pp > 1:
         schedule = build_schedule(trained, stage_ids, pdims, n_microbatches, loss_fn, device)
     return ModelParts(chunks=trained, stage_ids=stage_ids, schedule=schedule,
-                      checkpointed=checkpointed, fsdp=fsdp, offloader=offloader, offloaded=offloaded)
+                      checkpointed=checkpointed, fsdp=fsdp, offloader=offloader, offloaded=offloaded,
+                      sequence_shard=sequence_shard)

@@ -47,7 +47,7 @@ def _ring_exchange(send: torch.Tensor, group: dist.ProcessGroup) -> tuple[torch.
     following = dist.get_global_rank(group, (rank + 1) % size)
     preceding = dist.get_global_rank(group, (rank - 1) % size)
     send = send.contiguous()
-    received = torch.empty_like(send)  # contiguous (pitfall P4)
+    received = torch.empty_like(send)  # contiguous, as send is: empty_like keeps strides, c10d writes as if contiguous
     works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, following, group),
                                     dist.P2POp(dist.irecv, received, preceding, group)])
     return received, works
@@ -215,13 +215,14 @@ def cp_kernel(impl: str, cp_mesh: DeviceMesh):
     raise ValueError(f"unknown context-parallel attention {impl!r}; known: ring, allgather, torch, ulysses")
 
 
-def apply_context_parallel(model, cp_mesh: DeviceMesh, impl: str = "ring") -> None:
+def apply_context_parallel(model, cp_mesh: DeviceMesh, impl: str = "ring") -> SequenceShard:
     """Make ``model`` (a full ``Transformer``) attend across the 1-D ``cp_mesh``, in place.
 
-    Every block's attention kernel becomes the cp kernel ``impl`` and the model learns which
-    tokens of each sequence it is given (``Transformer.sequence_shard``), for their positions.
+    Every block's attention kernel becomes the cp kernel ``impl``. Returns which tokens of each
+    sequence this rank is given: the model's forward must be called with their global positions
+    (``SequenceShard.positions``).
     """
     kernel = cp_kernel(impl, cp_mesh)
-    model.sequence_shard = sequence_shard_of(cp_mesh.get_group())
     for block in model.layers.values():
         block.attention.kernel = kernel
+    return sequence_shard_of(cp_mesh.get_group())

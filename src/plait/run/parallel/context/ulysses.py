@@ -27,7 +27,7 @@ from plait.run.parallel.context.shard import SequenceShard
 def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Part i of dim 0 goes to cp rank i; part i of the result came from cp rank i."""
     x = x.contiguous()
-    out = torch.empty_like(x)  # contiguous (pitfall P4)
+    out = torch.empty_like(x)  # contiguous, as x is: empty_like keeps strides, c10d writes as if contiguous
     dist.all_to_all_single(out, x, group=group)
     return out
 
