@@ -12,11 +12,19 @@ from plait.spec.layout import LAYOUT_KEYS, Layout, layout_keys_markdown
 from plait.spec.layout_keys import KeySpec
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "layout-keys.md"
+README = DOC.parents[1] / "README.md"
 
 
 def test_docs_table_is_generated_from_the_declaration():
     assert DOC.read_text() == layout_keys_markdown(), (
         "docs/layout-keys.md is stale: write plait.spec.layout.layout_keys_markdown() into it")
+
+
+def test_readme_table_is_generated_from_the_declaration():
+    text = README.read_text()
+    start = text.index("-->\n", text.index("<!-- layout-keys:")) + len("-->\n")
+    assert text[start:text.index("<!-- /layout-keys -->")] == layout_keys_markdown(), (
+        "the README's layout key table is stale: paste plait.spec.layout.layout_keys_markdown() between its markers")
 
 
 def test_every_field_is_declared():

@@ -5,7 +5,9 @@ Package layout:
   plan/     memory, FLOPs, cost model and layout search (no torch)
   measure/  published-run validation, profile, calibrate, sweep and report (one folder each)
   run/      the torch runtime
-  cli/__init__.py    the one command-line entry point
+  cli/      one module per command (plait.cli:main is the entry point)
+
+The tree, the data flow of ``plait plan`` and ``plait train`` and where to add things: docs/architecture.md.
 """
 
 __version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Training data: token files (tokens: format, preparation, layout-independent sampling) and tokenizers."""

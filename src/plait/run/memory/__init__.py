@@ -1,0 +1,1 @@
+"""Activation memory: recompute (activation checkpointing policies) and offload to host memory or disk."""
