@@ -22,7 +22,7 @@ Run (writes a dated section to bench/results/checkpoint.md)::
     python bench/checkpoint_bench.py --recovery                 # CPU, default ~1B model
     python bench/checkpoint_bench.py --device cuda --recovery   # GPU box: adds the async stall
 
-``--model tiny --out DIR`` is the quick smoke run (tests/test_checkpoint_bench.py).
+``--model tiny --out DIR`` is the quick smoke run (tests/run/test_checkpoint_bench.py).
 """
 
 from __future__ import annotations

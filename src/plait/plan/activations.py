@@ -35,7 +35,7 @@ Checkpoint policies, per checkpointed layer:
 Runtimes (``runtime=``): what a layer saves depends on the implementation, not only on the math.
   * ``"megatron"`` (default): Megatron-LM, as in Korthikanti et al. - the formulas above.
   * ``"torch"``: plait's own runtime (``plait.run``: PyTorch modules, DTensor tensor parallelism),
-    as measured tensor by tensor with saved-tensor hooks in tests/test_memory_truth.py. It
+    as measured tensor by tensor with saved-tensor hooks in tests/run/test_memory_truth.py. It
     differs from Megatron in two places:
       - sequence parallelism: ``PrepareModuleInput`` all-gathers the norm output before the
         column-parallel GEMMs, and autograd saves that gathered, full-sequence tensor (DTensor
@@ -50,7 +50,7 @@ before the batched GEMMs, which save the repeated copies (item ``attn_kv_repeat`
 2·2·s·b·(h - kv)/t bytes beyond ``kv``; zero for multi-head attention; recomputed under
 ``selective``). The flash kernel takes the un-repeated K and V.
 
-Measured on the CPU (tests/test_memory_truth.py) the torch runtime saves exactly these items,
+Measured on the CPU (tests/run/test_memory_truth.py) the torch runtime saves exactly these items,
 up to CPU kernel choices that the GPU runtime does not make (the test adds them explicitly):
   * RMSNorm: on the CPU ``torch.rms_norm`` is the composite upcast-to-fp32 implementation,
     which saves the fp32 input and the fp32 normalized output (4 + 4 bytes per element) instead

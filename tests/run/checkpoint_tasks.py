@@ -1,4 +1,4 @@
-"""Pool task bodies for the checkpoint tests (tests/test_checkpoint.py)."""
+"""Pool task bodies for the checkpoint tests (tests/run/test_checkpoint.py)."""
 
 from __future__ import annotations
 

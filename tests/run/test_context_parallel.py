@@ -6,7 +6,7 @@
     cp = 2 and 4 (fp32, max abs difference ≤ 1e-5; seen ≈ 1e-6).
   * Training (3 AdamW steps of the tiny model, 8 × 32 tokens, gloo on CPU) with cp alone and
     with TP, FSDP and DDP-style replication, against the single-process run: losses and grad
-    norms rtol 1e-5, parameters atol 1e-5 (tests/test_runtime_parity.py's bars).
+    norms rtol 1e-5, parameters atol 1e-5 (tests/run/test_runtime_parity.py's bars).
   * Bad input: cp that does not split the sequence into 2·cp chunks, cp with pp, cp with a
     dropout model, Ulysses with cp not dividing the K/V heads: refused before launch, one line.
 """

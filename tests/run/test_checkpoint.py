@@ -7,7 +7,7 @@ run resumes from it and must reproduce the uninterrupted run:
   * same layout: bit-exact losses and final parameters (the state round-trips exactly, and
     the learning rate, data order and dropout RNG are functions of the step);
   * another layout or world size: losses rtol 1e-5, parameters atol 1e-5 - the tolerance of
-    tests/test_runtime_parity.py, since the layouts round differently.
+    tests/run/test_runtime_parity.py, since the layouts round differently.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytest
 
 from plait.cli import main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 FILE_FLAGS = ("--calibration", "--runs", "--cluster")
 
 

@@ -9,7 +9,7 @@ test bodies on it::
     pool.close()                                    # barrier, destroy_process_group, os._exit(0)
 
 Task functions must be module-level (they are imported by name in the workers;
-the ``tests`` directory and, if needed, ``src`` are on the workers' sys.path).
+every folder of ``tests`` and, if needed, ``src`` are on the workers' sys.path).
 A task learns its rank from ``torch.distributed.get_rank()`` (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR and MASTER_PORT are set as well). Arguments and return
 values are pickled: return plain Python/numpy values or CPU tensors. ``timeout``
@@ -38,9 +38,12 @@ import weakref
 from datetime import timedelta
 from multiprocessing import connection, get_context
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC_DIR = os.path.join(os.path.dirname(TESTS_DIR), "src")
-PG_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective gives up after this (pitfall P2)
+# every folder of tests/ (task modules sit beside their tests; helpers in support/)
+TEST_FOLDERS = [os.path.join(TESTS_DIR, name) for name in sorted(os.listdir(TESTS_DIR))
+                if os.path.isdir(os.path.join(TESTS_DIR, name)) and not name.startswith((".", "_"))]
+PG_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective gives up after this instead of hanging the suite
 # Warnings (message regexes) that are errors inside the workers too: pytest's filters apply only to the parent.
 ERROR_WARNINGS = ("Parallelize plan key",)
 
@@ -58,7 +61,8 @@ def _worker(rank, world_size, port, conn, parent_pid, error_warnings):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:
         os._exit(1)
-    sys.path.insert(0, TESTS_DIR)
+    for folder in reversed(TEST_FOLDERS):
+        sys.path.insert(0, folder)
     if importlib.util.find_spec("plait") is None:  # e.g. a stale editable install
         sys.path.append(SRC_DIR)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
@@ -68,7 +72,7 @@ def _worker(rank, world_size, port, conn, parent_pid, error_warnings):
         import torch
         import torch.distributed as dist
 
-        torch.set_num_threads(1)  # pitfall P9: N ranks share 2 cores
+        torch.set_num_threads(1)  # N ranks share the cores: more threads each only oversubscribe them
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=PG_TIMEOUT)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=PG_TIMEOUT)
         conn.send(("ready", None))

@@ -1,4 +1,4 @@
-"""Tests of the DistPool harness itself (tests/distpool.py) through the dist_pool fixture."""
+"""Tests of the DistPool harness itself (tests/support/distpool.py) through the dist_pool fixture."""
 
 import time
 

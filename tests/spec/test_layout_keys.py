@@ -11,7 +11,7 @@ from plait.errors import PlaitError
 from plait.spec.layout import LAYOUT_KEYS, Layout, layout_keys_markdown
 from plait.spec.layout_keys import KeySpec
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "layout-keys.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "layout-keys.md"
 README = DOC.parents[1] / "README.md"
 
 

@@ -20,7 +20,7 @@ from plait.spec.hardware import CLUSTERS
 from plait.spec.layout import Layout
 from plait.spec.models import MODELS
 
-RUNS_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_runs_calibration.csv"
+RUNS_CSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_runs_calibration.csv"
 needs_runs = pytest.mark.skipif(not RUNS_CSV.is_file(), reason=f"published-runs CSV not found at {RUNS_CSV} "
                                 "(CI clones the repository with shared/ beside it)")
 

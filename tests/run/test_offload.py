@@ -36,7 +36,7 @@ from plait.spec.layout import Layout
 
 RTOL = 1e-6
 ATOL = 1e-6
-PARITY_RTOL = PARITY_ATOL = 1e-5  # several ranks: tests/test_runtime_parity.py's bar (TP sums in another order)
+PARITY_RTOL = PARITY_ATOL = 1e-5  # several ranks: tests/run/test_runtime_parity.py's bar (TP sums in another order)
 RUN = {"steps": 2, "global_batch": 4}
 
 SINGLE = [
@@ -101,7 +101,7 @@ BYTES_CASES = [(spec, Layout(mbs=MBS, ckpt=policy, attn=attn))
 @pytest.mark.parametrize("case", BYTES_CASES, ids=[f"{c[0].name}-{c[1].ckpt}-{c[1].attn}" for c in BYTES_CASES])
 def test_offloaded_bytes_equal_planner(case):
     """One bf16 layer: what the offloader moves out (and back) equals the planner's offloadable
-    items of that layer, after the CPU kernels' documented differences (tests/test_memory_truth.py)."""
+    items of that layer, after the CPU kernels' documented differences (tests/run/test_memory_truth.py)."""
     spec, layout = case
     expected, _, table = comparison(spec, layout, measure_layer(spec, layout, SEQ, MBS))
     want = sum(offloadable_items(expected, layout.ckpt).values())
@@ -170,7 +170,7 @@ def test_gpu_bench_smoke_mode(capsys):
     """bench/offload_gpu.py --smoke runs its code paths on the CPU (tiny model, seq 64)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "offload_gpu.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "offload_gpu.py"
     spec = importlib.util.spec_from_file_location("offload_gpu", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

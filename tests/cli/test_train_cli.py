@@ -171,7 +171,7 @@ def test_data_prepare_bad_input(capsys, tmp_path):
 
 def test_gpu_benchmark_script_runs_in_smoke_mode():
     """bench/train_gpu.py is only measured on a GPU; its code paths must still run here."""
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "train_gpu.py")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench", "train_gpu.py")
     proc = subprocess.run([sys.executable, script, "--smoke"], capture_output=True, text=True, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

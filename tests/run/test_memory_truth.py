@@ -2,7 +2,7 @@
 
 For each checkpoint policy (none, selective, balanced, full), attention kernel (SDPA "flash", eager) and
 tensor-parallel layout (tp=1; tp=2 with and without sequence parallelism, on two gloo ranks),
-``tests/activation_count.py`` builds one bf16 layer of the runtime's model on the CPU and counts,
+``tests/support/activation_count.py`` builds one bf16 layer of the runtime's model on the CPU and counts,
 for one micro-batch, the distinct storages that autograd saves (``saved_tensors_hooks``; DTensors
 by their local shard; parameters and the RoPE tables excluded) and, independently, the storages
 still alive after the forward. The two must agree, and must equal the planner's

@@ -1,4 +1,4 @@
-"""Measure the bytes one transformer layer of the runtime saves for its backward (tests/test_memory_truth.py).
+"""Measure the bytes one transformer layer of the runtime saves for its backward (tests/run/test_memory_truth.py).
 
 ``measure_layer(spec, layout, seq_len, mbs)`` builds a one-layer ``plait.run.model.Transformer`` in
 bf16 on the CPU exactly as the runtime would for ``layout`` (eager or SDPA kernel, tensor/sequence
@@ -23,7 +23,7 @@ autograd keeps, in two independent ways:
     show here.
 
 The results are plain data (picklable), so that ``measure_layer`` also runs as a DistPool task
-on every rank (``tests/distpool.py``).
+on every rank (``tests/support/distpool.py``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from plait.spec.hardware import cluster_for_gpu
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.models import get_model
 
-RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_runs_calibration.csv"
+RUNS = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_runs_calibration.csv"
 SCHEDULES = [("1f1b", 4, 8, 1), ("1f1b", 4, 2, 1), ("1f1b", 3, 7, 1), ("gpipe", 4, 8, 1), ("gpipe", 3, 2, 1),
              ("interleaved-1f1b", 2, 4, 2), ("interleaved-1f1b", 4, 8, 2), ("interleaved-1f1b", 4, 4, 3),
              ("interleaved-1f1b", 2, 2, 2)]

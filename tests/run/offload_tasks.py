@@ -1,4 +1,4 @@
-"""Task bodies for tests/test_offload.py: train the tiny model with a layout (one process or a
+"""Task bodies for tests/run/test_offload.py: train the tiny model with a layout (one process or a
 DistPool) and return losses, gradient norms, parameters and the activation-offload counters."""
 
 from __future__ import annotations

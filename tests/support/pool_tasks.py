@@ -1,4 +1,4 @@
-"""Tiny module-level task bodies for DistPool's own tests (tests/test_distpool.py)."""
+"""Tiny module-level task bodies for DistPool's own tests (tests/support/test_distpool.py)."""
 
 import os
 import time

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "checkpoint_bench.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "checkpoint_bench.py"
 
 
 def test_checkpoint_bench_smoke(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from plait.measure.published import predict_row, predict_runs, read_runs
 from plait.measure.published import error_summary
 
-RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_runs_calibration.csv"
+RUNS = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_runs_calibration.csv"
 pytestmark = pytest.mark.skipif(not RUNS.is_file(), reason=f"calibration set not found at {RUNS}")
 
 

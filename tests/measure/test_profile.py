@@ -295,7 +295,7 @@ def test_profile_bad_input(capsys, tmp_path):
         assert "sees no GPU" in error_line(capsys, "profile", "--device", "cuda", "--out", out)
 
 
-RUNS_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_runs_calibration.csv"
+RUNS_CSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_runs_calibration.csv"
 
 
 @pytest.mark.skipif(not RUNS_CSV.is_file(), reason=f"published-runs CSV not found at {RUNS_CSV}")

@@ -28,7 +28,7 @@ from plait.measure.published import predict_row, read_runs
 from plait.plan.calibration import read_calibration
 from plait.plan.params import DEFAULT_PARAMS
 
-RUNS_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_runs_calibration.csv"
+RUNS_CSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_runs_calibration.csv"
 needs_runs = pytest.mark.skipif(not RUNS_CSV.is_file(), reason=f"published-runs CSV not found at {RUNS_CSV}")
 REPORTED = ("reported_tflops_per_gpu", "reported_mfu", "reported_hfu", "reported_iter_time_s",
             "reported_tokens_per_s_per_gpu")
