@@ -37,8 +37,12 @@ def test_errors_are_not_all_one_sign(results):
 def test_missing_inputs_are_incomplete_not_guessed(results):
     by_id = {r.id: r for r in results}
     assert by_id["torchtitan-2412-t1-8b-8g-fsdp"].status == "incomplete: seq_len not given"
-    assert by_id["megatron21-t2-ptd-174p6b-384g"].status == "incomplete: tp/pp split not given"
-    assert by_id["megatron21-t2-zero3-174p6b-384g"].status == "incomplete: recompute not given"
+    assert by_id["korthikanti22-abs-530b-dp8-fullrecompute"].status == "incomplete: tp/pp split not given"
+    # issue 18: Table 2's missing knobs are completed, and every completion is stated
+    ptd, zero3 = by_id["megatron21-t2-ptd-174p6b-384g"], by_id["megatron21-t2-zero3-174p6b-384g"]
+    assert ptd.complete and zero3.complete
+    assert any(n.startswith("completed: ckpt=full") for n in zero3.notes)
+    assert any(n.startswith("completed: tp=") and "model-parallel size 96" in n for n in ptd.notes)
     for r in results:
         if r.status.startswith("incomplete"):
             assert r.predicted_mfu is None

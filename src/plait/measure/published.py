@@ -7,10 +7,12 @@ time), else TFLOP/s/GPU divided by the source's own FLOPs per token (Narayanan e
 Eq. 3, which counts the recompute forward and the full attention square), else MFU/HFU times the
 peak over the source's FLOPs per token (torchtitan 6N + 12·L·h·s; Korthikanti et al. Eq. 7).
 
-Inputs are never guessed silently: a row missing seq_len, micro-batch, recompute or the TP/PP
-split is ``incomplete``; defaults that are applied (8 GPUs per node, a vocabulary taken from the
-preset with the same dimensions, FlashAttention when the column is blank) are written in the
-row's notes.
+Inputs are never guessed silently: a row missing seq_len, micro-batch or recompute is
+``incomplete``; defaults that are applied (8 GPUs per node, a vocabulary taken from the preset
+with the same dimensions, FlashAttention when the column is blank) are written in the row's
+notes. Two knobs are completed, each stated in the notes as ``completed: ...``: the recompute of
+Narayanan et al. 2021's rows (Megatron-LM 2021 and DeepSpeed ZeRO-3 recompute every layer), and
+the TP/PP split of a stated model-parallel size (n_gpus / dp) - the fastest split that fits.
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ def build_specs(row: dict, notes: list[str] | None = None) -> tuple[ModelSpec, C
     n_gpus = _int(row, "n_gpus")
     tp, pp, dp, mbs, gbs = (_int(row, k) for k in ("tp", "pp", "dp", "mbs", "gbs"))
     cp = _int(row, "cp") or 1
-    if tp is None or pp is None:
+    if (tp is None or pp is None) and (n_gpus is None or dp is None):
         raise IncompleteRow("tp/pp split not given")
     if mbs is None:
         raise IncompleteRow("micro-batch size not given")
@@ -191,8 +193,12 @@ def build_specs(row: dict, notes: list[str] | None = None) -> tuple[ModelSpec, C
     zero = _zero_stage(row["zero_stage"])
     if zero is None:
         raise IncompleteRow(f"ZeRO stage {row['zero_stage']!r} not understood")
-    layers_per_stage = -(-model.n_layers // pp)
+    split_given = tp is not None and pp is not None
+    layers_per_stage = -(-model.n_layers // pp) if split_given else model.n_layers
     recompute = _recompute(row["recompute"], layers_per_stage)
+    if recompute is None and "narayanan" in row["source"].lower():
+        recompute = ("full", 0)
+        notes.append("completed: ckpt=full (Megatron-LM 2021 / DeepSpeed ZeRO-3 recompute every layer)")
     if recompute is None:
         raise IncompleteRow("recompute not given")
     try:
@@ -211,16 +217,53 @@ def build_specs(row: dict, notes: list[str] | None = None) -> tuple[ModelSpec, C
     attn = "eager" if flash == "no" else "flash"
     precision = "fp8" if "fp8" in (row.get("precision") or "").lower() else "bf16"
     sp = (row.get("seq_parallel") or "").strip().lower() == "yes"
-    layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, zero=zero, sp=sp or tp == 1,
-                    ckpt=recompute[0], ckpt_layers=recompute[1],
-                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
-                    split="even" if model.n_layers % (pp * vpp) == 0 else "uneven",
-                    precision=precision, attn=attn)
     job = JobSpec(global_batch=gbs, seq_len=seq_len)
+
+    def layout_of(tp: int, pp: int) -> Layout:
+        return Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, zero=zero, sp=sp or tp == 1,
+                      ckpt=recompute[0], ckpt_layers=recompute[1],
+                      schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+                      split="even" if model.n_layers % (pp * vpp) == 0 else "uneven",
+                      precision=precision, attn=attn)
+
+    if split_given:
+        layout = layout_of(tp, pp)
+    else:
+        layout = _fastest_split(model, cluster, job, n_gpus // (dp * cp), layout_of, _runtime(row), notes)
     errs = errors_of(validate(model, cluster, job, layout))
     if errs:
         raise UnsupportedRow("; ".join(e.message for e in errs))
     return model, cluster, job, layout
+
+
+def _runtime(row: dict) -> str:
+    """Megatron-LM saves the sharded sequence-parallel GEMM input; PyTorch runtimes save it gathered."""
+    source = row.get("source", "").lower()
+    return "megatron" if any(word in source for word in ("narayanan", "korthikanti", "megatron")) else "torch"
+
+
+def _fastest_split(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, model_parallel: int, layout_of,
+                   runtime: str, notes: list[str]) -> Layout:
+    """The fastest (tp, pp) with tp·pp = ``model_parallel`` (tp inside a node) that fits; noted."""
+    best = None
+    for tp in (t for t in range(1, cluster.gpus_per_node + 1) if model_parallel % t == 0):
+        pp = model_parallel // tp
+        if pp > model.n_layers or model.n_heads % tp or model.n_kv_heads % tp or model.ffn_hidden % tp:
+            continue
+        layout = layout_of(tp, pp)
+        if errors_of(validate(model, cluster, job, layout)):
+            continue
+        if not estimate_memory(model, cluster, job, layout, runtime=runtime).fits:
+            continue
+        tokens = estimate_step(model, cluster, job, layout).tokens_per_s_per_gpu
+        if best is None or tokens > best[0]:
+            best = (tokens, layout)
+    if best is None:
+        raise IncompleteRow(f"tp/pp split not given and no split of model-parallel size {model_parallel} fits")
+    layout = best[1]
+    notes.append(f"completed: tp={layout.tp},pp={layout.pp} (fastest fitting split of the stated "
+                 f"model-parallel size {model_parallel}, by search)")
+    return layout
 
 
 def _reported_tokens(row: dict, model: ModelSpec, seq_len: int, n_gpus: int, notes: list[str]) -> float | None:
@@ -259,9 +302,7 @@ def predict_row(row: dict, params: CostParams = DEFAULT_PARAMS) -> RunResult:
         result.status = f"unsupported: {exc}"
         return result
     step = estimate_step(model, cluster, job, layout, params)
-    # Megatron-LM saves the sharded sequence-parallel GEMM input; PyTorch runtimes save it gathered
-    megatron = any(word in result.source.lower() for word in ("narayanan", "korthikanti", "megatron"))
-    memory = estimate_memory(model, cluster, job, layout, params, runtime="megatron" if megatron else "torch")
+    memory = estimate_memory(model, cluster, job, layout, params, runtime=_runtime(row))
     result.seq_len = job.seq_len
     result.predicted_step_time_s = step.step_time
     result.predicted_mfu = step.mfu

@@ -11,9 +11,13 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
   pipeline: m · t_slowest + bubble, bubble = (p-1)·t for GPipe and 1F1B (Narayanan et al.
       2021), (p-1)·t/v for interleaved 1F1B, (p-1)·t/3 for zero-bubble (ZB-H1).
   data parallel: gradient all-reduce (ZeRO 0), reduce-scatter + parameter all-gather (ZeRO 1/2),
-      or per-micro-batch parameter all-gathers and gradient reduce-scatters (ZeRO-3), each
-      hidden behind up to ``dp_overlap`` of the compute it can overlap; hybrid sharding adds an
-      all-reduce of the gradient shards across replicas.
+      each hidden behind up to ``dp_overlap`` of the compute it can overlap; ZeRO-3: per
+      micro-batch and layer, the parameter all-gather (forward; again in backward when resharded)
+      and the gradient reduce-scatter, each prefetched one layer ahead so that it hides behind at
+      most one layer's compute, the first all-gather of each micro-batch and the last
+      reduce-scatter of the step exposed (``_zero3_exposed``); hybrid sharding adds an
+      all-reduce of the gradient shards across replicas (the only DP bytes that cross nodes
+      when the shard group is inside a node).
 
 MFU = model FLOPs (causal attention counted explicitly) / (step time · GPUs · dense bf16 peak).
 HFU uses hardware FLOPs (with recomputation). Collectives follow ``plait.plan.comm``.
@@ -106,6 +110,37 @@ def _exposed(comm_time: float, window: float, params: CostParams) -> float:
     """Communication left on the critical path when it may hide behind ``window`` seconds."""
     hidden_capacity = params.dp_overlap * window
     return max(0.0, comm_time - hidden_capacity) + params.overlap_slowdown * min(comm_time, hidden_capacity)
+
+
+def _pipelined(comm_layer: float, compute_layer: float, layers: int, params: CostParams) -> float:
+    """Exposed time of ``layers`` per-layer collectives, each prefetched one layer ahead: the
+    first is exposed, each later one hides behind at most ``dp_overlap`` of one layer's compute
+    (prefetch depth 1, FSDP's and DeepSpeed's default, so slack does not carry over)."""
+    if layers <= 0 or comm_layer <= 0:
+        return 0.0
+    rest = layers - 1
+    return comm_layer + rest * _exposed(comm_layer, compute_layer, params)
+
+
+def _zero3_exposed(cluster: ClusterSpec, shard: GroupPlacement, local: float, layers: int, times,
+                   recompute_mb: float, reshard: bool, micro_batches: int, params: CostParams) -> float:
+    """Exposed ZeRO-3 / FSDP communication of one step, seconds.
+
+    Per micro-batch and layer: the parameter all-gather (bf16) before its forward, again before
+    its backward when parameters are resharded after the forward, and the gradient
+    reduce-scatter (``grad_reduce_bytes`` per element: the precision policy's reduce dtype) -
+    each a flat ring over the shard group (``plait.plan.comm``), with per-layer latency. Each
+    hides behind one layer's forward (backward + recompute) compute; the first all-gather of a
+    micro-batch and the last reduce-scatter of the step are exposed.
+    """
+    per_layer = local / max(1, layers)
+    gather = comm.all_gather(cluster, shard, 2.0 * per_layer)
+    scatter = comm.reduce_scatter(cluster, shard, params.grad_reduce_bytes * per_layer)
+    backward = (gather if reshard else 0.0) + scatter
+    backward_layer = times.bwd + recompute_mb / max(1, layers)
+    forward_mb = _pipelined(gather, times.fwd, layers, params)
+    backward_mb = max(1, layers) * _exposed(backward, backward_layer, params)
+    return micro_batches * (forward_mb + backward_mb) + scatter
 
 
 @lru_cache(maxsize=4096)
@@ -208,13 +243,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
             dp_comm = _exposed(comm.reduce_scatter(cluster, shard, grad_bytes), bwd_window, params)
             dp_comm += _exposed(comm.all_gather(cluster, shard, 2.0 * local), fwd_window, params)
         else:
-            shard = groups["shard"]
-            gather = comm.all_gather(cluster, shard, 2.0 * local)
-            scatter = comm.reduce_scatter(cluster, shard, grad_bytes)
-            per_mb = _exposed(gather, fwd_window, params) + gather / max(1, layers)
-            back = (gather if lay.reshard else 0.0) + scatter
-            per_mb += _exposed(back, bwd_window, params)
-            dp_comm = per_mb * m
+            dp_comm = _zero3_exposed(cluster, groups["shard"], local, layers, times, n_ckpt * recompute_layer,
+                                     lay.reshard, m, params)
         if lay.hsdp > 1:
             dp_comm += comm.all_reduce(cluster, groups["replicate"], grad_bytes / max(1, d // lay.cp))
 

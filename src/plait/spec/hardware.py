@@ -59,7 +59,11 @@ class ClusterSpec:
     Attributes:
         intra_node_bandwidth: NVLink/NVSwitch (or Infinity Fabric) bandwidth per GPU per
             direction, bytes/s.
-        inter_node_bandwidth: network bandwidth per GPU per direction (its NIC share), bytes/s.
+        inter_node_bandwidth: bandwidth of one network NIC per direction, bytes/s (what one GPU
+            alone reaches across nodes: ``plait profile`` measures it with one rank per node).
+        gpus_per_nic: GPUs that share one NIC (1 on DGX A100/H100/B200: one 200/400 Gb/s NIC per
+            GPU; 2 on a Frontier node: 4 NICs for 8 GCDs). A GPU's network bandwidth - its NIC
+            share - is ``inter_node_bandwidth / gpus_per_nic`` (``nic_share``).
         intra_node_latency / inter_node_latency: per-hop latency of a collective step, seconds.
         host_link_bandwidth: GPU <-> host (PCIe) bandwidth per GPU per direction, bytes/s.
         link_efficiency: fraction of link bandwidth a large collective reaches (bus bandwidth).
@@ -76,6 +80,20 @@ class ClusterSpec:
     host_link_bandwidth: float = 25 * GB
     link_efficiency: float = 0.80
     n_gpus: int = 8
+    gpus_per_nic: int = 1
+
+    def __post_init__(self) -> None:
+        value = self.gpus_per_nic
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlaitError(f"cluster {self.name}: gpus_per_nic={value!r} must be a positive integer")
+        if value > self.gpus_per_node:
+            raise PlaitError(f"cluster {self.name}: gpus_per_nic={value} is more than the node's "
+                             f"{self.gpus_per_node} GPUs")
+
+    @property
+    def nic_share(self) -> float:
+        """Network bandwidth of one GPU per direction: its share of its NIC, bytes/s."""
+        return self.inter_node_bandwidth / self.gpus_per_nic
 
     def with_gpus(self, n_gpus: int) -> ClusterSpec:
         return dataclasses.replace(self, n_gpus=int(n_gpus))
@@ -147,20 +165,24 @@ GPUS: dict[str, GpuSpec] = {
 CLUSTERS: dict[str, ClusterSpec] = {
     c.name: c
     for c in [
-        # DGX A100: 8 GPUs, NVSwitch, 8x HDR 200 Gb/s InfiniBand (25 GB/s per GPU), PCIe Gen4.
+        # Network: ``inter_node_bandwidth`` is one NIC; ``gpus_per_nic`` how many GPUs share it.
+        # DGX A100: 8 GPUs, NVSwitch, 8x HDR 200 Gb/s InfiniBand compute NICs, one per GPU
+        # (25 GB/s per GPU; NVIDIA DGX A100 user guide / SuperPOD reference architecture), PCIe Gen4.
         ClusterSpec("dgx-a100", GPUS["a100-80g"], 8, 300 * GB, 25 * GB, host_link_bandwidth=25 * GB),
         ClusterSpec("dgx-a100-40g", GPUS["a100-40g"], 8, 300 * GB, 25 * GB, host_link_bandwidth=25 * GB),
         ClusterSpec("hgx-a800", GPUS["a800"], 8, 200 * GB, 25 * GB, host_link_bandwidth=25 * GB),
-        # DGX H100: NVLink4 via NVSwitch, 8x NDR 400 Gb/s (50 GB/s per GPU), PCIe Gen5.
+        # DGX H100: NVLink4 via NVSwitch, 8x NDR 400 Gb/s ConnectX-7, one per GPU (50 GB/s per GPU;
+        # DGX H100 user guide), PCIe Gen5. HGX A800/H800 boards: one NIC per GPU assumed.
         ClusterSpec("dgx-h100", GPUS["h100-sxm"], 8, 450 * GB, 50 * GB, host_link_bandwidth=50 * GB),
         ClusterSpec("hgx-h800", GPUS["h800"], 8, 200 * GB, 50 * GB, host_link_bandwidth=50 * GB),
-        # Meta Grand Teton: 8x H100 96 GB HBM2e (500 W), 400 Gb/s RDMA per GPU.
+        # Meta Grand Teton: 8x H100 96 GB HBM2e (500 W), one 400 Gb/s RoCE NIC per GPU (Llama 3 paper).
         ClusterSpec("grand-teton-h100", GPUS["h100-96g-500w"], 8, 450 * GB, 50 * GB, host_link_bandwidth=50 * GB),
         ClusterSpec("dgx-h200", GPUS["h200"], 8, 450 * GB, 50 * GB, host_link_bandwidth=50 * GB),
-        # DGX B200: NVLink5 1.8 TB/s bidirectional, 8x 400 Gb/s.
+        # DGX B200: NVLink5 1.8 TB/s bidirectional, 8x 400 Gb/s ConnectX-7, one per GPU.
         ClusterSpec("dgx-b200", GPUS["b200"], 8, 900 * GB, 50 * GB, host_link_bandwidth=50 * GB),
-        # Frontier node: 4 MI250X = 8 GCDs, Slingshot 4x 25 GB/s per node (12.5 GB/s per GCD).
-        ClusterSpec("frontier", GPUS["mi250x"], 8, 50 * GB, 12.5 * GB, host_link_bandwidth=36 * GB),
+        # Frontier node: 4 MI250X = 8 GCDs, 4 Slingshot-11 NICs of 25 GB/s, one per MI250X, so
+        # 2 GCDs per NIC (12.5 GB/s per GCD; OLCF Frontier user guide).
+        ClusterSpec("frontier", GPUS["mi250x"], 8, 50 * GB, 25 * GB, host_link_bandwidth=36 * GB, gpus_per_nic=2),
     ]
 }
 
