@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from plait.measure.published import predict_row, predict_runs, read_runs
-from plait.measure.published import error_summary
+from plait.measure.published import accuracy_record, error_summary, shipped_accuracy
 
 RUNS = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_runs_calibration.csv"
 pytestmark = pytest.mark.skipif(not RUNS.is_file(), reason=f"calibration set not found at {RUNS}")
@@ -15,6 +15,12 @@ pytestmark = pytest.mark.skipif(not RUNS.is_file(), reason=f"calibration set not
 @pytest.fixture(scope="module")
 def results():
     return predict_runs(RUNS)
+
+
+def test_shipped_accuracy_is_the_current_models(results):
+    """plait plan quotes plait/data/validation.json; it must be this model's record on this set."""
+    assert shipped_accuracy() == accuracy_record(error_summary(results)), (
+        "src/plait/data/validation.json is stale: write accuracy_record(error_summary(predict_runs(RUNS))) into it")
 
 
 def test_accuracy_bar(results):

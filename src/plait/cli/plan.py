@@ -71,7 +71,7 @@ def run(args) -> int:
                  f"{job.global_batch} x {job.seq_len}: top {min(args.top, len(plans))} of {len(plans)} {which}")
         stats = (f"searched {result.evaluated:,} layouts in {result.seconds:.2f} s "
                  f"({result.layouts_per_second:,.0f}/s); {result.rejected_oom:,} do not fit")
-        hidden = result.unrunnable_ahead(1)
+        hidden = 0 if args.any_runtime else result.unrunnable_ahead(1)
         if hidden:
             stats += (f"; {hidden:,} faster fitting layout(s) that plait train does not run yet are not ranked "
                       "(--any-runtime shows them)")

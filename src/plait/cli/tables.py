@@ -64,9 +64,14 @@ def explain(console: Console, plan: Plan) -> None:
 
 
 def confidence_note(console: Console) -> None:
-    console.print("[dim]How sure: on 50 published runs the default cost model's median MFU error is "
-                  "1.6 points (86% within 4 points; `plait validate --runs ...`). Calibrate on your "
-                  "hardware for better.[/dim]")
+    from plait.measure.published import shipped_accuracy
+
+    record = shipped_accuracy()
+    if record is None:
+        return
+    console.print(f"[dim]How sure: on {record['runs_compared']} published runs the default cost model's median MFU "
+                  f"error is {record['median_abs_error_points']:.1f} points ({100 * record['within_4_points']:.0f}% "
+                  "within 4 points; `plait validate --runs ...`). Calibrate on your hardware for better.[/dim]")
 
 
 def validation_table(results: list[RunResult]) -> Table:

@@ -18,6 +18,7 @@ the TP/PP split of a stated model-parallel size (n_gpus / dp) - the fastest spli
 from __future__ import annotations
 
 import csv
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -346,3 +347,26 @@ def error_summary(results: list[RunResult]) -> dict:
             "unsupported": sum(r.status.startswith("unsupported") for r in results),
             "oom": sum(r.status == "oom" for r in results),
             "overall": stats(errors), "per_source": {s: stats(v) for s, v in sorted(by_source.items())}}
+
+
+ACCURACY_FILE = Path(__file__).resolve().parents[1] / "data" / "validation.json"
+
+
+def accuracy_record(summary: dict) -> dict:
+    """The part of ``error_summary`` that ``plait plan`` quotes ("how sure"), rounded as printed.
+
+    Shipped as ``plait/data/validation.json`` (the calibration set is not in the package);
+    tests/measure/test_published_runs.py checks it equals the current model's record on
+    shared/data, so the quoted numbers cannot go stale."""
+    overall = summary["overall"]
+    return {"runs_compared": summary["compared"],
+            "median_abs_error_points": round(overall["median_abs_error"], 1),
+            "within_4_points": round(overall["within_4_points"], 2)}
+
+
+def shipped_accuracy() -> dict | None:
+    """``accuracy_record`` of the default cost model, as shipped (None when the file is missing)."""
+    try:
+        return json.loads(ACCURACY_FILE.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
