@@ -309,7 +309,9 @@ def cluster_specs(draw) -> ClusterSpec:
     fraction = st.floats(min_value=0.01, max_value=1.0, allow_nan=False)
     gpu = dataclasses.replace(base.gpu, hbm_bytes=draw(positive), gemm_efficiency=draw(fraction),
                               kernel_overhead=draw(positive))
-    return dataclasses.replace(base, gpu=gpu, gpus_per_node=draw(st.sampled_from((1, 2, 4, 8, 16))),
+    node = draw(st.sampled_from((1, 2, 4, 8, 16)))
+    per_nic = draw(st.sampled_from([n for n in (1, 2, 4, 8) if n <= node]))
+    return dataclasses.replace(base, gpu=gpu, gpus_per_node=node, gpus_per_nic=per_nic,
                                inter_node_bandwidth=draw(positive), link_efficiency=draw(fraction))
 
 
