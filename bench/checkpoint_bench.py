@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from plait.run.checkpoint import store
 from plait.run.checkpoint.dcp import Checkpointer, ensure_optimizer_state, load_checkpoint
-from plait.run.config import OptimConfig, RunConfig
+from plait.run.config import OptimConfig, RunConfig, RuntimeConfig, TrainJob
 from plait.run.parallel.mesh import build_parallel_dims
 from plait.run.optim import build_optimizer
 from plait.run.parallel.parallelize import build_model_parts
@@ -61,9 +61,11 @@ def machine() -> str:
 
 def save_and_load(model_name: str, device: torch.device, use_async: bool, directory: Path) -> dict:
     spec = get_model(model_name)
-    config = RunConfig(model=spec, layout=Layout(dp=1), global_batch=1, seq_len=min(128, spec.max_seq_len),
-                       steps=1, optim=OptimConfig(), device=device.type)
-    pdims = build_parallel_dims(config.layout, device.type)
+    config = RunConfig(job=TrainJob(model=spec, layout=Layout(dp=1), global_batch=1,
+                                    seq_len=min(128, spec.max_seq_len), steps=1),
+                       optim=OptimConfig(), runtime=RuntimeConfig(device=device.type))
+    layout = config.job.layout
+    pdims = build_parallel_dims(layout, device.type)
     start = time.perf_counter()
     parts = build_model_parts(spec, pdims, device, seed=0, n_microbatches=1)
     optimizer = build_optimizer(parts.parameters(), config.optim)
@@ -72,7 +74,7 @@ def save_and_load(model_name: str, device: torch.device, use_async: bool, direct
     build_s = time.perf_counter() - start
     out = {"model": model_name, "parameters": n_params, "device": device.type, "build_s": build_s}
 
-    sync = Checkpointer(directory, every=0, keep=0, run=config.to_dict(), layout=str(config.layout),
+    sync = Checkpointer(directory, every=0, keep=0, run=config.to_dict(), layout=str(layout),
                         use_async=False, device=device)
     start = time.perf_counter()
     sync.save(1, parts, optimizer)
@@ -90,7 +92,7 @@ def save_and_load(model_name: str, device: torch.device, use_async: bool, direct
         torch.cuda.synchronize(device)
     out["load_s"] = time.perf_counter() - start
     if use_async:
-        checkpointer = Checkpointer(directory, every=0, keep=0, run=config.to_dict(), layout=str(config.layout),
+        checkpointer = Checkpointer(directory, every=0, keep=0, run=config.to_dict(), layout=str(layout),
                                     use_async=True, device=device)
         start = time.perf_counter()
         checkpointer.save(2, parts, optimizer)

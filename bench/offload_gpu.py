@@ -41,7 +41,7 @@ def measure(model: str, seq: int, policy: str, steps: int, device: str, gpu: str
     import torch.distributed as dist
 
     from plait.plan.plan import evaluate
-    from plait.run.config import OptimConfig, RunConfig
+    from plait.run.config import LogConfig, OptimConfig, RunConfig, RuntimeConfig, TrainJob
     from plait.run.trainer import run_training
     from plait.spec.hardware import get_cluster, get_gpu
     from plait.spec.layout import JobSpec, Layout
@@ -49,8 +49,10 @@ def measure(model: str, seq: int, policy: str, steps: int, device: str, gpu: str
 
     spec = get_model(model)
     layout = Layout.parse(f"dp=1,mbs=1,{policy}")
-    config = RunConfig(model=spec, layout=layout, global_batch=1, seq_len=seq, steps=steps, device=device,
-                       gpu=gpu, optim=OptimConfig(warmup_steps=1), offload_dir=offload_dir, log_every=10**6)
+    config = RunConfig(job=TrainJob(model=spec, layout=layout, global_batch=1, seq_len=seq, steps=steps),
+                       optim=OptimConfig(warmup_steps=1),
+                       runtime=RuntimeConfig(device=device, gpu=gpu, offload_dir=offload_dir),
+                       observe=LogConfig(log_every=10**6))
     with tempfile.TemporaryDirectory() as tmp:
         store = dist.FileStore(os.path.join(tmp, "store"), 1)
         if device == "cuda":

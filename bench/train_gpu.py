@@ -86,7 +86,7 @@ except ImportError:  # running from a checkout that is not pip-installed
 
 from plait.errors import PlaitError
 from plait.plan.plan import Plan, evaluate
-from plait.run.config import OptimConfig, RunConfig
+from plait.run.config import OptimConfig, Prediction, RunConfig, RuntimeConfig, TrainJob
 from plait.run.data.tokens import open_tokens
 from plait.run.metrics import StepRecord, mfu
 from plait.run.optim import lr_at
@@ -164,15 +164,16 @@ def run_plait(config: RunConfig, device: torch.device, warmup: int) -> dict:
     problems = config.runtime_problems()
     if problems:
         raise PlaitError("plait cannot run this configuration: " + "; ".join(problems))
-    print(f"\n== plait: {config.model.name}, layout {config.layout}, global batch {config.global_batch} x "
-          f"{config.seq_len}, compile={config.compile}", flush=True)
+    job, compiled = config.job, config.runtime.compile
+    print(f"\n== plait: {job.model.name}, layout {job.layout}, global batch {job.global_batch} x "
+          f"{job.seq_len}, compile={compiled}", flush=True)
     result = run_training(config, device)
     records: list[StepRecord] = result.records
     out = {"step_times_s": [r.step_time_s for r in records], "losses": [r.loss for r in records],
-           "autocast_bf16": device.type == "cuda", "compile": config.compile,
+           "autocast_bf16": device.type == "cuda", "compile": compiled,
            "param_dtype": str(next(iter(result.parts.parameters())).dtype).replace("torch.", "")}
     out["step_time_s"] = steady(out["step_times_s"], warmup)
-    out["tokens_per_s"] = config.tokens_per_step / out["step_time_s"]
+    out["tokens_per_s"] = job.tokens_per_step / out["step_time_s"]
     out["final_loss"] = records[-1].loss
     if device.type == "cuda":
         out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
@@ -233,6 +234,7 @@ def run_baseline(spec: ModelSpec, config: RunConfig, device: torch.device, warmu
     if info["attn_implementation"] != "sdpa":
         print(f"warning: the baseline's attention is {info['attn_implementation']!r}, not sdpa")
     optim: OptimConfig = config.optim
+    job = config.job
     kwargs = {"lr": optim.lr, "betas": (optim.beta1, optim.beta2), "eps": optim.eps,
               "weight_decay": optim.weight_decay}
     try:
@@ -242,12 +244,12 @@ def run_baseline(spec: ModelSpec, config: RunConfig, device: torch.device, warmu
         print(f"note: fused AdamW unavailable here ({exc}); using the default implementation")
         optimizer = torch.optim.AdamW(model.parameters(), **kwargs)
         info["fused_adamw"] = False
-    source = open_tokens(config.data, spec.vocab, config.seed)
-    n_micro = config.layout.micro_batches(config.global_batch)
-    gb, seq = config.global_batch, config.seq_len
+    source = open_tokens(job.data, spec.vocab, job.seed)
+    n_micro = job.layout.micro_batches(job.global_batch)
+    gb, seq = job.global_batch, job.seq_len
     print(f"\n== baseline: transformers {info['transformers']} {info['class']} "
           f"({info['params'] / 1e9:.2f}B params, bf16, attn={info['attn_implementation']}, "
-          f"fused AdamW={info['fused_adamw']}), {n_micro} micro-batches of {config.layout.mbs}", flush=True)
+          f"fused AdamW={info['fused_adamw']}), {n_micro} micro-batches of {job.layout.mbs}", flush=True)
     start_allocated = 0
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -255,13 +257,13 @@ def run_baseline(spec: ModelSpec, config: RunConfig, device: torch.device, warmu
         torch.cuda.reset_peak_memory_stats(device)
     model.train()
     times, losses = [], []
-    for step in range(config.steps):
+    for step in range(job.steps):
         start = time.perf_counter()
         rows = source.batch(step, range(gb), seq, gb)
         tokens = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(device)
         inputs, labels = tokens[:, :-1], tokens[:, 1:]
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, config.steps, optim)
+            group["lr"] = lr_at(step, job.steps, optim)
         total = torch.zeros((), device=device)
         for x, y in zip(inputs.chunk(n_micro), labels.chunk(n_micro)):
             logits = model(input_ids=x, use_cache=False).logits
@@ -277,11 +279,11 @@ def run_baseline(spec: ModelSpec, config: RunConfig, device: torch.device, warmu
         elapsed = time.perf_counter() - start
         times.append(elapsed)
         losses.append(loss_value)
-        print(f"baseline step {step + 1}/{config.steps} loss {loss_value:.4f} | "
-              f"{config.tokens_per_step / elapsed:,.0f} tok/s | {elapsed * 1e3:.0f} ms", flush=True)
+        print(f"baseline step {step + 1}/{job.steps} loss {loss_value:.4f} | "
+              f"{job.tokens_per_step / elapsed:,.0f} tok/s | {elapsed * 1e3:.0f} ms", flush=True)
     out = {"step_times_s": times, "losses": losses, **info}
     out["step_time_s"] = steady(times, warmup)
-    out["tokens_per_s"] = config.tokens_per_step / out["step_time_s"]
+    out["tokens_per_s"] = job.tokens_per_step / out["step_time_s"]
     out["final_loss"] = losses[-1]
     if device.type == "cuda":
         out["residual_allocated_bytes"] = start_allocated  # left over from the plait run; subtracted
@@ -534,9 +536,11 @@ def main(argv: list[str] | None = None) -> int:
             print("warning: the planner says this does not fit; lower --mbs")
     else:
         print(f"warning: no prediction: {plan_error}")
-    config = RunConfig(model=spec, layout=layout, global_batch=global_batch, seq_len=args.seq, steps=args.steps,
-                       seed=args.seed, compile=not args.no_compile, device=device.type,
-                       gpu=gpu if device.type == "cuda" else None, prediction=prediction)
+    config = RunConfig(job=TrainJob(model=spec, layout=layout, global_batch=global_batch, seq_len=args.seq,
+                                    steps=args.steps, seed=args.seed),
+                       runtime=RuntimeConfig(compile=not args.no_compile, device=device.type,
+                                             gpu=gpu if device.type == "cuda" else None),
+                       prediction=Prediction.of_plan(plan, predict_gpu) if plan is not None else None)
     peak = get_gpu(gpu).peak_flops("bf16") if device.type == "cuda" else None
     command = " ".join(["python", *sys.argv]) if argv is None else " ".join(["python", "bench/train_gpu.py", *argv])
     run = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -554,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: plait ran out of GPU memory at --mbs {args.mbs} --seq {args.seq}; "
                       "lower --mbs (and raise --grad-accum)", file=sys.stderr)
                 raise
-            free_cuda(device, config.compile)
+            free_cuda(device, config.runtime.compile)
             if args.no_baseline:
                 run["baseline"] = {"skipped": "--no-baseline"}
             else:

@@ -100,7 +100,7 @@ def test_truncated_newest_checkpoint_is_refused_before_launch(dist_pool, tmp_pat
     code, out, err = run_inline(capsys, "train", "--resume", str(ckpt), "--device", "cpu", "--dry-run")
     assert code == 0, err
     assert "step_00000004 is corrupt" in out and "truncated" in out
-    assert json.loads(out.split("config.json:\n", 1)[1])["resume_from"].endswith(store.final_name(2))
+    assert json.loads(out.split("config.json:\n", 1)[1])["checkpoint"]["resume_from"].endswith(store.final_name(2))
     assert sorted(p.name for p in ckpt.rglob("*")) == before, "a dry run must not touch the checkpoints"
 
 
@@ -142,12 +142,12 @@ def test_resume_on_another_world_size_replans(saved4, capsys):
     assert code == 0, err
     assert "world size 4 → 2: re-planned layout dp=4" in out
     config = json.loads(out.split("config.json:\n", 1)[1])
-    assert config["layout"].startswith(("dp=2", "dp=1")) and config["global_batch"] == 8
-    assert config["resume_from"].endswith(store.final_name(1))
+    assert config["job"]["layout"].startswith(("dp=2", "dp=1")) and config["job"]["global_batch"] == 8
+    assert config["checkpoint"]["resume_from"].endswith(store.final_name(1))
     code, out, err = run_inline(capsys, "train", "--resume", str(saved4), "--layout", "pp=2,tp=2", "--device", "cpu",
                                 "--dry-run")
     assert code == 0, err
-    assert json.loads(out.split("config.json:\n", 1)[1])["layout"].startswith("dp=1,tp=2,pp=2")
+    assert json.loads(out.split("config.json:\n", 1)[1])["job"]["layout"].startswith("dp=1,tp=2,pp=2")
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -136,7 +136,7 @@ def test_dry_run_prints_the_torchrun_command(capsys):
     assert code == 0
     assert out.startswith("torchrun --nproc-per-node=4 --max-restarts=0 --standalone -m plait.run.worker")
     config = json.loads(out.split("config.json:\n", 1)[1])
-    assert config["layout"] == "dp=2,tp=2,pp=1,cp=1,mbs=1" and config["global_batch"] == 8
+    assert config["job"]["layout"] == "dp=2,tp=2,pp=1,cp=1,mbs=1" and config["job"]["global_batch"] == 8
 
 
 def test_plan_without_process_count_uses_its_world_size(capsys, tmp_path):

@@ -33,7 +33,7 @@ from plait.measure.sweep.run_one import (
     worker_pids,
 )
 from plait.measure.sweep.stats import average_ranks, spearman, summarize, top1_text
-from plait.run.config import RunConfig
+from plait.run.config import RunConfig, TrainJob
 from plait.run.launcher.outcome import Outcome, read_outcome
 from plait.spec.hardware import cluster_for_gpu
 from plait.spec.models import get_model
@@ -161,7 +161,7 @@ def test_top_k_takes_runnable_layouts_in_planner_order():
     cases = make_cases(tiny_spec(global_batch=8), entries)
     assert [c.planner_rank for c in cases] == [1, 2, 3]
     for case in cases:
-        config = RunConfig(model=case.plan.model, layout=case.layout, global_batch=8, seq_len=32)
+        config = RunConfig(job=TrainJob(model=case.plan.model, layout=case.layout, global_batch=8, seq_len=32))
         assert config.runtime_problems() == []
 
 

@@ -69,7 +69,8 @@ def elastic_layout(layout: str, **kwargs) -> str:
     from plait.run.env import RankEnv
     from plait.run.worker import startup_config
 
-    return str(startup_config(make_config(layout, **kwargs), RankEnv.from_environ(), say=lambda text: None)[0].layout)
+    config, _ = startup_config(make_config(layout, **kwargs), RankEnv.from_environ(), say=lambda text: None)
+    return str(config.job.layout)
 
 
 def train_with_full_disk(layout: str, full_from_step: int, **kwargs) -> dict:

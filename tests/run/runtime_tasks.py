@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from plait.run.config import OptimConfig, RunConfig
+from plait.run.config import FLAT_FIELDS, CheckpointConfig, LogConfig, OptimConfig, RunConfig, RuntimeConfig, TrainJob
 from plait.run.model import canonical_name
 from plait.spec.layout import Layout
 from plait.spec.models import get_model
@@ -25,10 +25,17 @@ OPTIM = OptimConfig(lr=1e-3, warmup_steps=1, weight_decay=0.1, grad_clip=1.0, ep
 
 def make_config(layout: str, steps: int = 3, global_batch: int = 8, seq_len: int = 32, model: str = "tiny",
                 data: str = "synthetic", **overrides) -> RunConfig:
-    spec = get_model(model)
-    return RunConfig(model=spec, layout=Layout.parse(layout), global_batch=global_batch, seq_len=seq_len,
-                     steps=steps, seed=1234, data=data, optim=overrides.pop("optim", OPTIM), device="cpu",
-                     timeout_s=60, **overrides)
+    """The tiny run on CPU; ``overrides`` by their flat names (``checkpoint_dir=``, ``compile=``, ``optim=``...)."""
+    sections: dict[str, dict] = {"job": {}, "checkpoint": {}, "runtime": {"device": "cpu", "timeout_s": 60},
+                                 "observe": {}}
+    optim = overrides.pop("optim", OPTIM)
+    for key, value in overrides.items():
+        section, name = FLAT_FIELDS[key]
+        sections[section][name] = value
+    job = TrainJob(model=get_model(model), layout=Layout.parse(layout), global_batch=global_batch, seq_len=seq_len,
+                   steps=steps, seed=1234, data=data, **sections["job"])
+    return RunConfig(job=job, optim=optim, checkpoint=CheckpointConfig(**sections["checkpoint"]),
+                     runtime=RuntimeConfig(**sections["runtime"]), observe=LogConfig(**sections["observe"]))
 
 
 def full_parameters(parts) -> dict[str, torch.Tensor]:

@@ -113,7 +113,7 @@ def test_periodic_checkpoints_keep_the_newest(dist_pool, tmp_path):
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
     manifest = store.verify(tmp_path / store.final_name(6)).manifest
     assert manifest["layout"].startswith("dp=2,") and manifest["world_size"] == 2
-    assert manifest["run"]["global_batch"] == 8 and manifest["run"]["model"]["name"] == "tiny"
+    assert manifest["run"]["job"]["global_batch"] == 8 and manifest["run"]["job"]["model"]["name"] == "tiny"
     assert ".metadata" in manifest["files"]
 
 

@@ -14,7 +14,7 @@ import torch
 
 from plait.errors import PlaitError
 from plait.run.memory.recompute import checkpointed_layer_ids
-from plait.run.config import OptimConfig, RunConfig
+from plait.run.config import OptimConfig, RunConfig, TrainJob
 from plait.run.parallel.mesh import mesh_dim_order, mesh_shape
 from plait.run.model import build_model, canonical_name, count_parameters, init_weights
 from plait.run.optim import lr_at
@@ -105,18 +105,19 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
 
 
 def test_run_config_round_trips_json(tmp_path):
-    config = RunConfig(model=get_model("tiny"), layout=Layout.parse("dp=2,tp=2,ckpt=full:1"), global_batch=8,
-                       seq_len=32, steps=3, optim=OptimConfig(lr=1e-3))
+    config = RunConfig(job=TrainJob(model=get_model("tiny"), layout=Layout.parse("dp=2,tp=2,ckpt=full:1"),
+                                    global_batch=8, seq_len=32, steps=3), optim=OptimConfig(lr=1e-3))
     config.save(tmp_path / "c.json")
     assert RunConfig.load(tmp_path / "c.json") == config
 
 
 def test_runtime_refuses_what_it_does_not_run():
     base = {"model": get_model("llama3.2-1b"), "global_batch": 8, "seq_len": 64}
-    assert "ties its embeddings" in " ".join(RunConfig(layout=Layout.parse("pp=2"), **base).runtime_problems())
-    assert RunConfig(layout=Layout.parse("dp=2,tp=2"), **base).runtime_problems() == []
+    assert "ties its embeddings" in " ".join(
+        RunConfig(job=TrainJob(layout=Layout.parse("pp=2"), **base)).runtime_problems())
+    assert RunConfig(job=TrainJob(layout=Layout.parse("dp=2,tp=2"), **base)).runtime_problems() == []
     with pytest.raises(PlaitError, match="steps=0"):
-        RunConfig(layout=Layout(), steps=0, **base)
+        TrainJob(layout=Layout(), steps=0, **base)
 
 
 @pytest.mark.parametrize("device,preset", [

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from plait.errors import PlaitError
 from plait.plan.plan import Plan, evaluate, read_plan
 from plait.plan.search import SearchConstraints, require_plans, search
-from plait.run.config import RunConfig, plan_parts
+from plait.run.config import RunConfig, RuntimeConfig, TrainJob, plan_parts
 from plait.spec.capabilities import RUNTIME_RULES, runtime_violations
 from plait.spec.hardware import CLUSTERS, get_cluster
 from plait.spec.layout import JobSpec, Layout
@@ -50,8 +50,8 @@ def test_runnable_search_keeps_only_what_plait_train_runs(problem):
     assert runnable.plans == [p for p in every.plans if not p.runtime_violations]
     for plan in every.plans:
         assert plan.layout.offload_target != "disk"  # the offload-directory checks never apply here
-        config = RunConfig(model=model, layout=plan.layout, global_batch=job.global_batch, seq_len=job.seq_len,
-                           compile=compile)
+        config = RunConfig(job=TrainJob(model=model, layout=plan.layout, global_batch=job.global_batch,
+                                        seq_len=job.seq_len), runtime=RuntimeConfig(compile=compile))
         assert [v.message for v in plan.runtime_violations] == config.runtime_problems(), str(plan.layout)
         assert all(v.rule in RUNTIME_RULES and v.severity == "error" for v in plan.runtime_violations)
     for plan in runnable.plans:
@@ -74,7 +74,8 @@ def test_each_rule_has_an_id_and_the_runtime_message(model, layout, seq_len, com
     lay = Layout.parse(layout)
     found = runtime_violations(model, lay, JobSpec(8, seq_len), compile=compile)
     assert [v.rule for v in found] == [rule]
-    config = RunConfig(model=model, layout=lay, global_batch=8, seq_len=seq_len, compile=compile)
+    config = RunConfig(job=TrainJob(model=model, layout=lay, global_batch=8, seq_len=seq_len),
+                       runtime=RuntimeConfig(compile=compile))
     assert config.runtime_problems() == [found[0].message]
     if compile:  # the --compile rules apply only with --compile
         assert runtime_violations(model, lay, JobSpec(8, seq_len)) == []

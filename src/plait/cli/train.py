@@ -1,7 +1,8 @@
 """``plait train``: its flags, turned into a ``TrainRequest`` for ``plait.run.launcher.resolve.start``.
 
-The defaults shown in the help are read from where they are declared (``RunConfig``,
-``OptimConfig``, ``TrainRequest``), never restated here.
+The defaults shown in the help are read from where they are declared (the RunConfig
+sub-configs ``TrainJob``, ``OptimConfig``, ``CheckpointConfig``, and ``TrainRequest``), never
+restated here.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from plait.run.config import OptimConfig, RunConfig
+from plait.run.config import CheckpointConfig, OptimConfig, TrainJob
 from plait.run.launcher.request import TrainRequest
 
 HELP = "train a layout with torchrun (CPU: gloo, GPU: NCCL)"
@@ -33,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     what.add_argument("--seq-len", type=int, help="tokens per sequence")
     what.add_argument("--steps", type=int,
-                      help=f"optimizer steps in all (default {RunConfig.steps}; resumed: the saved run's)")
-    what.add_argument("--seed", type=int, help=f"seed of weights, data order and dropout (default {RunConfig.seed})")
+                      help=f"optimizer steps in all (default {TrainJob.steps}; resumed: the saved run's)")
+    what.add_argument("--seed", type=int, help=f"seed of weights, data order and dropout (default {TrainJob.seed})")
     what.add_argument("--data", default=DEFAULTS.data, help="synthetic, or a token file (plait data prepare)")
     what.add_argument("--log", help="JSONL metrics file: one line per step, then a summary line")
     opt = parser.add_argument_group("optimizer")
@@ -74,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ckpt.add_argument("--checkpoint-dir", help="save checkpoints here (step_NNNNNNNN directories, DCP + manifest)")
     ckpt.add_argument("--checkpoint-every", type=int, help="save every N steps (default: only on SIGTERM and at the end)")
     ckpt.add_argument("--keep-checkpoints", type=int,
-                      help=f"keep the newest K complete checkpoints (default {RunConfig.keep_checkpoints}; 0: all)")
+                      help=f"keep the newest K complete checkpoints (default {CheckpointConfig.keep}; 0: all)")
     ckpt.add_argument("--async-checkpoint", choices=("auto", "on", "off"), default=DEFAULTS.async_checkpoint,
                       help="write checkpoints from a background thread (auto: on GPU)")
     ckpt.add_argument("--resume", metavar="DIR",

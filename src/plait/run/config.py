@@ -1,8 +1,14 @@
 """RunConfig: everything one training run needs, as plain data (no torch import).
 
 ``plait train`` builds it, checks it before launching anything, writes it to a JSON file and
-hands that file to every worker. A saved plan supplies its model, layout, job and GPU
-(``plan_parts``); ``plait train --plan`` builds the RunConfig from them.
+hands that file to every worker. A RunConfig is made of typed sub-configs, each checking its own
+fields: ``TrainJob`` (what is trained), ``OptimConfig``, ``CheckpointConfig``, ``RuntimeConfig``
+(how and where it runs), ``LogConfig`` (what it reports) and the planner's ``Prediction``. A saved
+plan supplies its model, layout, job and GPU (``plan_parts``); ``plait train --plan`` builds the
+RunConfig from them.
+
+JSON: ``to_dict`` writes one object per sub-config; ``from_dict`` also reads the flat form that
+plait wrote before the sub-configs (checkpoint manifests and run directories of earlier runs).
 """
 
 from __future__ import annotations
@@ -19,83 +25,176 @@ from plait.spec.model import ModelSpec
 from plait.spec.serialize import dataclass_from_dict, read_json_file
 
 
+def _refuse(problems: list[str]) -> None:
+    """Raise the one-line "invalid run" error when a sub-config found ``problems``."""
+    if problems:
+        raise PlaitError("invalid run: " + "; ".join(problems))
+
+
+def _positive_int_problems(values: dict[str, object]) -> list[str]:
+    return [f"{name}={value!r} must be a positive integer" for name, value in values.items()
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1]
+
+
+def _non_negative_int_problems(values: dict[str, object]) -> list[str]:
+    return [f"{name}={value!r} must be a non-negative integer" for name, value in values.items()
+            if not isinstance(value, int) or value < 0]
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """AdamW with linear warmup then cosine decay to ``min_lr_ratio``·lr."""
 
-    lr: float = 3e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 10
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    lr: float = 3e-4  # peak learning rate, reached after the warm-up
+    min_lr_ratio: float = 0.1  # the cosine decay ends at this fraction of lr
+    warmup_steps: int = 10  # optimizer steps of linear warm-up from 0 to lr
+    weight_decay: float = 0.1  # AdamW decoupled weight decay of the matrices, per unit of lr
+    beta1: float = 0.9  # AdamW decay rate of the first moment, per step
+    beta2: float = 0.95  # AdamW decay rate of the second moment, per step
+    eps: float = 1e-8  # AdamW denominator term, in gradient units
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
 
 
-
 @dataclass(frozen=True)
-class RunConfig:
-    """One training run. Sizes in sequences and tokens; times in seconds."""
+class TrainJob:
+    """What is trained: the training trajectory, with the layout that computes it.
+
+    A resumed run keeps the model, ``global_batch``, ``seq_len`` and ``seed`` (and the optimizer
+    settings; ``plait.run.checkpoint.select.check_same_run``); ``data`` may name another file of
+    the same tokens. The ``layout`` (with the process count) may change on resume, and ``steps``
+    may grow (the cosine schedule then stretches).
+    """
 
     model: ModelSpec
-    layout: Layout
-    global_batch: int
-    seq_len: int
-    steps: int = 20
-    seed: int = 0
+    layout: Layout  # how the ranks split the model and the batch (may change on resume)
+    global_batch: int  # sequences per optimizer step
+    seq_len: int  # tokens per sequence
+    steps: int = 20  # optimizer steps in all, counted from step 0 (a resumed run may ask for more)
+    seed: int = 0  # seed of the weights, the data order and dropout
     data: str = "synthetic"  # "synthetic" or a token file written by `plait data prepare`
-    log: str | None = None  # JSONL metrics file (rank 0 writes it)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    compile: bool = False  # torch.compile each block
-    compile_backend: str = "inductor"  # torch.compile backend (aot_eager: no code generation, for tests)
-    device: str = "auto"  # auto (cuda if available) | cpu | cuda
-    gpu: str | None = None  # GpuSpec preset: the MFU peak and the memory/time prediction
-    timeout_s: float = 600.0  # collective timeout: ranks stuck waiting for a dead peer give up after this
-    log_every: int = 1  # print a line every N steps when stdout is not a terminal
-    prediction: dict | None = None  # the planner's step time and memory for this run, if known
-    # checkpoints: see plait.run.checkpoint.dcp
-    checkpoint_dir: str | None = None  # root of step_NNNNNNNN checkpoint directories
-    checkpoint_every: int = 0  # save every N optimizer steps (0: only on SIGTERM and at the end)
-    keep_checkpoints: int = 3  # newest complete checkpoints kept (0: all)
-    async_checkpoint: bool | None = None  # None: asynchronous on GPU, synchronous on CPU
-    resume_from: str | None = None  # a complete checkpoint directory to start from
-    on_nan: str = "stop"  # non-finite loss or gradient norm: "stop", or "skip" the optimizer step
-    offload_dir: str | None = None  # offload=disk: activations go to a fresh directory in here (default: temp dir)
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in ("global_batch", "seq_len", "steps", "log_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                problems.append(f"{name}={value!r} must be a positive integer")
-        if self.device not in ("auto", "cpu", "cuda"):
-            problems.append(f"device={self.device!r} must be auto, cpu or cuda")
-        if self.timeout_s <= 0:
-            problems.append(f"timeout_s={self.timeout_s!r} must be positive")
-        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
-            problems.append(f"checkpoint_every={self.checkpoint_every!r} must be a non-negative integer")
-        if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 0:
-            problems.append(f"keep_checkpoints={self.keep_checkpoints!r} must be a non-negative integer")
-        if self.on_nan not in ("stop", "skip"):
-            problems.append(f"on_nan={self.on_nan!r} must be stop or skip")
-        if problems:
-            raise PlaitError("invalid run: " + "; ".join(problems))
+        _refuse(_positive_int_problems({"global_batch": self.global_batch, "seq_len": self.seq_len,
+                                        "steps": self.steps}))
 
     @property
-    def job(self) -> JobSpec:
+    def job_spec(self) -> JobSpec:
+        """The planner's view of this job (global batch in sequences, sequence length in tokens)."""
         return JobSpec(global_batch=self.global_batch, seq_len=self.seq_len)
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens per optimizer step: global batch × sequence length."""
         return self.global_batch * self.seq_len
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where and how often the run saves its state, and where it starts from (``plait.run.checkpoint``)."""
+
+    dir: str | None = None  # root of step_NNNNNNNN checkpoint directories (None: no checkpoints)
+    every: int = 0  # save every N optimizer steps (0: only on SIGTERM and at the end)
+    keep: int = 3  # newest complete checkpoints kept (0: all)
+    use_async: bool | None = None  # write from a background thread; None: asynchronous on GPU, synchronous on CPU
+    resume_from: str | None = None  # a complete checkpoint directory to start from (None: step 0)
+
+    def __post_init__(self) -> None:
+        _refuse(_non_negative_int_problems({"checkpoint_every": self.every, "keep_checkpoints": self.keep}))
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How and where the ranks run: device, GPU spec, compilation, timeouts, failure policy."""
+
+    device: str = "auto"  # auto (cuda if available) | cpu | cuda
+    gpu: str | None = None  # GpuSpec preset: the MFU peak and the memory/time prediction
+    compile: bool = False  # torch.compile each block
+    compile_backend: str = "inductor"  # torch.compile backend (aot_eager: no code generation, for tests)
+    timeout_s: float = 600.0  # collective timeout, seconds: ranks stuck waiting for a dead peer give up
+    on_nan: str = "stop"  # non-finite loss or gradient norm: "stop", or "skip" the optimizer step
+    offload_dir: str | None = None  # offload=disk: activations go to a fresh directory in here (None: temp dir)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.device not in ("auto", "cpu", "cuda"):
+            problems.append(f"device={self.device!r} must be auto, cpu or cuda")
+        if self.timeout_s <= 0:
+            problems.append(f"timeout_s={self.timeout_s!r} must be positive")
+        if self.on_nan not in ("stop", "skip"):
+            problems.append(f"on_nan={self.on_nan!r} must be stop or skip")
+        _refuse(problems)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """What the run reports (not part of what defines it: ranks may differ here)."""
+
+    log: str | None = None  # path of the JSONL metrics file rank 0 writes (None: none)
+    log_every: int = 1  # print a line every N optimizer steps when stdout is not a terminal
+
+    def __post_init__(self) -> None:
+        _refuse(_positive_int_problems({"log_every": self.log_every}))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The planner's prediction for this run on one GPU spec (``plait.run.launcher.preflight``)."""
+
+    step_time_s: float  # seconds per optimizer step
+    memory_bytes: float  # bytes per GPU at the peak, all of it (context, NCCL buffers, fragmentation reserve too)
+    mfu: float  # model FLOPs utilization, a fraction of the GPU's dense bf16 peak
+    gpu: str  # the GpuSpec preset predicted for
+    allocated_bytes: float  # bytes torch's caching allocator should hand out at the peak (max_memory_allocated)
+
+    @classmethod
+    def of_plan(cls, plan, gpu: str) -> Prediction:
+        """The prediction of a ``plait.plan.plan.Plan`` evaluated for GPU spec ``gpu``."""
+        return cls(step_time_s=plan.step.step_time, memory_bytes=plan.memory.total, mfu=plan.step.mfu, gpu=gpu,
+                   allocated_bytes=plan.memory.allocated)
+
+
+# the flat form (plait before the sub-configs): flat key -> (sub-config, field)
+FLAT_FIELDS = {
+    **{name: ("job", name) for name in ("model", "layout", "global_batch", "seq_len", "steps", "seed", "data")},
+    "checkpoint_dir": ("checkpoint", "dir"), "checkpoint_every": ("checkpoint", "every"),
+    "keep_checkpoints": ("checkpoint", "keep"), "async_checkpoint": ("checkpoint", "use_async"),
+    "resume_from": ("checkpoint", "resume_from"),
+    **{name: ("runtime", name) for name in ("device", "gpu", "compile", "compile_backend", "timeout_s", "on_nan",
+                                            "offload_dir")},
+    "log": ("observe", "log"), "log_every": ("observe", "log_every"),
+}
+
+
+def nest_flat(data: dict) -> dict:
+    """A run dict in the flat form of earlier plait versions, in today's nested form (other keys kept)."""
+    nested: dict = {}
+    for key, value in data.items():
+        section, name = FLAT_FIELDS.get(key, (None, key))
+        if section is None:
+            nested[key] = value
+        else:
+            nested.setdefault(section, {})[name] = value
+    return nested
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run: what is trained, with which optimizer, saved where, run how, reported how."""
+
+    job: TrainJob
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    observe: LogConfig = field(default_factory=LogConfig)
+    prediction: Prediction | None = None  # the planner's step time and memory for this run, if known
 
     # ------------------------------------------------------------ checks
     def runtime_problems(self) -> list[str]:
         """Why the runtime cannot run this layout (empty when it can): the rules of
         ``plait.spec.capabilities``, then for ``offload=disk`` the offload directory's checks."""
-        out = [v.message for v in runtime_violations(self.model, self.layout, self.job, compile=self.compile)]
-        if self.layout.offload and self.layout.offload_target == "disk":
+        job = self.job
+        out = [v.message for v in runtime_violations(job.model, job.layout, job.job_spec, compile=self.runtime.compile)]
+        if job.layout.offload and job.layout.offload_target == "disk":
             out += self.offload_dir_problems()
         return out
 
@@ -105,24 +204,36 @@ class RunConfig:
         from plait.plan.memory import activation_bytes, in_flight_microbatches
         from plait.run.memory.offload_dir import offload_dir_problems
 
-        lay = self.layout
-        in_flight = in_flight_microbatches(lay, lay.micro_batches(self.global_batch))
-        per_rank = activation_bytes(self.model, lay, self.job, in_flight)[1]
-        return offload_dir_problems(self.offload_dir, 2 * per_rank * lay.world_size)
+        job, lay = self.job, self.job.layout
+        in_flight = in_flight_microbatches(lay, lay.micro_batches(job.global_batch))
+        per_rank = activation_bytes(job.model, lay, job.job_spec, in_flight)[1]
+        return offload_dir_problems(self.runtime.offload_dir, 2 * per_rank * lay.world_size)
 
     # ----------------------------------------------------------- JSON
     def to_dict(self) -> dict:
+        """The nested JSON form: one object per sub-config (the layout as its text)."""
         data = dataclasses.asdict(self)
-        data["layout"] = str(self.layout)
+        data["job"]["layout"] = str(self.job.layout)
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:
-        data = dict(data)
-        data["model"] = ModelSpec.from_dict(data["model"])
-        layout = data["layout"]
-        data["layout"] = Layout.parse(layout) if isinstance(layout, str) else Layout.from_dict(layout)
-        data["optim"] = dataclass_from_dict(OptimConfig, data.get("optim", {}), "optimizer")
+        """A RunConfig from ``to_dict``'s nested form, or from the flat form of earlier plait versions."""
+        if not isinstance(data, dict):
+            raise PlaitError("run spec must be a JSON object")
+        data = dict(data) if "job" in data else nest_flat(data)
+        job = dict(data.get("job") or {})
+        if "model" in job:
+            job["model"] = ModelSpec.from_dict(job["model"])
+        layout = job.get("layout")
+        if layout is not None:
+            job["layout"] = Layout.parse(layout) if isinstance(layout, str) else Layout.from_dict(layout)
+        data["job"] = dataclass_from_dict(TrainJob, job, "run job")
+        for name, section in (("optim", OptimConfig), ("checkpoint", CheckpointConfig), ("runtime", RuntimeConfig),
+                              ("observe", LogConfig)):
+            data[name] = dataclass_from_dict(section, data.get(name) or {}, "optimizer" if name == "optim" else name)
+        if data.get("prediction") is not None:
+            data["prediction"] = dataclass_from_dict(Prediction, data["prediction"], "prediction")
         return dataclass_from_dict(cls, data, "run")
 
     def save(self, path: str | Path) -> None:

@@ -22,7 +22,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
 from plait.errors import PlaitError
-from plait.run.config import RunConfig
+from plait.run.config import RunConfig, TrainJob
 from plait.run.faults import FaultPlan
 from plait.run.metrics import StepRecord, mfu
 from plait.run.optim import clip_grad_norm, lr_at, set_lr
@@ -118,15 +118,15 @@ def seed_step(seed: int, step: int, pdims: ParallelDims) -> None:
     np.random.seed(stream % 2**32)
 
 
-def local_batch(source, config: RunConfig, pdims: ParallelDims, step: int, device: torch.device):
+def local_batch(source, job: TrainJob, pdims: ParallelDims, step: int, device: torch.device):
     """(inputs, labels) of this rank's data-parallel share of global step ``step``; with context
     parallelism, of its cp rank's two head-tail chunks of each sequence (labels alike)."""
-    per_rank = config.global_batch // config.layout.dp
+    per_rank = job.global_batch // job.layout.dp
     start = pdims.dp_rank * per_rank
-    rows = source.batch(step, range(start, start + per_rank), config.seq_len, config.global_batch)
+    rows = source.batch(step, range(start, start + per_rank), job.seq_len, job.global_batch)
     tokens = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(device)
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    if config.layout.cp > 1:
+    if job.layout.cp > 1:
         shard = sequence_shard_of(pdims.group("cp"))
         inputs, labels = shard.shard(inputs), shard.shard(labels)
     return inputs, labels
@@ -178,11 +178,12 @@ def train_step(setup: StepSetup, step: int, policy: NonFinitePolicy) -> tuple[St
     """Optimizer step ``step`` (0-based) on this rank, a collective; returns its record and, when
     its optimizer step was skipped (--on-nan skip), what was not finite ("loss" or "gradient norm")."""
     config, pdims, device = setup.config, setup.pdims, setup.device
+    job = config.job
     start = time.perf_counter()
     setup.faults.at(step, "before-step")
-    seed_step(config.seed, step, pdims)
-    inputs, labels = local_batch(setup.source, config, pdims, step, device)
-    lr = lr_at(step, config.steps, config.optim)
+    seed_step(job.seed, step, pdims)
+    inputs, labels = local_batch(setup.source, job, pdims, step, device)
+    lr = lr_at(step, job.steps, config.optim)
     set_lr(setup.optimizer, lr)
     local = forward_backward(setup.parts, pdims, inputs, labels, setup.n_micro)
     local = setup.faults.at(step, "after-backward", local)
@@ -196,10 +197,10 @@ def train_step(setup: StepSetup, step: int, policy: NonFinitePolicy) -> tuple[St
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start
-    tokens_per_s = config.tokens_per_step / elapsed
+    tokens_per_s = job.tokens_per_step / elapsed
     offloader = setup.parts.offloader
     record = StepRecord(step=step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=elapsed,
                         tokens_per_s=tokens_per_s,
-                        mfu=mfu(config.model, config.seq_len, tokens_per_s, config.layout.world_size, setup.peak_flops),
+                        mfu=mfu(job.model, job.seq_len, tokens_per_s, job.layout.world_size, setup.peak_flops),
                         offload=offloader.step_stats().to_dict() if offloader else None)
     return record, skipped

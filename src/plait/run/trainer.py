@@ -46,9 +46,9 @@ from plait.spec.hardware import get_gpu
 
 def peak_flops(config: RunConfig, device: torch.device) -> float | None:
     """Dense bf16 peak of the named GPU spec (never guessed from the device name)."""
-    if device.type != "cuda" or not config.gpu:
+    if device.type != "cuda" or not config.runtime.gpu:
         return None
-    return get_gpu(config.gpu).peak_flops("bf16")
+    return get_gpu(config.runtime.gpu).peak_flops("bf16")
 
 
 @dataclass
@@ -71,9 +71,10 @@ def _stop_requested(stop, device: torch.device) -> bool:
 
 def offload_directory(config: RunConfig, rank: int) -> str | None:
     """This rank's fresh directory for ``offload=disk:α`` (under ``--offload-dir`` or the temp dir)."""
-    if config.layout.offload <= 0 or config.layout.offload_target != "disk":
+    layout = config.job.layout
+    if layout.offload <= 0 or layout.offload_target != "disk":
         return None
-    return tempfile.mkdtemp(prefix=f"plait-offload-rank{rank}-", dir=config.offload_dir)
+    return tempfile.mkdtemp(prefix=f"plait-offload-rank{rank}-", dir=config.runtime.offload_dir)
 
 
 def offload_summary(records: list[StepRecord], device: torch.device) -> dict:
@@ -90,67 +91,70 @@ def offload_summary(records: list[StepRecord], device: torch.device) -> dict:
 
 def build_setup(config: RunConfig, device: torch.device, faults: FaultPlan) -> StepSetup:
     """This rank's parallel dimensions, token source, model parts and optimizer for ``config``."""
-    pdims = build_parallel_dims(config.layout, device.type)
-    n_micro = config.layout.micro_batches(config.global_batch)
-    parts = build_model_parts(config.model, pdims, device, config.seed, n_micro, compile_blocks=config.compile,
-                              compile_backend=config.compile_backend,
+    job, runtime = config.job, config.runtime
+    pdims = build_parallel_dims(job.layout, device.type)
+    n_micro = job.layout.micro_batches(job.global_batch)
+    parts = build_model_parts(job.model, pdims, device, job.seed, n_micro, compile_blocks=runtime.compile,
+                              compile_backend=runtime.compile_backend,
                               offload_dir=offload_directory(config, dist.get_rank()))
     return StepSetup(config=config, pdims=pdims, parts=parts, optimizer=build_optimizer(parts.parameters(), config.optim),
-                     source=open_tokens(config.data, config.model.vocab, config.seed), device=device,
+                     source=open_tokens(job.data, job.model.vocab, job.seed), device=device,
                      n_micro=n_micro, peak_flops=peak_flops(config, device), faults=faults)
 
 
 def resume(setup: StepSetup, env: RankEnv) -> tuple[int, list[dict]]:
-    """Load ``config.resume_from`` into the parts and optimizer; (the step to start at, JSONL events)."""
-    config = setup.config
-    if not config.resume_from:
+    """Load ``config.checkpoint.resume_from`` into the parts and optimizer; (the step to start at, JSONL events)."""
+    job, path = setup.config.job, setup.config.checkpoint.resume_from
+    if not path:
         return 0, []
     load_start = time.perf_counter()
-    manifest = read_manifest(Path(config.resume_from))
+    manifest = read_manifest(Path(path))
     start_step = int(manifest["step"])
-    check_same_run(RunConfig.from_dict(manifest["run"]), model=config.model, path=config.resume_from)
-    why = nothing_to_train(config.resume_from, start_step, config.steps)
+    check_same_run(RunConfig.from_dict(manifest["run"]), model=job.model, path=path)
+    why = nothing_to_train(path, start_step, job.steps)
     if why:
         raise PlaitError(f"{why}; pass a larger --steps")
-    load_checkpoint(config.resume_from, setup.parts, setup.optimizer)
-    return start_step, [{"event": "resume", "step": start_step, "checkpoint": config.resume_from,
-                         "layout": str(config.layout), "world_size": config.layout.world_size,
+    load_checkpoint(path, setup.parts, setup.optimizer)
+    return start_step, [{"event": "resume", "step": start_step, "checkpoint": path,
+                         "layout": str(job.layout), "world_size": job.layout.world_size,
                          "restart": env.restart_count, "load_s": time.perf_counter() - load_start,
                          "time": time.time()}]
 
 
 def make_checkpointer(setup: StepSetup) -> Checkpointer | None:
-    """The run's Checkpointer (None without ``config.checkpoint_dir``); async by default on GPU."""
+    """The run's Checkpointer (None without ``config.checkpoint.dir``); async by default on GPU."""
     config, device = setup.config, setup.device
-    if not config.checkpoint_dir:
+    saving = config.checkpoint
+    if not saving.dir:
         return None
-    use_async = config.async_checkpoint if config.async_checkpoint is not None else device.type == "cuda"
-    return Checkpointer(config.checkpoint_dir, config.checkpoint_every, config.keep_checkpoints, run=config.to_dict(),
-                        layout=str(config.layout), use_async=use_async, device=device, parts=setup.parts,
+    use_async = saving.use_async if saving.use_async is not None else device.type == "cuda"
+    return Checkpointer(saving.dir, saving.every, saving.keep, run=config.to_dict(),
+                        layout=str(config.job.layout), use_async=use_async, device=device, parts=setup.parts,
                         optimizer=setup.optimizer, faults=setup.faults)
 
 
 def run_training(config: RunConfig, device: torch.device | None = None, stop=None, env: RankEnv | None = None,
                  faults: FaultPlan | None = None) -> TrainResult:
-    """Train from ``config.resume_from`` (or step 0) to ``config.steps``; every rank returns the same records.
+    """Train from ``config.checkpoint.resume_from`` (or step 0) to ``config.job.steps``; every rank
+    returns the same records.
 
     ``stop`` (the worker's SIGTERM request, polled once per step) ends the run after the current
-    step, with a checkpoint when ``config.checkpoint_dir`` is set. ``env`` and ``faults`` are the
+    step, with a checkpoint when ``config.checkpoint.dir`` is set. ``env`` and ``faults`` are the
     worker's; a direct caller (tests, benchmarks) may leave them out, and they are then read from
-    this process's environment. ``device`` defaults to ``rank_device``'s choice for ``config.device``.
+    this process's environment. ``device`` defaults to ``rank_device``'s choice for ``config.runtime.device``.
     """
     env = env or RankEnv.from_environ()
     faults = faults if faults is not None else FaultPlan.from_environ(env)
-    device = device or rank_device(config.device, env.local_rank)
+    device = device or rank_device(config.runtime.device, env.local_rank)
     setup = build_setup(config, device, faults)
     parts = setup.parts
     start_step, events = resume(setup, env)
     checkpointer = make_checkpointer(setup)
     is_rank0 = dist.get_rank() == 0
-    log = JsonlLog(config.log if is_rank0 else None, append=start_step > 0 or env.restart_count > 0)
+    log = JsonlLog(config.observe.log if is_rank0 else None, append=start_step > 0 or env.restart_count > 0)
     for event in events:
         log.write(event)
-    display = Display(config.steps, is_rank0, config.log_every, start_step)
+    display = Display(config.job.steps, is_rank0, config.observe.log_every, start_step)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
@@ -176,12 +180,13 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
 
 def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, log: JsonlLog, display: Display,
           stop=None) -> tuple[list[StepRecord], int | None]:
-    """Steps ``start_step`` .. ``config.steps - 1``; (their records, the step count at which a stop
-    request ended the run, or None when it ran to the end)."""
+    """Steps ``start_step`` .. ``config.job.steps - 1``; (their records, the step count at which a
+    stop request ended the run, or None when it ran to the end)."""
     config = setup.config
-    policy = NonFinitePolicy(config.on_nan)
+    steps = config.job.steps
+    policy = NonFinitePolicy(config.runtime.on_nan)
     records: list[StepRecord] = []
-    for step in range(start_step, config.steps):
+    for step in range(start_step, steps):
         record, skipped = train_step(setup, step, policy)
         if skipped:
             display.message(f"step {step}: {skipped} is not finite; optimizer step skipped (--on-nan skip)")
@@ -191,12 +196,12 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
         steps_done = step + 1
         stopping = stop is not None and _stop_requested(stop, setup.device)
         if checkpointer is not None:
-            event = checkpointer.after_step(steps_done, last_step=steps_done == config.steps, stop=stopping)
+            event = checkpointer.after_step(steps_done, last_step=steps_done == steps, stop=stopping)
             if event:
                 log.write(event)
         if stopping:
             display.message(f"stopped by SIGTERM after step {step}" + (
-                f"; checkpoint {config.checkpoint_dir}/step_{steps_done:08d} saved" if checkpointer
+                f"; checkpoint {config.checkpoint.dir}/step_{steps_done:08d} saved" if checkpointer
                 else " (no --checkpoint-dir: nothing saved)"))
             return records, steps_done
     return records, None
@@ -204,8 +209,9 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
 
 def _summarize(config: RunConfig, records: list[StepRecord], pdims: ParallelDims, device: torch.device,
                peak: float | None) -> RunSummary:
+    job = config.job
     step_time = median_step_time(records)
-    tokens_per_s = config.tokens_per_step / step_time
+    tokens_per_s = job.tokens_per_step / step_time
     rss = torch.tensor(float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024), device=device)
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     peak_memory = None
@@ -213,12 +219,12 @@ def _summarize(config: RunConfig, records: list[StepRecord], pdims: ParallelDims
         gpu_peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), device=device)
         dist.all_reduce(gpu_peak, op=dist.ReduceOp.MAX)
         peak_memory = int(gpu_peak)
-    prediction = config.prediction or {}
+    prediction = config.prediction if device.type == "cuda" else None
     return RunSummary(
         steps=len(records), final_loss=records[-1].loss, step_time_s=step_time, tokens_per_s=tokens_per_s,
-        mfu=mfu(config.model, config.seq_len, tokens_per_s, config.layout.world_size, peak),
+        mfu=mfu(job.model, job.seq_len, tokens_per_s, job.layout.world_size, peak),
         peak_memory_bytes=peak_memory, peak_host_rss_bytes=int(rss), device=device.type,
-        world_size=config.layout.world_size, layout=str(config.layout),
-        predicted_step_time_s=prediction.get("step_time_s") if device.type == "cuda" else None,
-        predicted_memory_bytes=prediction.get("allocated_bytes") if device.type == "cuda" else None,
+        world_size=job.layout.world_size, layout=str(job.layout),
+        predicted_step_time_s=prediction.step_time_s if prediction else None,
+        predicted_memory_bytes=prediction.allocated_bytes if prediction else None,
     )

@@ -14,7 +14,7 @@ the test-only fault plan once (``FaultPlan``), and hands all three down. Then, i
   the ranks compare a hash of it and refuse to start on a mismatch.
 * An elastic node-count change gives the workers a world size other than the layout's: they
   re-plan, all the same way (``plait.run.replan.replan`` is deterministic).
-* With a ``checkpoint_dir``, the newest checkpoint there (or the ``resume_from`` one) that
+* With a checkpoint ``dir``, the newest checkpoint there (or the ``resume_from`` one) that
   verifies on all ranks is where training starts (``plait.run.checkpoint.select``). This covers
   torchrun restarts after a failure and node joins alike (a join restarts the workers without
   counting a failure). When it already holds every step, there is nothing left to train.
@@ -112,11 +112,11 @@ def run_as_worker(run_dir: Path, program: str, body: Callable[[RankEnv], None]) 
 
 
 def config_digest(config: RunConfig) -> str:
-    """Hash of what defines the run (not where it logs or what the planner predicted)."""
+    """Hash of the sub-configs that define the run: job, optimizer, checkpoints and runtime (not
+    ``observe``, where it reports, nor the planner's ``prediction``)."""
     data = config.to_dict()
-    for key in ("log", "prediction", "log_every"):
-        data.pop(key, None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    defining = {name: data[name] for name in ("job", "optim", "checkpoint", "runtime")}
+    return hashlib.sha256(json.dumps(defining, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def check_same_config(config: RunConfig) -> None:
@@ -135,27 +135,28 @@ def startup_config(config: RunConfig, env: RankEnv, say) -> tuple[RunConfig, boo
     """(the config this attempt trains, whether training is already complete); a collective."""
     check_same_config(config)
     world = dist.get_world_size()
-    if world != config.layout.world_size:
+    if world != config.job.layout.world_size:
         config, why = replan(config, world, env.local_world_size)
         say(why)
-    if not (config.checkpoint_dir or config.resume_from):
+    saving = config.checkpoint
+    if not (saving.dir or saving.resume_from):
         return config, False
-    listing = [candidates(config) if dist.get_rank() == 0 else None]
+    listing = [candidates(saving) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(listing, src=0)
     if not listing[0]:
         return config, False
-    chosen, refused = choose_checkpoint(listing[0], config.checkpoint_dir, say)
+    chosen, refused = choose_checkpoint(listing[0], saving.dir, say)
     if chosen is None:
-        if config.resume_from:
+        if saving.resume_from:
             raise PlaitError(f"no valid checkpoint to resume from ({'; '.join(refused)})")
         return config, False  # nothing saved yet: start over
     restart = env.restart_count
-    if chosen != (str(Path(config.resume_from).resolve()) if config.resume_from else None):
+    if chosen != (str(Path(saving.resume_from).resolve()) if saving.resume_from else None):
         say(f"{f'restart {restart}: ' if restart else ''}resuming from {chosen}")
-    why = nothing_to_train(chosen, int(store.read_manifest(Path(chosen))["step"]), config.steps)
+    why = nothing_to_train(chosen, int(store.read_manifest(Path(chosen))["step"]), config.job.steps)
     if why:
         say(why)
-    return dataclasses.replace(config, resume_from=chosen), why is not None
+    return dataclasses.replace(config, checkpoint=dataclasses.replace(saving, resume_from=chosen)), why is not None
 
 
 class StopRequest:
@@ -204,8 +205,8 @@ def main(argv: list[str] | None = None) -> None:
         config = RunConfig.load(run_dir / "config.json")
         say = console(env)
         stop = arm_sigterm(say)  # before init: the process group's threads must inherit the signal mask
-        device = rank_device(config.device, env.local_rank)
-        init_process_group(env, device, config.timeout_s)
+        device = rank_device(config.runtime.device, env.local_rank)
+        init_process_group(env, device, config.runtime.timeout_s)
         faults = FaultPlan.from_environ(env)
         from plait.run.trainer import run_training
 

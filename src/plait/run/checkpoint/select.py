@@ -20,19 +20,20 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
-from plait.run.config import RunConfig
+from plait.run.config import CheckpointConfig, RunConfig
 
 
 def check_same_run(saved: RunConfig, model=None, global_batch: int | None = None, seq_len: int | None = None,
                    path: str = "") -> None:
     """Refuse to resume a checkpoint as a different run (another model, batch or sequence length)."""
-    if model is not None and model != saved.model:
-        raise PlaitError(f"checkpoint {path} holds model {saved.model.name}, not {model.name}")
-    if global_batch is not None and global_batch != saved.global_batch:
-        raise PlaitError(f"checkpoint {path} was trained with global batch {saved.global_batch}; a resumed run "
+    job = saved.job
+    if model is not None and model != job.model:
+        raise PlaitError(f"checkpoint {path} holds model {job.model.name}, not {model.name}")
+    if global_batch is not None and global_batch != job.global_batch:
+        raise PlaitError(f"checkpoint {path} was trained with global batch {job.global_batch}; a resumed run "
                          f"keeps it (asked: {global_batch}). Drop --global-batch")
-    if seq_len is not None and seq_len != saved.seq_len:
-        raise PlaitError(f"checkpoint {path} was trained with seq_len {saved.seq_len}; a resumed run keeps it "
+    if seq_len is not None and seq_len != job.seq_len:
+        raise PlaitError(f"checkpoint {path} was trained with seq_len {job.seq_len}; a resumed run keeps it "
                          f"(asked: {seq_len}). Drop --seq-len")
 
 
@@ -81,16 +82,16 @@ def prepare_checkpoint_root(checkpoint: store.Checkpoint, root: Path, refused: l
             for moved in set_aside([p for p in newer if p.resolve() in refused_paths])]
 
 
-def candidates(config: RunConfig) -> list[str]:
+def candidates(saving: CheckpointConfig) -> list[str]:
     """Checkpoints to try, newest first: the checkpoint directory's newer ones, then ``resume_from``
     and the older ones beside it (the fallback when it fails verification)."""
-    start = int(store.read_manifest(Path(config.resume_from))["step"]) if config.resume_from else -1
+    start = int(store.read_manifest(Path(saving.resume_from))["step"]) if saving.resume_from else -1
     out: list[Path] = []
-    if config.checkpoint_dir:
-        out += [p for p in reversed(store.complete_dirs(Path(config.checkpoint_dir)))
+    if saving.dir:
+        out += [p for p in reversed(store.complete_dirs(Path(saving.dir)))
                 if store.step_of(p) > start]
-    if config.resume_from:
-        origin = Path(config.resume_from)
+    if saving.resume_from:
+        origin = Path(saving.resume_from)
         out.append(origin)
         out += [p for p in reversed(store.complete_dirs(origin.parent)) if store.step_of(p) < start]
     unique = dict.fromkeys(str(p.resolve()) for p in out)

@@ -107,7 +107,8 @@ class Checkpoint:
 
     @property
     def run(self) -> dict:
-        """The RunConfig (as a dict) of the run that saved it."""
+        """The RunConfig (as a dict) of the run that saved it: ``RunConfig.to_dict``'s nested form, or
+        the flat form of checkpoints written by earlier plait versions (``RunConfig.from_dict`` reads both)."""
         return self.manifest["run"]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from plait.errors import PlaitError
-from plait.run.config import RunConfig
+from plait.run.config import Prediction, RunConfig
 from plait.run.launcher.device import gpu_from_device_name, local_accelerator, uses_gpu
 from plait.run.launcher.launch import LaunchOptions
 from plait.spec.hardware import GIB, ClusterSpec, cluster_for_gpu, get_gpu
@@ -19,7 +19,7 @@ from plait.spec.validate import errors_of, validate
 
 def runs_on_gpu(config: RunConfig, nproc_per_node: int) -> bool:
     """Whether the run uses GPUs (``uses_gpu``), with one GPU of this node for each of its processes."""
-    if not uses_gpu(config.device):
+    if not uses_gpu(config.runtime.device):
         return False
     import torch
 
@@ -31,24 +31,25 @@ def runs_on_gpu(config: RunConfig, nproc_per_node: int) -> bool:
 
 
 def resolve_gpu(config: RunConfig, on_gpu: bool) -> RunConfig:
-    """Fill ``config.gpu`` from the device name when the user did not give one."""
-    if config.gpu:
-        get_gpu(config.gpu)  # validates the name
+    """Fill ``config.runtime.gpu`` from the device name when the user did not give one."""
+    named = config.runtime.gpu
+    if named:
+        get_gpu(named)  # validates the name
         seen = gpu_from_device_name(local_accelerator() or "") if on_gpu else None
-        if seen and get_gpu(seen).name != get_gpu(config.gpu).name:
-            raise PlaitError(f"this machine's GPU is a {seen} but the run names {config.gpu} (the plan's "
+        if seen and get_gpu(seen).name != get_gpu(named).name:
+            raise PlaitError(f"this machine's GPU is a {seen} but the run names {named} (the plan's "
                              f"cluster or --gpu); pass --gpu {seen} for the right peak and memory")
         return config
     if not on_gpu:
         return config
     name = local_accelerator() or ""
     preset = gpu_from_device_name(name)
-    return dataclasses.replace(config, gpu=preset) if preset else config
+    return dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, gpu=preset)) if preset else config
 
 
 def run_cluster(config: RunConfig, options: LaunchOptions) -> ClusterSpec:
     """The cluster the planner predicts for: the run's GPU, its nodes and processes per node."""
-    return cluster_for_gpu(config.gpu or DEFAULT_GPU, options.world_size, options.nproc_per_node)
+    return cluster_for_gpu(config.runtime.gpu or DEFAULT_GPU, options.world_size, options.nproc_per_node)
 
 
 def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False) -> tuple[RunConfig, list[str]]:
@@ -57,14 +58,15 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
     Raises PlaitError for a wrong process count, a broken layout rule, a layout feature the
     runtime does not run, or (on GPU, unless ``allow_oom``) a predicted out-of-memory.
     """
-    layout, model = config.layout, config.model
+    job = config.job
+    layout, model = job.layout, job.model
     if layout.world_size != options.world_size:
         raise PlaitError(
             f"layout {layout} needs dp·tp·pp·cp = {layout.world_size} processes but --nproc-per-node "
             f"{options.nproc_per_node} × --nnodes {options.nnodes} = {options.world_size} were asked for; "
             f"use --nproc-per-node {max(1, layout.world_size // options.nnodes)} or change dp")
     cluster = run_cluster(config, options)
-    violations = validate(model, cluster, config.job, layout)
+    violations = validate(model, cluster, job.job_spec, layout)
     broken = [v for v in errors_of(violations) if v.rule not in ("whole-nodes",)]
     if broken:
         raise PlaitError(f"layout {layout} cannot run {model.name}: " + "; ".join(v.message for v in broken))
@@ -76,22 +78,19 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
     config = resolve_gpu(config, on_gpu)
     if not on_gpu:
         return config, warnings
-    if not config.gpu:
+    gpu = config.runtime.gpu
+    if not gpu:
         warnings.append(f"GPU {local_accelerator()!r} is not a known spec: pass --gpu (plait clusters) "
                         "for MFU and the memory check")
         return config, warnings
     from plait.plan.plan import evaluate
 
-    plan = evaluate(model, run_cluster(config, options), config.job, layout)
-    memory = plan.memory
-    config = dataclasses.replace(config, prediction={
-        "step_time_s": plan.step.step_time, "memory_bytes": memory.total, "mfu": plan.step.mfu, "gpu": config.gpu,
-        # what torch's caching allocator should hand out at the peak (no context, NCCL, fragmentation)
-        "allocated_bytes": memory.allocated})
+    plan = evaluate(model, run_cluster(config, options), job.job_spec, layout)
+    config = dataclasses.replace(config, prediction=Prediction.of_plan(plan, gpu))
     if not plan.fits:
         over = (plan.memory.total - plan.memory.capacity) / GIB
         message = (f"layout {layout} is predicted to need {plan.memory.total / GIB:.1f} GiB per GPU, "
-                   f"{over:.1f} GiB more than the {plan.memory.capacity / GIB:.0f} GiB of a {config.gpu}; "
+                   f"{over:.1f} GiB more than the {plan.memory.capacity / GIB:.0f} GiB of a {gpu}; "
                    "try ckpt=full, zero=3, a larger tp or pp, or a smaller mbs (plait plan --explain itemizes it)")
         if not allow_oom:
             raise PlaitError(message + "; --allow-oom runs it anyway")

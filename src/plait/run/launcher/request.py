@@ -1,16 +1,17 @@
 """TrainRequest: what ``plait train`` was asked, as plain typed values (no command-line parsing, no torch).
 
-``None`` means "not given": a fresh run then takes ``RunConfig``'s (or ``OptimConfig``'s) default,
-a resumed run the checkpoint's saved value. The defaults that are not "not given" are read from
-``RunConfig`` and ``LaunchOptions``, where they are declared; ``plait.run.launcher.resolve`` turns
-a request into the run.
+``None`` means "not given": a fresh run then takes the default of the RunConfig sub-config that
+holds the setting (``TrainJob``, ``OptimConfig``, ``CheckpointConfig``), a resumed run the
+checkpoint's saved value. The defaults that are not "not given" are read from the sub-configs
+(``TrainJob``, ``RuntimeConfig``, ``LogConfig``) and ``LaunchOptions``, where they are declared;
+``plait.run.launcher.resolve`` turns a request into the run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plait.run.config import RunConfig
+from plait.run.config import LogConfig, RuntimeConfig, TrainJob
 from plait.run.launcher.launch import LaunchOptions
 
 
@@ -24,9 +25,9 @@ class TrainRequest:
     layout: str | None = None  # layout text, e.g. "dp=2,tp=2" (default: dp over all processes)
     global_batch: int | None = None  # sequences per optimizer step
     seq_len: int | None = None  # tokens per sequence
-    steps: int | None = None  # optimizer steps in all (None: RunConfig.steps, or the resumed run's)
-    seed: int | None = None  # None: RunConfig.seed (resumed: the saved one)
-    data: str = RunConfig.data  # "synthetic" or a token file
+    steps: int | None = None  # optimizer steps in all (None: TrainJob.steps, or the resumed run's)
+    seed: int | None = None  # None: TrainJob.seed (resumed: the saved one)
+    data: str = TrainJob.data  # "synthetic" or a token file
     log: str | None = None  # JSONL metrics file
     # optimizer (None: OptimConfig's defaults; warm-up: 10% of the steps)
     lr: float | None = None
@@ -42,21 +43,21 @@ class TrainRequest:
     node_rank: int | None = None  # static rendezvous
     master_addr: str | None = None
     master_port: int | None = None
-    device: str = RunConfig.device  # auto | cpu | cuda
+    device: str = RuntimeConfig.device  # auto | cpu | cuda
     gpu: str | None = None  # GPU spec preset (None: from the device name, or the plan's)
-    compile: bool = RunConfig.compile
-    compile_backend: str = RunConfig.compile_backend
-    offload_dir: str | None = RunConfig.offload_dir
-    timeout: float = RunConfig.timeout_s  # collective timeout, seconds
+    compile: bool = RuntimeConfig.compile
+    compile_backend: str = RuntimeConfig.compile_backend
+    offload_dir: str | None = RuntimeConfig.offload_dir
+    timeout: float = RuntimeConfig.timeout_s  # collective timeout, seconds
     allow_oom: bool = False  # run even if the planner predicts out-of-memory
-    log_every: int = RunConfig.log_every  # print every N steps when not on a terminal
+    log_every: int = LogConfig.log_every  # print every N steps when not on a terminal
     run_dir: str | None = None  # keep the run's config and error files here (None: a temporary directory)
     dry_run: bool = False  # check everything, print the torchrun command, do not run
     # checkpoints, resume, failures
     checkpoint_dir: str | None = None
-    checkpoint_every: int | None = None  # None: RunConfig.checkpoint_every (resumed: the saved one)
-    keep_checkpoints: int | None = None  # None: RunConfig.keep_checkpoints (resumed: the saved one)
+    checkpoint_every: int | None = None  # None: CheckpointConfig.every (resumed: the saved one)
+    keep_checkpoints: int | None = None  # None: CheckpointConfig.keep (resumed: the saved one)
     async_checkpoint: str = "auto"  # auto (on GPU) | on | off
     resume: str | None = None  # a checkpoint directory, or a --checkpoint-dir to take the newest valid one
     max_restarts: int = LaunchOptions.max_restarts
-    on_nan: str = RunConfig.on_nan  # stop | skip
+    on_nan: str = RuntimeConfig.on_nan  # stop | skip

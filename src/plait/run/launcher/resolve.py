@@ -11,7 +11,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
-from plait.run.config import OptimConfig, RunConfig, plan_parts
+from plait.run.config import LogConfig, OptimConfig, RunConfig, RuntimeConfig, TrainJob, plan_parts
 from plait.run.launcher.launch import LaunchOptions, launch, print_dry_run, record_refusal
 from plait.run.launcher.preflight import preflight
 from plait.run.launcher.request import TrainRequest
@@ -95,18 +95,21 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
         if request.global_batch is None or request.seq_len is None:
             raise PlaitError("plait train --model needs --global-batch and --seq-len")
         global_batch, seq_len = request.global_batch, request.seq_len
-    steps = request.steps or RunConfig.steps
+    steps = request.steps or TrainJob.steps
     warmup = request.warmup_steps if request.warmup_steps is not None else max(1, steps // 10)
     defaults = OptimConfig()
     optim = OptimConfig(lr=_given(request.lr, defaults.lr), warmup_steps=warmup,
                         weight_decay=_given(request.weight_decay, defaults.weight_decay),
                         grad_clip=_given(request.grad_clip, defaults.grad_clip))
-    seed = _given(request.seed, RunConfig.seed)
-    config = RunConfig(model=model, layout=layout, global_batch=global_batch, seq_len=seq_len, steps=steps,
-                       seed=seed, data=request.data, log=request.log, optim=optim, compile=request.compile,
-                       compile_backend=request.compile_backend,
-                       device=request.device, gpu=gpu, timeout_s=request.timeout, log_every=request.log_every,
-                       offload_dir=request.offload_dir)
+    seed = _given(request.seed, TrainJob.seed)
+    config = RunConfig(
+        job=TrainJob(model=model, layout=layout, global_batch=global_batch, seq_len=seq_len, steps=steps, seed=seed,
+                     data=request.data),
+        optim=optim,
+        runtime=RuntimeConfig(device=request.device, gpu=gpu, compile=request.compile,
+                              compile_backend=request.compile_backend, timeout_s=request.timeout,
+                              on_nan=request.on_nan, offload_dir=request.offload_dir),
+        observe=LogConfig(log=request.log, log_every=request.log_every))
     if request.data != "synthetic":
         from plait.run.data.tokens import open_tokens
 
@@ -129,17 +132,17 @@ def _layout_world(request: TrainRequest) -> int | None:
 
 def checkpoint_options(config: RunConfig, request: TrainRequest, saved: RunConfig | None = None) -> RunConfig:
     """``config`` with the request's checkpoint settings applied (a resumed run inherits the saved ones)."""
-    base = saved or config
-    keep = request.keep_checkpoints if request.keep_checkpoints is not None else base.keep_checkpoints
-    every = request.checkpoint_every if request.checkpoint_every is not None else base.checkpoint_every
-    directory = request.checkpoint_dir or (saved.checkpoint_dir if saved else None)
+    base = (saved or config).checkpoint
+    keep = request.keep_checkpoints if request.keep_checkpoints is not None else base.keep
+    every = request.checkpoint_every if request.checkpoint_every is not None else base.every
+    directory = request.checkpoint_dir or (saved.checkpoint.dir if saved else None)
     use_async = {"on": True, "off": False}.get(request.async_checkpoint)
     if directory:
         directory = str(Path(directory).resolve())
     if every and not directory:
         raise PlaitError("--checkpoint-every needs --checkpoint-dir")
-    return dataclasses.replace(config, checkpoint_dir=directory, checkpoint_every=every or 0, keep_checkpoints=keep,
-                               async_checkpoint=use_async, on_nan=request.on_nan)
+    return dataclasses.replace(config, checkpoint=dataclasses.replace(
+        config.checkpoint, dir=directory, every=every or 0, keep=keep, use_async=use_async))
 
 
 def resume_config(request: TrainRequest) -> Resolved:
@@ -170,33 +173,37 @@ def resume_config(request: TrainRequest) -> Resolved:
         raise PlaitError(f"a resumed run keeps the checkpoint's seed and optimizer settings; drop {', '.join(fixed)}")
     if request.layout:
         layout = Layout.parse(request.layout)
-    options = launch_options(request, layout.world_size if layout else saved.layout.world_size)
+    was = saved.job
+    options = launch_options(request, layout.world_size if layout else was.layout.world_size)
+    job = dataclasses.replace(was, steps=request.steps or was.steps,
+                              data=request.data if request.data != "synthetic" else was.data)
     config = dataclasses.replace(
-        saved, steps=request.steps or saved.steps, log=request.log, device=request.device, gpu=request.gpu,
-        timeout_s=request.timeout, log_every=request.log_every, compile=request.compile,
-        compile_backend=request.compile_backend,
-        data=request.data if request.data != "synthetic" else saved.data, resume_from=path, prediction=None)
-    if config.data != saved.data:
-        notes.append(f"reading data {config.data} instead of the saved run's {saved.data}: the same samples only "
+        saved, job=job, checkpoint=dataclasses.replace(saved.checkpoint, resume_from=path),
+        runtime=dataclasses.replace(saved.runtime, device=request.device, gpu=request.gpu, timeout_s=request.timeout,
+                                    compile=request.compile, compile_backend=request.compile_backend,
+                                    on_nan=request.on_nan),
+        observe=LogConfig(log=request.log, log_every=request.log_every), prediction=None)
+    if job.data != was.data:
+        notes.append(f"reading data {job.data} instead of the saved run's {was.data}: the same samples only "
                      "if it holds the same tokens")
-    if config.steps != saved.steps:
-        notes.append(f"--steps {config.steps} (the saved run planned {saved.steps}): the cosine schedule is "
+    if job.steps != was.steps:
+        notes.append(f"--steps {job.steps} (the saved run planned {was.steps}): the cosine schedule is "
                      "stretched, so the learning rate changes from the resumed step on")
-    if config.data != "synthetic":
+    if job.data != "synthetic":
         from plait.run.data.tokens import open_tokens
 
-        open_tokens(config.data, config.model.vocab, config.seed, seq_len=config.seq_len,
-                    model_name=config.model.name)  # fail early: the saved run's data must still be there
+        open_tokens(job.data, job.model.vocab, job.seed, seq_len=job.seq_len,
+                    model_name=job.model.name)  # fail early: the saved run's data must still be there
     if layout is not None:
-        config = dataclasses.replace(config, layout=layout)
-    elif options.world_size != saved.layout.world_size:
+        config = dataclasses.replace(config, job=dataclasses.replace(job, layout=layout))
+    elif options.world_size != was.layout.world_size:
         config, why = replan(config, options.world_size, options.nproc_per_node)
         notes.append(why)
     config = checkpoint_options(config, request, saved)
-    why = nothing_to_train(checkpoint.path, checkpoint.step, config.steps)
+    why = nothing_to_train(checkpoint.path, checkpoint.step, config.job.steps)
     if why:
         raise PlaitError(f"{why}; pass a larger --steps")
-    notes.append(f"resuming from {path} (step {checkpoint.step} of {config.steps}, saved under "
+    notes.append(f"resuming from {path} (step {checkpoint.step} of {config.job.steps}, saved under "
                  f"{checkpoint.manifest.get('layout')} on {checkpoint.manifest.get('world_size')} processes)")
     return Resolved(config, options, tuple(notes), Resumed(checkpoint, tuple(p for p, _ in refused)))
 
@@ -205,14 +212,15 @@ def fresh_config(request: TrainRequest) -> Resolved:
     """A run from the start; refuses a checkpoint directory that already holds checkpoints (unless elastic)."""
     options = launch_options(request, _layout_world(request))
     config = checkpoint_options(run_config(request, options), request)
-    if config.checkpoint_dir:
-        existing = store.complete_dirs(Path(config.checkpoint_dir))
+    directory = config.checkpoint.dir
+    if directory:
+        existing = store.complete_dirs(Path(directory))
         if existing and options.min_nnodes not in (None, options.nnodes):
             print(f"plait train: elastic run: the workers resume from the newest valid checkpoint in "
-                  f"{config.checkpoint_dir} ({existing[-1].name})", flush=True)
+                  f"{directory} ({existing[-1].name})", flush=True)
         elif existing:
-            raise PlaitError(f"--checkpoint-dir {config.checkpoint_dir} already holds checkpoints (newest "
-                             f"{existing[-1].name}): resume with --resume {config.checkpoint_dir}, or use an "
+            raise PlaitError(f"--checkpoint-dir {directory} already holds checkpoints (newest "
+                             f"{existing[-1].name}): resume with --resume {directory}, or use an "
                              "empty directory")
     return Resolved(config, options)
 
@@ -247,16 +255,17 @@ def _start(request: TrainRequest) -> int:
     if request.dry_run:
         print_dry_run(config, options)
         return 0
-    if config.checkpoint_dir:
-        store.check_writable(Path(config.checkpoint_dir))
+    directory = config.checkpoint.dir
+    if directory:
+        store.check_writable(Path(directory))
         if resolved.resumed is not None:
             from plait.run.checkpoint.select import prepare_checkpoint_root
 
             resumed = resolved.resumed
-            for note in prepare_checkpoint_root(resumed.checkpoint, Path(config.checkpoint_dir),
-                                                list(resumed.refused)):
+            for note in prepare_checkpoint_root(resumed.checkpoint, Path(directory), list(resumed.refused)):
                 print(f"plait train: {note}", flush=True)
-    print(f"plait train: {config.model.name}, layout {config.layout}, global batch {config.global_batch} × "
-          f"{config.seq_len}, {config.steps} steps, {options.world_size} processes", flush=True)
+    job = config.job
+    print(f"plait train: {job.model.name}, layout {job.layout}, global batch {job.global_batch} × "
+          f"{job.seq_len}, {job.steps} steps, {options.world_size} processes", flush=True)
     launch(config, options, run_dir=request.run_dir)  # raises PlaitError when any rank failed
     return 0

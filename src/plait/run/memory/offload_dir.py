@@ -1,6 +1,6 @@
 """Checks of the activation-offload directory before training starts (no torch import).
 
-``plait train --offload-dir DIR`` (``RunConfig.offload_dir``) names where ``offload=disk:α``
+``plait train --offload-dir DIR`` (``RuntimeConfig.offload_dir``) names where ``offload=disk:α``
 writes activations: each rank makes a fresh ``plait-offload-rank<R>-*`` directory in it (by
 default in the system temporary directory). The directory must exist, be writable, and have
 room for what the planner predicts every rank of the job offloads at its peak.
