@@ -132,3 +132,27 @@ def test_module_and_folder_sizes():
         if count > MAX_MODULES_PER_FOLDER:
             crowded[str(folder.relative_to(SRC))] = count
     assert crowded == {}
+
+
+# modules the architecture promises never import torch at import time: the planner side, and the
+# launcher side of plait train (torch is imported inside the functions that need it)
+TORCH_FREE_AT_IMPORT = ("plait.cli", "plait.run.config", "plait.run.env", "plait.run.replan",
+                        "plait.run.launcher.resolve", "plait.run.launcher.launch", "plait.run.launcher.preflight",
+                        "plait.run.launcher.device", "plait.run.launcher.outcome", "plait.run.checkpoint.store",
+                        "plait.run.checkpoint.select", "plait.measure.published", "plait.measure.sweep.loop",
+                        "plait.measure.report.build")
+
+
+def test_launcher_and_planner_modules_import_without_torch():
+    import subprocess
+    import sys
+
+    script = ("import builtins\nreal = builtins.__import__\n"
+              "def guarded(name, *a, **k):\n"
+              "    if name == 'torch' or name.startswith('torch.'):\n"
+              "        raise ImportError('torch imported at import time')\n"
+              "    return real(name, *a, **k)\n"
+              "builtins.__import__ = guarded\n"
+              + "".join(f"import {name}\n" for name in TORCH_FREE_AT_IMPORT))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
