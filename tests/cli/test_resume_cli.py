@@ -57,6 +57,9 @@ def test_killed_rank_and_killed_checkpoint_write_recover_automatically(tmp_path,
     # attempt 0 died in step 3 (after saving step 2); attempt 1 died committing step 4 -> both resume at 2
     assert [(e["restart"], e["step"]) for e in resumes] == [(1, 2), (2, 2)]
     assert "restart 1: resuming from" in proc.stdout and "restart 2: resuming from" in proc.stdout
+    # the restart notes name the rank that died, and how (not the survivors' connection errors)
+    assert "rank 1 was killed by SIGKILL (exit -9)" in proc.stdout and "(restart 1 of 2)" in proc.stdout
+    assert "rank 0 was killed by SIGKILL (exit -9)" in proc.stdout and "(restart 2 of 2)" in proc.stdout
     by_step: dict[int, list[float]] = {}
     for line in step_lines(log):
         by_step.setdefault(line["step"], []).append(line["loss"])
@@ -169,7 +172,8 @@ def test_other_bad_checkpoint_input(tmp_path, saved4, capsys):
     (tmp_path / "empty").mkdir()
     code, _, err = run_inline(capsys, "train", "--resume", str(tmp_path / "empty"), "--device", "cpu")
     assert code == 2 and "no valid checkpoint" in err
-    code, _, err = run_inline(capsys, "train", *CLI_ARGS, "--nproc-per-node", "2", "--checkpoint-dir", str(saved4))
+    code, _, err = run_inline(capsys, "train", *CLI_ARGS, "--nproc-per-node", "2", "--checkpoint-dir", str(saved4),
+                              "--fresh")
     assert code == 2 and "already holds checkpoints" in err
     code, _, err = run_inline(capsys, "train", *CLI_ARGS, "--nproc-per-node", "2", "--checkpoint-every", "2")
     assert code == 2 and "--checkpoint-every needs --checkpoint-dir" in err

@@ -84,7 +84,40 @@ def test_worker_killed_without_an_error_file(tmp_path):
     (tmp_path / "error-rank3.json").write_text("{truncated")  # unreadable: skipped
     outcome, message = failed_run(tmp_path, "profiling", died="worker FAILED", dead_rank=3, signal="SIGKILL")
     assert outcome == Outcome("failed", message, failed_rank=3, exit_code=2, signal="SIGKILL")
-    assert message.startswith("profiling failed: a worker died without a message (worker FAILED)")
+    assert message == ("profiling failed: rank 3 was killed by SIGKILL (exit -9): out of memory or killed by the "
+                       "scheduler?")
+    outcome, message = failed_run(tmp_path, "profiling", died="worker FAILED")
+    assert message == "profiling failed: a worker died without a message (worker FAILED)"
+
+
+def test_the_killed_rank_is_named_before_the_survivors_collective_errors(tmp_path):
+    """rank 1 was SIGKILLed (no error file); ranks 0 and 2 then failed in a collective, and wrote one first."""
+    write_rank_error(tmp_path, 0, "DistBackendError", "Connection reset by peer", 1.0, "Traceback ...")
+    write_rank_error(tmp_path, 2, "RuntimeError", "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+                     1.1)
+    outcome, message = failed_run(tmp_path, "training", dead_rank=0, signal=None, exits={0: 1, 1: -9, 2: 1})
+    assert outcome == Outcome("failed", "training failed: rank 1 was killed by SIGKILL (exit -9): out of memory or "
+                              "killed by the scheduler?", failed_rank=1, exit_code=2, signal="SIGKILL")
+    assert message.splitlines() == [outcome.reason, "(ranks 0, 2 also stopped; rank 0: Connection reset by peer)"]
+    outcome, _ = failed_run(tmp_path, "training", exits={0: 1, 1: 3, 2: 1})
+    assert outcome.reason == "training failed: rank 1 exited with status 3 without an error message"
+    assert outcome.signal is None
+
+
+def test_an_error_that_is_not_a_collective_is_the_root_cause(tmp_path):
+    write_rank_error(tmp_path, 0, "DistBackendError", "Connection reset by peer", 1.0)
+    write_rank_error(tmp_path, 1, "ValueError", "bad shape", 2.0, "Traceback ...")
+    outcome, message = failed_run(tmp_path, "training", exits={0: 1, 1: 1})
+    assert outcome.reason == "training failed on rank 1: bad shape" and "(ranks 0 also stopped)" in message
+
+
+def test_a_restart_note_names_the_dead_rank(tmp_path):
+    from plait.run.launcher.restarts import restart_note
+
+    write_rank_error(tmp_path, 0, "DistBackendError", "Connection reset by peer", 1.0)
+    note = restart_note(tmp_path, "training", {1: -9}, 1, 3)
+    assert note == ("training failed: rank 1 was killed by SIGKILL (exit -9): out of memory or killed by the "
+                    "scheduler?; torchrun restarts the workers (restart 1 of 3)")
 
 
 class SavedConfig:
@@ -136,8 +169,8 @@ def test_launch_writes_the_outcome_on_every_exit(tmp_path, monkeypatch, case):
     expected = {
         "ok": Outcome("ok", exit_code=0),
         "failed": Outcome("failed", "training failed on rank 1: injected fault", failed_rank=1, exit_code=2),
-        "killed": Outcome("failed", "training failed: a worker died without a message (rank 0 ended with SIGKILL)",
-                          failed_rank=0, exit_code=2, signal="SIGKILL"),
+        "killed": Outcome("failed", "training failed: rank 0 was killed by SIGKILL (exit -9): out of memory or "
+                          "killed by the scheduler?", failed_rank=0, exit_code=2, signal="SIGKILL"),
         "stopped": Outcome("stopped", outcome.reason, exit_code=143, signal="SIGTERM"),
         "refused": Outcome("refused", "multi-node without --rdzv-endpoint needs --node-rank and --master-addr",
                            exit_code=2),

@@ -72,7 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--run-dir", help="keep the run's config and error files here (default: a temporary dir)")
     where.add_argument("--dry-run", action="store_true", help="check everything, print the torchrun command, do not run")
     ckpt = parser.add_argument_group("checkpoints, resume, failures")
-    ckpt.add_argument("--checkpoint-dir", help="save checkpoints here (step_NNNNNNNN directories, DCP + manifest)")
+    ckpt.add_argument("--checkpoint-dir",
+                      help="save checkpoints here (step_NNNNNNNN directories, DCP + manifest); when it holds "
+                           "checkpoints of the same run, resume from the newest valid one (the same command "
+                           "starts a run and resumes it after a requeue)")
     ckpt.add_argument("--checkpoint-every", type=int, help="save every N steps (default: only on SIGTERM and at the end)")
     ckpt.add_argument("--keep-checkpoints", type=int,
                       help=f"keep the newest K complete checkpoints (default {CheckpointConfig.keep}; 0: all)")
@@ -80,7 +83,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="write checkpoints from a background thread (auto: on GPU)")
     ckpt.add_argument("--resume", metavar="DIR",
                       help="resume from a checkpoint directory, or the newest valid one in a --checkpoint-dir; "
-                           "with another --layout or process count (re-planned when the world size changed)")
+                           "with another --layout or process count (re-planned when the world size changed). "
+                           "New checkpoints go to --checkpoint-dir, else beside the resumed one; a DIR without "
+                           "checkpoints starts the run there")
+    ckpt.add_argument("--fresh", action="store_true",
+                      help="start from step 0 and refuse a --checkpoint-dir that already holds checkpoints")
     ckpt.add_argument("--max-restarts", type=int, default=DEFAULTS.max_restarts,
                       help="torchrun restarts after a worker dies; each restart resumes from the newest checkpoint")
     ckpt.add_argument("--on-nan", choices=("stop", "skip"), default=DEFAULTS.on_nan,

@@ -37,6 +37,28 @@ def check_same_run(saved: RunConfig, model=None, global_batch: int | None = None
                          f"(asked: {seq_len}). Drop --seq-len")
 
 
+def saved_run(manifest: dict, path: str | Path = "") -> RunConfig:
+    """The RunConfig recorded in a checkpoint's manifest; PlaitError (the checkpoint is refused) when it does
+    not load."""
+    try:
+        return RunConfig.from_dict(manifest["run"])
+    except PlaitError as exc:
+        raise PlaitError(f"checkpoint {Path(path).name} has a malformed run config: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise PlaitError(f"checkpoint {Path(path).name} has a malformed run config "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
+def check_given(saved: RunConfig, given: dict[str, object], path: str = "") -> None:
+    """Refuse flags whose value differs from the saved run's: ``given`` maps a flag (``--lr``) to
+    (its value, the saved value); a value of None was not given. Equal values are accepted."""
+    for flag, (value, was) in given.items():
+        if value is not None and value != was:
+            raise PlaitError(f"{flag} {value} differs from the checkpoint's {was} ({path}): a resumed run keeps "
+                             f"the run's {flag[2:]}; drop {flag} or pass the saved value, or start a new run "
+                             "with --fresh and another --checkpoint-dir")
+
+
 def set_aside(paths: list[Path]) -> list[Path]:
     """Rename refused (corrupt) checkpoint directories to ``<name>.corrupt-<n>``: kept, never reused."""
     moved = []
@@ -109,6 +131,7 @@ def verify_in_parallel(path: Path) -> str | None:
     problem = None
     try:
         manifest = store.read_manifest(path)
+        saved_run(manifest, path)
         names = sorted(manifest["files"])
         for name in names[dist.get_rank()::dist.get_world_size()]:
             store.check_file(path, name, manifest["files"][name])

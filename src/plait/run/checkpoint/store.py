@@ -13,10 +13,17 @@ name that already exists is an error, not an overwrite.
 
 The step in a name is the number of optimizer steps completed: ``step_00000040`` resumes at
 step 40 (0-based), the 41st step.
+
+The manifest is verified, not trusted: it carries ``checksum``, the SHA-256 of its own body
+(canonical JSON without that field), its ``step`` must be the directory's, and a manifest of the
+wrong shape (missing keys, wrong types) refuses its checkpoint like a corrupt file does, so that
+the previous checkpoint is used. Manifests of earlier plait versions have no checksum and still
+load (``has_checksum`` tells).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -67,6 +74,7 @@ def write_manifest(directory: Path, step: int, files: dict[str, dict], run: dict
     """Write ``manifest.json`` atomically (temporary file, fsync, rename) inside ``directory``."""
     body = {"format": FORMAT, "version": VERSION, "step": step, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "files": files, "run": run, **extra}
+    body["checksum"] = manifest_checksum(body)
     temporary = directory / (MANIFEST + ".tmp")
     with open(temporary, "w") as handle:
         json.dump(body, handle, indent=1)
@@ -112,28 +120,66 @@ class Checkpoint:
         return self.manifest["run"]
 
 
+def manifest_checksum(body: dict) -> str:
+    """SHA-256 (hex) of a manifest's canonical JSON (sorted keys, no spaces), its ``checksum`` field left out."""
+    rest = {key: value for key, value in body.items() if key != "checksum"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def has_checksum(manifest: dict) -> bool:
+    """Whether a manifest carries its own checksum (those of earlier plait versions do not)."""
+    return "checksum" in manifest
+
+
 def read_manifest(path: Path) -> dict:
-    """The manifest of checkpoint directory ``path``; PlaitError if missing or unreadable."""
+    """The manifest of checkpoint directory ``path``, checked (format, checksum, shape, step); PlaitError if
+    missing, unreadable, edited or malformed."""
     file = path / MANIFEST
     if not file.is_file():
         raise PlaitError(f"{path} has no {MANIFEST}: not a complete plait checkpoint")
     try:
         manifest = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PlaitError(f"{file} is unreadable ({exc})") from None
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise PlaitError(f"{file} is unreadable ({str(exc)[:200]})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise PlaitError(f"{file} is not a plait checkpoint manifest")
     if manifest.get("version") != VERSION:
         raise PlaitError(f"{file} has format version {manifest.get('version')}; this plait reads {VERSION}")
-    for key in ("step", "files", "run"):
-        if key not in manifest:
-            raise PlaitError(f"{file} lacks {key!r}")
+    if has_checksum(manifest) and manifest["checksum"] != manifest_checksum(manifest):
+        raise PlaitError(f"checkpoint {path.name} is corrupt: {MANIFEST} fails its checksum (edited or damaged)")
+    _check_shape(file, manifest)
+    match = _FINAL.match(path.name)
+    if match and int(match.group(1)) != manifest["step"]:
+        raise PlaitError(f"checkpoint {path.name} is corrupt: its {MANIFEST} says step {manifest['step']}")
     return manifest
 
 
-def verify(path: Path, checksums: bool = True) -> Checkpoint:
-    """Check every file against the manifest (present, size, CRC-32); PlaitError naming the first problem."""
+def _check_shape(file: Path, manifest: dict) -> None:
+    """PlaitError unless the manifest has the keys and types a checkpoint needs."""
+    for key in ("step", "files", "run"):
+        if key not in manifest:
+            raise PlaitError(f"{file} lacks {key!r}")
+    step, files = manifest["step"], manifest["files"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise PlaitError(f"{file}: 'step' is {step!r}, not a step count")
+    if not isinstance(manifest["run"], dict):
+        raise PlaitError(f"{file}: 'run' is not an object")
+    if not isinstance(files, dict):
+        raise PlaitError(f"{file}: 'files' is not an object")
+    for name, record in files.items():
+        if not (isinstance(record, dict) and isinstance(record.get("bytes"), int)
+                and isinstance(record.get("crc32"), str)) or "/" in name or name in ("", ".", ".."):
+            raise PlaitError(f"{file}: the record of file {name!r} is malformed")
+
+
+def verify(path: Path, checksums: bool = True, check=None) -> Checkpoint:
+    """Check every file against the manifest (present, size, CRC-32); PlaitError naming the first problem.
+
+    ``check(path, manifest)``, when given, is a further test of the manifest (e.g. that its run
+    config loads) that raises PlaitError to refuse the checkpoint."""
     manifest = read_manifest(path)
+    if check is not None:
+        check(path, manifest)
     for name, record in sorted(manifest["files"].items()):
         check_file(path, name, record, checksums)
     return Checkpoint(path=path, step=int(manifest["step"]), manifest=manifest)
@@ -165,28 +211,30 @@ def complete_dirs(root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def latest_valid(root: Path, checksums: bool = True) -> tuple[Checkpoint | None, list[tuple[Path, str]]]:
-    """The newest checkpoint under ``root`` that verifies, and (path, why) of each newer one refused."""
+def latest_valid(root: Path, checksums: bool = True, check=None) -> tuple[Checkpoint | None, list[tuple[Path, str]]]:
+    """The newest checkpoint under ``root`` that verifies (``verify``'s ``check`` too), and (path, why) of
+    each newer one refused."""
     refused = []
     for path in reversed(complete_dirs(root)):
         try:
-            return verify(path, checksums), refused
+            return verify(path, checksums, check), refused
         except PlaitError as exc:
             refused.append((path, str(exc)))
     return None, refused
 
 
-def resolve(target: str | Path, checksums: bool = True) -> tuple[Checkpoint, list[tuple[Path, str]]]:
+def resolve(target: str | Path, checksums: bool = True, check=None) -> tuple[Checkpoint, list[tuple[Path, str]]]:
     """The checkpoint that ``--resume target`` means: a checkpoint directory itself, or the newest
-    valid one in a checkpoint root. Returns it and (path, why) of each refused newer one."""
+    valid one in a checkpoint root (``verify``'s ``check`` too). Returns it and (path, why) of each
+    refused newer one."""
     path = Path(target)
     if not path.exists():
         raise PlaitError(f"--resume {target}: no such directory")
     if not path.is_dir():
         raise PlaitError(f"--resume {target}: not a directory")
     if (path / MANIFEST).exists():
-        return verify(path, checksums), []
-    found, refused = latest_valid(path, checksums)
+        return verify(path, checksums, check), []
+    found, refused = latest_valid(path, checksums, check)
     if found is None:
         why = "; ".join(text for _, text in refused) if refused else "it holds no step_NNNNNNNN checkpoint"
         raise PlaitError(f"--resume {target}: no valid checkpoint ({why})")
@@ -211,6 +259,24 @@ def prune(root: Path, keep: int) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def leftovers(root: Path) -> list[tuple[Path, int]]:
+    """(path, bytes) of each directory a failed save or prune left in ``root`` (``.tmp-``, ``.deleting``)."""
+    found = []
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
+        if path.is_dir() and re.match(r"^step_\d{8}\.(tmp-|deleting)", path.name):
+            found.append((path, sum(f.stat().st_size for f in path.rglob("*") if f.is_file())))
+    return found
+
+
+def remove_leftovers(root: Path) -> list[str]:
+    """Remove what failed saves left in ``root`` (call only while no run writes there); returns notes."""
+    notes = []
+    for path, size in leftovers(root):
+        shutil.rmtree(path, ignore_errors=True)
+        notes.append(f"removed {path.name}, left by a failed save ({size / 2**20:.1f} MiB)")
+    return notes
 
 
 def check_writable(root: Path) -> None:

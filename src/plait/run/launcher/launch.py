@@ -158,15 +158,19 @@ def workers_outcome(args: list[str], run_dir: Path, nproc_per_node: int,
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    from plait.run.launcher.restarts import restart_notes
+
     # torchrun sets 1 thread per worker (and warns) when unset; share the cores instead
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     try:
-        run(parse_args(args))
+        with restart_notes(Path(run_dir), what, lambda note: print(f"plait: {note}", flush=True)):
+            run(parse_args(args))
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         signal_name = failure.signal_name() if failure.exitcode is not None and failure.exitcode < 0 else None
         died = f"rank {rank} ended with {signal_name or f'exit status {failure.exitcode}'}"
-        return failed_run(run_dir, what, died=died, dead_rank=rank, signal=signal_name)
+        exits = {r: f.exitcode for r, f in exc.failures.items() if f.exitcode is not None}
+        return failed_run(run_dir, what, died=died, dead_rank=rank, signal=signal_name, exits=exits)
     except SignalException as exc:
         name = signal.Signals(exc.sigval).name
         message = (f"stopped by {name}: the workers were asked to finish their step and save a checkpoint "

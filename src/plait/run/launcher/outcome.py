@@ -133,20 +133,38 @@ def is_out_of_memory(record: dict) -> bool:
 
 
 def failed_run(run_dir: str | Path, what: str = "training", died: str = "", dead_rank: int | None = None,
-               signal: str | None = None) -> tuple[Outcome, str]:
+               signal: str | None = None, exits: dict[int, int] | None = None) -> tuple[Outcome, str]:
     """(outcome, full message) of a run whose workers failed, from the error files in ``run_dir``.
 
-    ``died`` is torchrun's one-line account, used when no worker left an error file (e.g. killed by
-    the kernel's OOM killer); ``dead_rank`` and ``signal`` are torchrun's first failed rank and the
-    signal that ended it, if any. The message names the root-cause rank, carries its traceback and
-    lists the other ranks that stopped; the outcome's reason is its first line.
+    ``died`` is torchrun's one-line account, used when nothing else says what happened;
+    ``dead_rank`` and ``signal`` are torchrun's first failed rank and the signal that ended it, if
+    any; ``exits`` maps every rank torchrun saw fail to its exit code (negative: killed by that
+    signal). The message names the root cause (``plait.run.launcher.deaths``): a rank out of
+    memory, else a rank that died without a message and how (``rank 1 was killed by SIGKILL (exit
+    -9): ...``), else the first error that is not a collective's, with its traceback; the ranks
+    that stopped after it are summarized in one line. The outcome's reason is its first line.
     """
+    from plait.run.launcher.deaths import how_it_died, root_error, signal_of, silent_deaths
+
     errors = rank_errors(run_dir)
+    exits = dict(exits or {})
+    if dead_rank is not None and signal and dead_rank not in exits:
+        exits[dead_rank] = _signal_exit(signal)
+    silent = silent_deaths(exits, {e["rank"] for e in errors})
+    memory = [e for e in errors if is_out_of_memory(e)]
+    if silent and not memory:
+        root = silent[0]
+        message = f"{what} failed: {how_it_died(root, exits[root])}"
+        others = [*silent[1:], *(e["rank"] for e in errors)]
+        if others:
+            after = f"; rank {errors[0]['rank']}: {first_line(errors[0].get('message', ''))[:200]}" if errors else ""
+            message += f"\n(ranks {', '.join(map(str, others))} also stopped{after})"
+        return Outcome("failed", first_line(message), failed_rank=root, exit_code=EXIT_ERROR,
+                       signal=signal_of(exits[root])), message
     if not errors:
         message = f"{what} failed: a worker died without a message ({died or 'no detail from torchrun'})"
         return Outcome("failed", message, failed_rank=dead_rank, exit_code=EXIT_ERROR, signal=signal), message
-    memory = [e for e in errors if is_out_of_memory(e)]
-    first = memory[0] if memory else errors[0]
+    first = memory[0] if memory else root_error(errors)
     message = f"{what} failed on rank {first['rank']}: {first.get('message', '')}"
     reason = first_line(message)
     if "traceback" in first:
@@ -157,3 +175,13 @@ def failed_run(run_dir: str | Path, what: str = "training", died: str = "", dead
     status = "oom" if memory else "failed"
     own_signal = signal if dead_rank == first["rank"] else None
     return Outcome(status, reason, failed_rank=first["rank"], exit_code=EXIT_ERROR, signal=own_signal), message
+
+
+def _signal_exit(name: str) -> int:
+    """The exit code torchrun reports for a process killed by signal ``name`` (``SIGKILL`` → -9)."""
+    import signal as signals
+
+    try:
+        return -signals.Signals[name].value
+    except KeyError:
+        return -1

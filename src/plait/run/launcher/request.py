@@ -59,5 +59,6 @@ class TrainRequest:
     keep_checkpoints: int | None = None  # None: CheckpointConfig.keep (resumed: the saved one)
     async_checkpoint: str = "auto"  # auto (on GPU) | on | off
     resume: str | None = None  # a checkpoint directory, or a --checkpoint-dir to take the newest valid one
+    fresh: bool = False  # start from step 0; refuse a --checkpoint-dir that holds checkpoints (else: resumed)
     max_restarts: int = LaunchOptions.max_restarts
     on_nan: str = RuntimeConfig.on_nan  # stop | skip

@@ -130,12 +130,16 @@ def _layout_world(request: TrainRequest) -> int | None:
     return Layout.parse(request.layout).world_size if request.layout else None
 
 
-def checkpoint_options(config: RunConfig, request: TrainRequest, saved: RunConfig | None = None) -> RunConfig:
-    """``config`` with the request's checkpoint settings applied (a resumed run inherits the saved ones)."""
+def checkpoint_options(config: RunConfig, request: TrainRequest, saved: RunConfig | None = None,
+                       where: Path | None = None) -> RunConfig:
+    """``config`` with the request's checkpoint settings applied (a resumed run inherits the saved ones).
+
+    A resumed run writes into ``--checkpoint-dir`` when given, else into ``where`` (the directory
+    that holds the resumed checkpoint), never into the one its manifest records."""
     base = (saved or config).checkpoint
     keep = request.keep_checkpoints if request.keep_checkpoints is not None else base.keep
     every = request.checkpoint_every if request.checkpoint_every is not None else base.every
-    directory = request.checkpoint_dir or (saved.checkpoint.dir if saved else None)
+    directory = request.checkpoint_dir or where
     use_async = {"on": True, "off": False}.get(request.async_checkpoint)
     if directory:
         directory = str(Path(directory).resolve())
@@ -145,18 +149,38 @@ def checkpoint_options(config: RunConfig, request: TrainRequest, saved: RunConfi
         config.checkpoint, dir=directory, every=every or 0, keep=keep, use_async=use_async))
 
 
-def resume_config(request: TrainRequest) -> Resolved:
-    """The resumed run: the saved run's trajectory, this request's layout and processes, and notes."""
+def _same_run_flags(request: TrainRequest, saved: RunConfig, implicit: bool) -> dict[str, tuple]:
+    """(given value, saved value) of each flag a resumed run must keep; ``--data`` only for an implicit
+    resume (an explicit ``--resume`` may read the same tokens from another path)."""
+    job, optim = saved.job, saved.optim
+    data = request.data if implicit and request.data != "synthetic" else None
+    if data is not None and job.data != "synthetic" and Path(data).resolve() == Path(job.data).resolve():
+        data = job.data
+    return {"--seed": (request.seed, job.seed), "--lr": (request.lr, optim.lr),
+            "--warmup-steps": (request.warmup_steps, optim.warmup_steps),
+            "--weight-decay": (request.weight_decay, optim.weight_decay),
+            "--grad-clip": (request.grad_clip, optim.grad_clip), "--data": (data, job.data)}
+
+
+def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
+    """The resumed run: the saved run's trajectory, this request's layout and processes, and notes.
+
+    ``implicit``: resuming the newest checkpoint of ``--checkpoint-dir`` without ``--resume`` (a
+    requeue); the request's flags that define the run must then equal the saved values."""
     from plait.plan.plan import load_plan
-    from plait.run.checkpoint.select import check_same_run, nothing_to_train
+    from plait.run.checkpoint.select import check_given, check_same_run, nothing_to_train, saved_run
     from plait.run.replan import replan
     from plait.spec.models import get_model
 
     # sizes only here: the workers check every CRC-32 in parallel (and fall back) before loading
-    checkpoint, refused = store.resolve(request.resume, checksums=False)
+    checkpoint, refused = store.resolve(request.resume or request.checkpoint_dir, checksums=False,
+                                        check=lambda where, manifest: saved_run(manifest, where))
     notes = [f"refused {why}" for _, why in refused]
     saved = RunConfig.from_dict(checkpoint.run)
     path = str(checkpoint.path)
+    if not store.has_checksum(checkpoint.manifest):
+        notes.append(f"{checkpoint.path.name}'s manifest has no checksum (written by an earlier plait): "
+                     "its contents are trusted as they are")
     layout = None
     if request.plan:
         if request.layout:
@@ -165,12 +189,7 @@ def resume_config(request: TrainRequest) -> Resolved:
         check_same_run(saved, model, job.global_batch, job.seq_len, path)
     check_same_run(saved, get_model(request.model) if request.model else None, request.global_batch,
                    request.seq_len, path)
-    fixed = [flag for flag, value in (("--seed", request.seed), ("--lr", request.lr),
-                                      ("--warmup-steps", request.warmup_steps),
-                                      ("--weight-decay", request.weight_decay), ("--grad-clip", request.grad_clip))
-             if value is not None]
-    if fixed:
-        raise PlaitError(f"a resumed run keeps the checkpoint's seed and optimizer settings; drop {', '.join(fixed)}")
+    check_given(saved, _same_run_flags(request, saved, implicit), path)
     if request.layout:
         layout = Layout.parse(request.layout)
     was = saved.job
@@ -199,17 +218,20 @@ def resume_config(request: TrainRequest) -> Resolved:
     elif options.world_size != was.layout.world_size:
         config, why = replan(config, options.world_size, options.nproc_per_node)
         notes.append(why)
-    config = checkpoint_options(config, request, saved)
+    config = checkpoint_options(config, request, saved, where=checkpoint.path.parent)
     why = nothing_to_train(checkpoint.path, checkpoint.step, config.job.steps)
     if why:
         raise PlaitError(f"{why}; pass a larger --steps")
     notes.append(f"resuming from {path} (step {checkpoint.step} of {config.job.steps}, saved under "
                  f"{checkpoint.manifest.get('layout')} on {checkpoint.manifest.get('world_size')} processes)")
+    if config.checkpoint.dir:
+        notes.append(f"checkpoints go to {config.checkpoint.dir}")
     return Resolved(config, options, tuple(notes), Resumed(checkpoint, tuple(p for p, _ in refused)))
 
 
 def fresh_config(request: TrainRequest) -> Resolved:
-    """A run from the start; refuses a checkpoint directory that already holds checkpoints (unless elastic)."""
+    """A run from the start; refuses a checkpoint directory that already holds checkpoints (unless elastic:
+    the workers resume from them)."""
     options = launch_options(request, _layout_world(request))
     config = checkpoint_options(run_config(request, options), request)
     directory = config.checkpoint.dir
@@ -219,15 +241,41 @@ def fresh_config(request: TrainRequest) -> Resolved:
             print(f"plait train: elastic run: the workers resume from the newest valid checkpoint in "
                   f"{directory} ({existing[-1].name})", flush=True)
         elif existing:
-            raise PlaitError(f"--checkpoint-dir {directory} already holds checkpoints (newest "
-                             f"{existing[-1].name}): resume with --resume {directory}, or use an "
-                             "empty directory")
+            raise PlaitError(f"--fresh: --checkpoint-dir {directory} already holds checkpoints (newest "
+                             f"{existing[-1].name}): drop --fresh to resume from them, or use an empty directory")
     return Resolved(config, options)
 
 
 def resolve(request: TrainRequest) -> Resolved:
-    """The run the request describes: resumed when it names a checkpoint, else fresh."""
-    return resume_config(request) if request.resume else fresh_config(request)
+    """The run the request describes: one command line serves the first run and every requeue.
+
+    ``--resume DIR`` resumes (or, when DIR holds no checkpoint yet and the request says what to
+    train, starts fresh writing there); ``--fresh`` starts from step 0 and refuses a checkpoint
+    directory that holds checkpoints; otherwise a ``--checkpoint-dir`` that holds checkpoints is
+    resumed from (the same run's flags must match the saved values) and an empty one starts fresh.
+    """
+    if request.fresh and request.resume:
+        raise PlaitError("give either --fresh or --resume, not both")
+    if request.resume:
+        if _holds_no_checkpoint(Path(request.resume)) and (request.plan or request.model):
+            fresh = dataclasses.replace(request, resume=None, checkpoint_dir=request.checkpoint_dir or request.resume)
+            resolved = fresh_config(fresh)
+            return dataclasses.replace(resolved, notes=(
+                f"{request.resume} holds no checkpoint yet: starting from step 0, checkpoints go to "
+                f"{resolved.config.checkpoint.dir}", *resolved.notes))
+        return resume_config(request)
+    if request.fresh or not request.checkpoint_dir or not store.complete_dirs(Path(request.checkpoint_dir)):
+        return fresh_config(request)
+    min_nodes, max_nodes = parse_nnodes(request.nnodes)
+    if min_nodes != max_nodes:
+        return fresh_config(request)  # elastic: the workers resume from the newest valid checkpoint
+    return resume_config(request, implicit=True)
+
+
+def _holds_no_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is missing, or a directory with neither a manifest nor step_NNNNNNNN checkpoints."""
+    return not path.exists() or (path.is_dir() and not (path / store.MANIFEST).exists()
+                                 and not store.complete_dirs(path))
 
 
 def start(request: TrainRequest) -> int:
@@ -256,16 +304,39 @@ def _start(request: TrainRequest) -> int:
         print_dry_run(config, options)
         return 0
     directory = config.checkpoint.dir
+    held = None
     if directory:
-        store.check_writable(Path(directory))
-        if resolved.resumed is not None:
-            from plait.run.checkpoint.select import prepare_checkpoint_root
-
-            resumed = resolved.resumed
-            for note in prepare_checkpoint_root(resumed.checkpoint, Path(directory), list(resumed.refused)):
-                print(f"plait train: {note}", flush=True)
-    job = config.job
-    print(f"plait train: {job.model.name}, layout {job.layout}, global batch {job.global_batch} × "
-          f"{job.seq_len}, {job.steps} steps, {options.world_size} processes", flush=True)
-    launch(config, options, run_dir=request.run_dir)  # raises PlaitError when any rank failed
+        held = _take_checkpoint_dir(Path(directory), resolved, options)
+    try:
+        job = config.job
+        print(f"plait train: {job.model.name}, layout {job.layout}, global batch {job.global_batch} × "
+              f"{job.seq_len}, {job.steps} steps, {options.world_size} processes", flush=True)
+        launch(config, options, run_dir=request.run_dir)  # raises PlaitError when any rank failed
+    finally:
+        if held is not None:
+            held.release()
     return 0
+
+
+def _take_checkpoint_dir(root: Path, resolved: Resolved, options: LaunchOptions):
+    """Lock the checkpoint directory for this run, clean what failed saves left, set aside refused
+    checkpoints; prints what it did and returns the lock (``release`` it when the run ends)."""
+    from plait.run.checkpoint.lock import acquire
+    from plait.run.checkpoint.select import prepare_checkpoint_root
+
+    store.check_writable(root)
+    multi_node = options.nnodes > 1 or options.min_nnodes not in (None, options.nnodes)
+    held = acquire(root, job=f"{options.rdzv_endpoint}#{options.rdzv_id}" if multi_node else None)
+    try:
+        notes = list(held.notes)
+        if held.owned:
+            notes += store.remove_leftovers(root)
+        if resolved.resumed is not None:
+            resumed = resolved.resumed
+            notes += prepare_checkpoint_root(resumed.checkpoint, root, list(resumed.refused))
+    except BaseException:
+        held.release()
+        raise
+    for note in notes:
+        print(f"plait train: {note}", flush=True)
+    return held

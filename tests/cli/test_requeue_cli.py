@@ -1,0 +1,101 @@
+"""A Slurm requeue, end to end: the same ``plait train`` command line, killed and run again, ends where the
+uninterrupted run ends; a resume from a copied checkpoint directory leaves the original alone.
+
+Real launches (torchrun, gloo ranks on CPU), kept few.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+import checkpoint_tasks
+from test_resume_cli import CLI_ARGS, CLI_OPTIM, step_lines
+from test_train_cli import plait, read_jsonl
+
+from plait.run.checkpoint import lock, store
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(dist_pool):
+    return dist_pool(2).run(checkpoint_tasks.train, "dp=2", steps=STEPS, optim=CLI_OPTIM, with_params=False)[0]
+
+
+def launch_and_kill_the_group(args: list[str], log, env: dict) -> subprocess.Popen:
+    """Start ``plait train``, SIGKILL its whole process group (launcher and workers, as a lost node or a
+    scheduler would) once the log shows step 4 done after a resume; returns the ended process."""
+    proc = subprocess.Popen([sys.executable, "-m", "plait.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, **env})
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            lines = read_jsonl(log) if log.is_file() else []
+            resumed = [i for i, line in enumerate(lines) if line.get("event") == "resume"]
+            if resumed and any(line.get("step", -1) >= 4 and "loss" in line for line in lines[resumed[-1]:]):
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc
+
+
+def test_the_same_command_line_survives_two_kills_and_ends_at_the_uninterrupted_losses(tmp_path, uninterrupted):
+    ckpt, log = tmp_path / "ckpt", tmp_path / "run.jsonl"
+    args = ["train", *CLI_ARGS, "--layout", "dp=2", "--nproc-per-node", "2", "--steps", str(STEPS),
+            "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--log", str(log)]
+    # 1st run: rank 1 is SIGKILLed in step 3 (after step_2 was saved); the error names it and how
+    first = plait(*args, env={"PLAIT_INJECT_FAULT": "rank=1,step=3,kind=kill"}, timeout=400)
+    assert first.returncode == 2, first.stderr[-3000:]
+    assert "training failed: rank 1 was killed by SIGKILL (exit -9): out of memory or killed by the scheduler?" \
+        in first.stderr, first.stderr[-3000:]
+    # 2nd run, the same command: resumes at 2; its whole process group is SIGKILLed after step 4 (a rank
+    # killing itself in step 6 ends it if the kill comes late)
+    second = launch_and_kill_the_group(args, log, {"PLAIT_INJECT_FAULT": "rank=0,step=6,kind=kill"})
+    assert second.returncode in (-signal.SIGKILL, 2), second.stderr[-3000:]
+    # 3rd run, the same command: resumes from the newest checkpoint and finishes
+    third = plait(*args, timeout=400)
+    assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-3000:]
+    if second.returncode == -signal.SIGKILL:  # the killed launcher left its lock: taken over, not refused
+        assert "took over the stale lock" in third.stdout and "is gone" in third.stdout
+    assert not (ckpt / lock.LOCK_NAME).exists()
+    lines = read_jsonl(log)
+    resumes = [line["step"] for line in lines if line.get("event") == "resume"]
+    assert resumes[0] == 2 and resumes[1] in (4, 6) and len(resumes) == 2, resumes
+    by_step: dict[int, list[float]] = {}
+    for line in step_lines(log):
+        by_step.setdefault(line["step"], []).append(line["loss"])
+    assert sorted(by_step) == list(range(STEPS)), "the log must hold every step of the run"
+    assert all(len(set(losses)) == 1 for losses in by_step.values()), by_step
+    assert [by_step[s][0] for s in range(STEPS)] == pytest.approx(uninterrupted["losses"], rel=1e-5)
+    assert lines[-1]["summary"] and lines[-1]["start_step"] == resumes[-1]
+    assert store.verify(ckpt / store.final_name(STEPS)).step == STEPS
+
+
+def snapshot(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(root.rglob("*"))}
+
+
+def test_resuming_a_copied_checkpoint_directory_leaves_the_original_untouched(dist_pool, tmp_path):
+    original, copy = tmp_path / "ck", tmp_path / "ck2"
+    dist_pool(2).run(checkpoint_tasks.train, "dp=2", stop_after=4, steps=STEPS, with_params=False,
+                     checkpoint_dir=str(original), checkpoint_every=2)
+    subprocess.run(["cp", "-r", str(original), str(copy)], check=True)
+    before = snapshot(original)
+    proc = plait("train", "--resume", str(copy), "--nproc-per-node", "2", "--device", "cpu", "--keep-checkpoints", "1",
+                 "--checkpoint-every", "2", timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert f"checkpoints go to {copy.resolve()}" in proc.stdout
+    assert snapshot(original) == before, "the original checkpoint directory changed"
+    assert [p.name for p in store.complete_dirs(copy)] == [store.final_name(STEPS)]
