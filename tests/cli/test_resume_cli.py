@@ -24,6 +24,7 @@ import pytest
 pytest.importorskip("torch")
 
 import checkpoint_tasks
+import tolerances
 from test_train_cli import plait, read_jsonl, run_inline
 
 from plait.run.checkpoint import store
@@ -66,7 +67,8 @@ def test_killed_rank_and_killed_checkpoint_write_recover_automatically(tmp_path,
     # a re-run step reproduces its first run bit for bit
     assert all(len(set(losses)) == 1 for losses in by_step.values()), by_step
     assert sorted(by_step) == list(range(STEPS))
-    assert [by_step[s][0] for s in range(STEPS)] == pytest.approx(uninterrupted["losses"], rel=1e-5)
+    # torchrun's ranks and the pool's run other thread counts: the BLAS sums in another order
+    assert [by_step[s][0] for s in range(STEPS)] == pytest.approx(uninterrupted["losses"], rel=tolerances.LOSS_RTOL)
     assert [p.name for p in store.complete_dirs(ckpt)] == [store.final_name(s) for s in (2, 4, 6)]
     assert not [p for p in ckpt.iterdir() if ".tmp-" in p.name], "the killed write was not cleaned up"
     for path in store.complete_dirs(ckpt):
@@ -89,7 +91,7 @@ def test_corrupt_newest_checkpoint_is_refused_and_the_previous_one_used(dist_poo
     assert (ckpt / (store.final_name(4) + ".corrupt-0") / victim.name).is_file(), "the refused one must be kept"
     resumed = step_lines(log)
     assert [line["step"] for line in resumed] == [2, 3, 4, 5]
-    assert [line["loss"] for line in resumed] == pytest.approx(uninterrupted["losses"][2:], rel=1e-5)
+    assert [line["loss"] for line in resumed] == pytest.approx(uninterrupted["losses"][2:], rel=tolerances.LOSS_RTOL)
     assert store.verify(ckpt / store.final_name(6)).step == 6
 
 

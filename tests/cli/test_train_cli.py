@@ -98,11 +98,13 @@ def test_nan_loss_stops_at_that_step(tmp_path):
     (["--layout", "tp=3", "--nproc-per-node", "3"], "tp=3 does not divide n_heads=4"),
     (["--layout", "cp=2,pp=2", "--nproc-per-node", "4"], "context parallelism with pipeline parallelism"),
     (["--layout", "dp=2,opt_offload=1", "--nproc-per-node", "2"], "optimizer offload (opt_offload=1) is planned but not run yet"),
-    (["--layout", "offload=disk:1", "--offload-dir", "/nonexistent"], "offload directory /nonexistent does not exist"),
+    (["--layout", "offload=disk:1", "--offload-dir", "{missing}"], "offload directory {missing} does not exist"),
     (["--layout", "dp=3", "--nproc-per-node", "3"], "not a multiple of dp·mbs"),
-    (["--data", "/nonexistent/tokens.bin"], "token file /nonexistent/tokens.bin not found"),
+    (["--data", "{missing}/tokens.bin"], "token file {missing}/tokens.bin not found"),
 ])
-def test_bad_train_input_is_one_clear_line(capsys, args, expected):
+def test_bad_train_input_is_one_clear_line(capsys, tmp_path, args, expected):
+    missing = str(tmp_path / "missing")  # a path this test knows does not exist
+    args, expected = [a.format(missing=missing) for a in args], expected.format(missing=missing)
     code, _, err = run_inline(capsys, "train", "--model", "tiny", "--global-batch", "8", "--seq-len", "32",
                               "--device", "cpu", "--dry-run", *args)
     assert code == 2, err

@@ -270,10 +270,12 @@ def test_sweep_where_every_layout_fails_says_why_and_exits_nonzero(tmp_path, cap
     (["--grid", "bogus=1"], "bogus"),
     (["--layout", "dp=2", "--steps", "0"], "--steps must be at least 1"),
     (["--layout", "dp=2", "--timeout", "0"], "--timeout must be positive"),
-    (["--layout", "dp=2", "--data", "/nonexistent.tok"], "token file /nonexistent.tok not found"),
+    (["--layout", "dp=2", "--data", "{missing}.tok"], "token file {missing}.tok not found"),
     (["--layout", "dp=2", "--gpu", "nope"], "nope"),
 ])
 def test_bad_sweep_input_is_one_line_exit_2(tmp_path, capsys, args, message):
+    missing = str(tmp_path / "missing")  # a path this test knows does not exist
+    args, message = [a.format(missing=missing) for a in args], message.format(missing=missing)
     code = main([*SWEEP, *args, "--out", str(tmp_path / "s.csv")])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err

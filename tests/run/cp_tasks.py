@@ -47,5 +47,6 @@ def attention_errors(impl: str, heads: int = 4, kv_heads: int = 2, seq: int = 32
     for name, mine, ref in zip("qkv", local, full):
         errors["d" + name] = (mine.grad - shard.shard(ref.grad, dim=2)).abs().max().item()
     errors["scale"] = max(ref.grad.abs().max().item() for ref in full)  # the gradients are not ~0
+    errors["inputs"] = max(t.abs().max().item() for t in (q, k, v, grad_out))  # the magnitude the sums see
     return errors
 

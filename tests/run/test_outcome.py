@@ -35,7 +35,7 @@ def test_outcome_round_trips_with_its_format_tag(tmp_path):
     assert read_outcome(tmp_path) is None  # nothing written: the run died before
     path = write_outcome(tmp_path / "new", outcome)
     assert path == outcome_path(tmp_path / "new") and read_outcome(tmp_path / "new") == outcome
-    assert not list((tmp_path / "new").glob("*.partial"))
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["outcome.json"]  # no temporary file left
 
 
 @pytest.mark.parametrize("data,message", [

@@ -45,9 +45,9 @@ def run(args) -> int:
 
     model = get_model(args.model)
     cluster = get_cluster(args.cluster)
+    if args.gpus is not None and args.gpus < 1:
+        raise PlaitError(f"--gpus {args.gpus}: need at least one GPU")
     cluster = cluster.with_gpus(args.gpus if args.gpus is not None else cluster.gpus_per_node)
-    if cluster.n_gpus < 1:
-        raise PlaitError(f"--gpus {cluster.n_gpus}: need at least one GPU")
     job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
     params, cluster = cost_params(args.calibration, cluster)
     out = console()

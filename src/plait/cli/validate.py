@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-from pathlib import Path
 
+from plait.atomic import atomic_output
 from plait.cli.common import console, cost_params
 from plait.errors import PlaitError
 
@@ -45,7 +45,7 @@ def _write_predictions(path: str, results) -> None:
                "predicted_tokens_per_s_per_gpu", "reported_mfu", "reported_tokens_per_s_per_gpu",
                "reported_mem_gb", "mfu_error_points", "notes"]
     try:
-        with Path(path).open("w", newline="") as handle:
+        with atomic_output(path, "w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(columns)
             for r in results:

@@ -44,7 +44,7 @@ REQUIRED_COLUMNS = ("id", "source", "arch", "n_layers", "hidden", "ffn_hidden", 
 class RunResult:
     id: str
     source: str
-    status: str  # ok | oom | incomplete: ... | unsupported: ...
+    status: str  # ok | oom | incomplete: ... | unsupported: ... | invalid: ...
     notes: list[str] = field(default_factory=list)
     predicted_step_time_s: float | None = None
     predicted_mfu: float | None = None
@@ -83,6 +83,26 @@ def read_runs(path: str | Path) -> list[dict]:
     if not rows:
         raise PlaitError(f"{path}: no rows")
     return rows
+
+
+COUNT_COLUMNS = ("n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "vocab", "seq_len", "n_gpus", "tp",
+                 "pp", "dp", "mbs", "gbs", "cp", "vpp", "ep", "gpus_per_node")
+
+
+def row_problem(row: dict) -> str | None:
+    """Why a CSV row cannot be read (a short or long row, a count that is not a positive integer), or None."""
+    if None in row or None in row.values():
+        return f"the row has {'more' if None in row else 'fewer'} fields than the header"
+    bad = [key for key in COUNT_COLUMNS if _count_text(row.get(key) or "") is False]
+    return f"{bad[0]}={row[bad[0]].strip()!r} must be a positive integer" if bad else None
+
+
+def _count_text(text: str) -> bool | None:
+    """None when blank, else whether ``text`` is a positive integer (``8``, ``8.0``, ``1e3``)."""
+    try:
+        return float(text) >= 1 and float(text).is_integer() if text.strip() else None
+    except ValueError:
+        return False
 
 
 def _num(row: dict, key: str) -> float | None:
@@ -229,6 +249,8 @@ def build_specs(row: dict, notes: list[str] | None = None) -> tuple[ModelSpec, C
 
     if split_given:
         layout = layout_of(tp, pp)
+    elif n_gpus % (dp * cp):
+        raise IncompleteRow(f"tp/pp split not given and n_gpus={n_gpus} is not a multiple of dp·cp={dp * cp}")
     else:
         layout = _fastest_split(model, cluster, job, n_gpus // (dp * cp), layout_of, _runtime(row), notes)
     errs = errors_of(validate(model, cluster, job, layout))
@@ -290,7 +312,11 @@ def _reported_tokens(row: dict, model: ModelSpec, seq_len: int, n_gpus: int, not
 
 
 def predict_row(row: dict, params: CostParams = DEFAULT_PARAMS) -> RunResult:
-    result = RunResult(id=row["id"], source=row.get("source", ""), status="ok")
+    result = RunResult(id=str(row.get("id")), source=str(row.get("source") or ""), status="ok")
+    problem = row_problem(row)
+    if problem:
+        result.status = f"invalid: {problem}"
+        return result
     try:
         model, cluster, job, layout = build_specs(row, result.notes)
     except IncompleteRow as exc:
@@ -345,6 +371,7 @@ def error_summary(results: list[RunResult]) -> dict:
             "coverage": len(compared) / len(complete) if complete else 0.0,
             "incomplete": sum(r.status.startswith("incomplete") for r in results),
             "unsupported": sum(r.status.startswith("unsupported") for r in results),
+            "invalid": sum(r.status.startswith("invalid") for r in results),
             "oom": sum(r.status == "oom" for r in results),
             "overall": stats(errors), "per_source": {s: stats(v) for s, v in sorted(by_source.items())}}
 

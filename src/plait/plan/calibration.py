@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
 from plait.plan.params import CLUSTER_RANGES, DEFAULT_PARAMS, GPU_RANGES, CostParams, Range, check_ranges
 from plait.spec.serialize import read_json_file
@@ -133,7 +134,7 @@ def read_calibration(path: str | Path) -> Calibration:
     Values are range-checked (``PARAM_RANGES``, ``GPU_RANGES``, ``CLUSTER_RANGES``: finite, positive
     rates and capacities, efficiencies in (0, 1]) and "gpu" must be a known preset or null.
     """
-    data = read_json_file(path, "calibration file")
+    data = read_json_file(path, "calibration file", finite=False)  # every number is range-checked by name below
     if not isinstance(data, dict) or not isinstance(data.get("params", {}), dict):
         raise PlaitError(f"{path}: a calibration file holds a JSON object with a \"params\" object")
     if data.get("format", FORMAT) != FORMAT:
@@ -159,6 +160,6 @@ def write_calibration(path: str | Path, data: dict) -> None:
     body = {"format": FORMAT, **data}
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(body, indent=2) + "\n")
     except OSError as exc:
         raise PlaitError(f"cannot write {path}: {exc}") from None
+    atomic_write_text(path, json.dumps(body, indent=2) + "\n", "calibration file")

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
 from plait.plan.cost import StepBreakdown, estimate_step
 from plait.plan.flops import hardware_flops_per_token
@@ -92,10 +93,7 @@ class Plan:
         return cls(model, cluster, job, layout, memory, step, warnings, tuple(runtime_violations(model, layout, job)))
 
     def save(self, path: str | Path) -> None:
-        try:
-            Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        except OSError as exc:
-            raise PlaitError(f"cannot write the plan to {path}: {exc}") from None
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n", "plan")
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,

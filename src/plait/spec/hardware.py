@@ -9,13 +9,44 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.spec.serialize import dataclass_from_dict, read_json_file
+from plait.spec.serialize import dataclass_from_dict, parse_json, read_json_file
 
 from plait.spec.units import GB, GIB
+
+# (lowest allowed, whether the lowest itself is allowed, highest) of each number field.
+_POSITIVE, _NON_NEGATIVE, _FRACTION = (0.0, False, math.inf), (0.0, True, math.inf), (0.0, False, 1.0)
+
+
+def _number_problems(spec, ranges: dict[str, tuple[float, bool, float]]) -> list[str]:
+    """'field=value must be ...' for every field of ``spec`` that is not a finite number in range."""
+    problems = []
+    for field, (low, low_ok, high) in ranges.items():
+        value = getattr(spec, field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"{field}={value!r} must be a number")
+        elif not (math.isfinite(value) and (value >= low if low_ok else value > low) and value <= high):
+            what = "in (0, 1]" if high == 1.0 else ("at least 0" if low_ok else "positive")
+            problems.append(f"{field}={value!r} must be finite and {what}")
+    return problems
+
+
+MAX_GPUS = 2**24  # GPUs in a job (and in a node): 16.7 M; more only overflows the planner's loops
+
+
+def _count_problems(spec, fields: tuple[str, ...]) -> list[str]:
+    """'field=value must be a positive integer' for every such field of ``spec`` that is not one."""
+    return [f"{field}={getattr(spec, field)!r} must be a positive integer at most {MAX_GPUS}" for field in fields
+            if isinstance(getattr(spec, field), bool) or not isinstance(getattr(spec, field), int)
+            or not 1 <= getattr(spec, field) <= MAX_GPUS]
+
+
+def _name_problems(spec) -> list[str]:
+    return [] if isinstance(spec.name, str) and spec.name else [f"name={spec.name!r} must be a non-empty string"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +73,15 @@ class GpuSpec:
     attention_efficiency: float = 0.60
     memory_efficiency: float = 0.80
     kernel_overhead: float = 6e-6
+
+    RANGES = {"bf16_flops": _POSITIVE, "fp8_flops": _NON_NEGATIVE, "hbm_bytes": _POSITIVE,
+              "hbm_bandwidth": _POSITIVE, "gemm_efficiency": _FRACTION, "attention_efficiency": _FRACTION,
+              "memory_efficiency": _FRACTION, "kernel_overhead": _NON_NEGATIVE}
+
+    def __post_init__(self) -> None:
+        problems = _name_problems(self) + _number_problems(self, self.RANGES)
+        if problems:
+            raise PlaitError(f"gpu {self.name!r}: " + "; ".join(problems))
 
     def peak_flops(self, precision: str = "bf16") -> float:
         """Dense peak for the GEMMs of a run in ``precision`` (bf16/fp16 or fp8), FLOP/s."""
@@ -82,10 +122,18 @@ class ClusterSpec:
     n_gpus: int = 8
     gpus_per_nic: int = 1
 
+    RANGES = {"intra_node_bandwidth": _POSITIVE, "inter_node_bandwidth": _POSITIVE,
+              "intra_node_latency": _NON_NEGATIVE, "inter_node_latency": _NON_NEGATIVE,
+              "host_link_bandwidth": _POSITIVE, "link_efficiency": _FRACTION}
+
     def __post_init__(self) -> None:
+        problems = _name_problems(self) + _count_problems(self, ("gpus_per_node", "n_gpus", "gpus_per_nic"))
+        if not isinstance(self.gpu, GpuSpec):
+            problems.append(f"gpu={self.gpu!r} must be a GPU preset name or an object of GPU fields")
+        problems += _number_problems(self, self.RANGES)
+        if problems:
+            raise PlaitError(f"cluster {self.name!r}: " + "; ".join(problems))
         value = self.gpus_per_nic
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PlaitError(f"cluster {self.name}: gpus_per_nic={value!r} must be a positive integer")
         if value > self.gpus_per_node:
             raise PlaitError(f"cluster {self.name}: gpus_per_nic={value} is more than the node's "
                              f"{self.gpus_per_node} GPUs")
@@ -108,6 +156,8 @@ class ClusterSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> ClusterSpec:
+        if not isinstance(data, dict):
+            raise PlaitError("cluster spec must be a JSON object")
         data = dict(data)
         gpu = data.pop("gpu", None)
         if isinstance(gpu, str):
@@ -123,7 +173,7 @@ class ClusterSpec:
 
     @classmethod
     def from_json(cls, text: str) -> ClusterSpec:
-        return cls.from_dict(json.loads(text))
+        return cls.from_dict(parse_json(text))
 
 
 # ------------------------------------------------------------------------------------ presets

@@ -27,7 +27,7 @@ from plait.spec.layout_keys import (
     parseable_keys,
     problems,
 )
-from plait.spec.serialize import dataclass_from_dict
+from plait.spec.serialize import dataclass_from_dict, parse_json
 
 CKPT_POLICIES = ("none", "selective", "balanced", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
@@ -230,7 +230,7 @@ class Layout:
 
     @classmethod
     def from_json(cls, text: str) -> Layout:
-        return cls.from_dict(json.loads(text))
+        return cls.from_dict(parse_json(text))
 
 
 LAYOUT_KEYS = key_specs(Layout)  # {field: (KeySpec, default)}, read-only
@@ -249,10 +249,12 @@ class JobSpec:
     seq_len: int
 
     def __post_init__(self) -> None:
-        for key in ("global_batch", "seq_len"):
+        for key, most in (("global_batch", 2**24), ("seq_len", 2**31)):  # 16.7 M sequences, 2.1 G tokens
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise PlaitError(f"{key}={value!r} must be a positive integer")
+            if value > most:
+                raise PlaitError(f"{key}={value} is more than {most}")
 
     @property
     def tokens_per_step(self) -> int:

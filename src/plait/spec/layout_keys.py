@@ -123,12 +123,15 @@ def _either(values) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
+MAX_DEGREE = 2**24  # largest integer key (a degree, mbs, ckpt_layers): more GPUs or sequences than any job
+
+
 def _plainly_valid(spec: KeySpec, value) -> bool:
     """A quick yes for the common valid values (the search builds many layouts); False: look closer."""
     if spec.choices:
         return value in spec.choices
     if spec.kind == "int":
-        return type(value) is int and value >= spec.minimum
+        return type(value) is int and spec.minimum <= value <= MAX_DEGREE
     return spec.kind == "bool"
 
 
@@ -156,6 +159,8 @@ def problem(name: str, spec: KeySpec, value) -> str | None:
         if not isinstance(value, int) or isinstance(value, bool) or value < spec.minimum:
             sign = "positive" if spec.minimum == 1 else "non-negative"
             return f"{what} must be a {sign} integer"
+        if value > MAX_DEGREE:
+            return f"{what} is more than {MAX_DEGREE}"
     elif spec.kind == "choice" and value not in spec.choices:
         if len(spec.choices) > 2:
             return f"{what} must be one of {', '.join(spec.choices)}"

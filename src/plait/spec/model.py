@@ -26,9 +26,10 @@ import json
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
-from plait.spec.serialize import dataclass_from_dict
+from plait.spec.serialize import dataclass_from_dict, parse_json
 
 ARCHS = ("llama", "gpt")
+MAX_DIMENSION = 2**31  # largest layer count, width, head count, vocabulary or context a ModelSpec takes
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{field}={value!r} must be a positive integer")
+            elif value > MAX_DIMENSION:  # larger sizes overflow the planner's float arithmetic
+                problems.append(f"{field}={value} is more than {MAX_DIMENSION} (2^31)")
         if not problems:
             if self.hidden % self.n_heads:
                 problems.append(f"n_heads={self.n_heads} does not divide hidden={self.hidden}")
@@ -138,4 +141,4 @@ class ModelSpec:
 
     @classmethod
     def from_json(cls, text: str) -> ModelSpec:
-        return cls.from_dict(json.loads(text))
+        return cls.from_dict(parse_json(text))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from plait.errors import PlaitError
@@ -23,12 +24,42 @@ def dataclass_from_dict(cls, data: dict, what: str):
         raise PlaitError(f"{what} spec is incomplete: {exc}") from None
 
 
-def read_json_file(path: str | Path, what: str):
-    """Parse a JSON file, or raise PlaitError naming the file and the problem."""
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to inf
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text: str, finite: bool = True):
+    """Strict JSON: NaN, Infinity and numbers that overflow a float (1e400) are refused with
+    ValueError (unless ``finite`` is False: then they are floats, for a reader that range-checks
+    every number itself and names the field), as are integers over Python's digit limit (4,300)
+    and nesting too deep to parse."""
+    try:
+        if not finite:
+            return json.loads(text)
+        return json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def read_json_file(path: str | Path, what: str, finite: bool = True):
+    """Parse a JSON file with ``parse_json``, or raise PlaitError naming the file and the problem."""
     path = Path(path)
     if not path.is_file():
         raise PlaitError(f"{what} {path} does not exist")
     try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlaitError(f"{path}: not a valid {what} ({exc})") from None
+        return parse_json(path.read_text(encoding="utf-8"), finite)
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise PlaitError(f"{path}: not a valid {what} ({_short(exc)})") from None
+
+
+def _short(exc: Exception) -> str:
+    """The first line of an exception's text, at most 200 characters (a PlaitError is one line)."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

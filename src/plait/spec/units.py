@@ -17,5 +17,13 @@ DEFAULT_GPU = "h100-sxm"
 
 
 def divisors(n: int, limit: int | None = None) -> list[int]:
-    """The positive divisors of ``n`` in increasing order, up to ``limit`` (default: ``n``)."""
-    return [d for d in range(1, (limit or n) + 1) if n % d == 0]
+    """The positive divisors of ``n`` in increasing order, up to ``limit`` (default: ``n``); O(√n)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return [x for x in small + large[::-1] if x <= (limit or n)]

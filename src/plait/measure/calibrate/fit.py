@@ -301,8 +301,8 @@ def fit_runs(path: str | Path, names: tuple[str, ...] = DEFAULT_FIT, metric: str
         raise PlaitError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
     if objective not in OBJECTIVES:
         raise PlaitError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
-    if rounds < 1 or points < 2:
-        raise PlaitError("--rounds must be at least 1 and --points at least 2")
+    if not (1 <= rounds <= 1000 and 2 <= points <= 1000):  # more only runs (nearly) forever
+        raise PlaitError(f"--rounds must be 1 to 1000 and --points 2 to 1000 (got {rounds} and {points})")
     from plait.measure.calibrate.from_sweep import is_sweep_csv, sweep_cases
 
     kind = "sweep" if is_sweep_csv(path) else "published"

@@ -15,10 +15,10 @@ memory and predictions, and the top-1 tolerance of its summary JSON.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
+from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
 from plait.measure.report.render import Section, render_html, render_markdown
 from plait.measure.sweep.csv_file import SweepRow, read_sweep, summary_path
@@ -27,6 +27,7 @@ from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.plan import Plan, evaluate
 from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_cluster
 from plait.spec.layout import JobSpec, Layout
+from plait.spec.serialize import parse_json
 from plait.spec.units import DEFAULT_GPU
 
 DEFAULT_TOP1_TOLERANCE = 0.03  # when the sweep's summary JSON is missing (plait sweep's default)
@@ -36,10 +37,14 @@ REPORT_IMAGES = ("step_time.png", "mfu.png", "memory.png", "timeline.png")
 def saved_summary(csv_path: Path) -> dict:
     """The summary JSON ``plait sweep`` wrote next to the CSV, or {} when it is missing or unreadable."""
     try:
-        data = json.loads(summary_path(csv_path).read_text(encoding="utf-8"))
+        data = parse_json(summary_path(csv_path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    kinds = {"planner_cluster": str, "calibration": str, "calibration_sha256": str, "top1_tolerance": (int, float)}
+    return {key: value for key, value in data.items()  # a field of the wrong type counts as missing
+            if key not in kinds or (isinstance(value, kinds[key]) and not isinstance(value, bool))}
 
 
 def prediction_cluster(rows: list[SweepRow], saved: dict) -> tuple[ClusterSpec, str]:
@@ -177,10 +182,7 @@ def write_report(sweep_path: str, out_dir: str, plan_path: str | None = None,
         sections.append(validation_section(runs_path))
     title = f"plait sweep report: {rows[0].model or 'model'} ({csv_path.name})"
     written = [out / "report.html", out / "report.md"]
-    try:
-        written[0].write_text(render_html(title, sections), encoding="utf-8")
-        written[1].write_text(render_markdown(title, sections), encoding="utf-8")
-    except OSError as exc:
-        raise PlaitError(f"cannot write the report into {out}: {exc}") from None
+    atomic_write_text(written[0], render_html(title, sections), "report")
+    atomic_write_text(written[1], render_markdown(title, sections), "report")
     images = [s.image for s in sections if s.image is not None]
     return written + images

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,9 +128,12 @@ def _parse(name: str, text: str, where: str):
         if text == "":
             return None
         try:
-            return int(text) if "int" in kind else float(text)
+            value = int(text) if "int" in kind else float(text)
         except ValueError:
             raise PlaitError(f"{where}: {name} {text!r} is not a number") from None
+        if not math.isfinite(value) or (value <= 0 and name.startswith(("predicted_", "measured_", "tokens"))):
+            raise PlaitError(f"{where}: {name} {text!r} must be a finite{' positive' if value <= 0 else ''} number")
+        return value
     if kind.startswith("bool"):
         if text not in ("", "0", "1", "true", "false", "True", "False"):
             raise PlaitError(f"{where}: {name} {text!r} is not 0 or 1")

@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from plait.atomic import atomic_write_text
+from plait.errors import PlaitError
 from plait.measure.sweep.cases import SweepCase, SweepSpec
 from plait.measure.sweep.csv_file import SweepRow, SweepWriter, summary_path
 from plait.measure.sweep.run_one import run_case
@@ -70,7 +72,7 @@ def settings(spec: SweepSpec) -> dict:
 
 def _write_json(path: Path, data: dict) -> None:
     try:
-        path.write_text(json.dumps(data, indent=2) + "\n")
-    except OSError as exc:
+        atomic_write_text(path, json.dumps(data, indent=2) + "\n", "sweep summary")
+    except PlaitError as exc:
         print(f"plait: warning: cannot write {path}: {exc}", file=sys.stderr)
 

@@ -33,6 +33,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from plait.atomic import atomic_output
 from plait.errors import PlaitError
 
 MANIFEST = "manifest.json"
@@ -71,16 +72,12 @@ def file_records(directory: Path, names: list[str]) -> dict[str, dict]:
 
 
 def write_manifest(directory: Path, step: int, files: dict[str, dict], run: dict, extra: dict) -> None:
-    """Write ``manifest.json`` atomically (temporary file, fsync, rename) inside ``directory``."""
+    """Write ``manifest.json`` atomically (temporary file, fsync, rename: ``plait.atomic``) inside ``directory``."""
     body = {"format": FORMAT, "version": VERSION, "step": step, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "files": files, "run": run, **extra}
     body["checksum"] = manifest_checksum(body)
-    temporary = directory / (MANIFEST + ".tmp")
-    with open(temporary, "w") as handle:
+    with atomic_output(directory / MANIFEST, "w") as handle:  # fsync'ed; never renamed over a device
         json.dump(body, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, directory / MANIFEST)
 
 
 def commit(temporary: Path, final: Path) -> None:

@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from plait.atomic import atomic_output
 from plait.errors import PlaitError
 from plait.run.data.tokenizer import ByteTokenizer, get_tokenizer
 
@@ -266,7 +266,8 @@ def prepare(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, tokeniz
 
     Each non-empty file is one document: its tokens, then the end-of-text id. The file is written
     to a temporary name beside ``out`` and renamed into place, so a failure never leaves a partial
-    file (an older ``out`` stays untouched). Files are read whole (one at a time) and must be UTF-8.
+    file (an older ``out`` stays untouched); a device or FIFO (``/dev/null``) is written through, never
+    replaced (``plait.atomic``). Files are read whole (one at a time) and must be UTF-8.
     Returns a summary: n_files, n_bytes_text (UTF-8 bytes read), n_tokens, dtype, path, ...
     """
     tok = get_tokenizer(tokenizer)
@@ -275,15 +276,10 @@ def prepare(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, tokeniz
     if out.is_dir():
         raise PlaitError(f"output {out} is a directory; give a file name such as {out / 'tokens.bin'}")
     dtype = np.dtype("<u2" if tok.vocab_size <= 2**16 else "<u4")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    except OSError as e:
-        raise PlaitError(f"cannot write token file {out}: {e.strerror or e}") from None
-    tmp = Path(tmp_name)
     n_files = n_bytes = n_tokens = crc = 0
     try:
-        with os.fdopen(fd, "wb") as f:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_output(out, "wb") as f:  # renamed into place; written through into a device or FIFO
             f.write(b"\0" * HEADER_SIZE)  # placeholder until the counts are known
             for path in files:
                 try:
@@ -310,14 +306,7 @@ def prepare(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, tokeniz
             name = tok.name.encode("ascii")
             f.seek(0)
             f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, tok.vocab_size, n_tokens, crc, 0, name))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise PlaitError(f"cannot write token file {out}: {e.strerror or e}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return {"path": str(out), "n_files": n_files, "n_bytes_text": n_bytes, "n_tokens": n_tokens,
             "dtype": dtype.name, "vocab_size": tok.vocab_size, "tokenizer": tok.name, "checksum": f"{crc:08x}"}

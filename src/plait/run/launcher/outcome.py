@@ -23,10 +23,10 @@ what they could. A run killed outright (SIGKILL to plait train) writes nothing.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
 
 FORMAT = "plait-outcome/1"
@@ -75,9 +75,7 @@ def write_outcome(run_dir: str | Path, outcome: Outcome) -> Path:
     """Write ``RUN_DIR/outcome.json`` atomically (a reader never sees half a file); returns its path."""
     path = outcome_path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(outcome.to_dict(), indent=2) + "\n")
-    os.replace(partial, path)
+    atomic_write_text(path, json.dumps(outcome.to_dict(), indent=2) + "\n", "outcome file")
     return path
 
 

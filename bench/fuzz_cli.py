@@ -1,0 +1,83 @@
+"""Fuzz the command line at a larger count than the committed test (tests/cli/test_fuzz_cli.py).
+
+    PYTHONPATH=src python bench/fuzz_cli.py [--examples 10000] [--seed 0] [--only plan]
+
+Draws mutated flags and input files (tests/support/fuzz_inputs.py) for plan, validate, train --dry-run,
+report and calibrate fit, runs ``plait.cli.main`` in-process, and prints one table row per command:
+examples run, exit statuses seen, bad endings (an exception escaping, a traceback printed, another exit
+status) and the distinct places they came from. The first bad case of each place is printed below the
+table. Record a run in bench/results/fuzz_cli.md with the machine and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import hypothesis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+
+from fuzz_inputs import CASES, ended_well, run_case  # noqa: E402
+
+
+def where(output: str) -> str:
+    """The innermost ``File ..., line N`` of a traceback plus its last line: one distinct failure."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    frames = [line for line in lines if line.startswith("File ")]
+    return f"{frames[-1] if frames else '?'} | {lines[-1] if lines else '?'}"
+
+
+def fuzz(name: str, examples: int, seed: int, directory: Path) -> dict:
+    """Run ``examples`` cases of one command (hypothesis draws them, seeded; nothing is shrunk)."""
+    codes: collections.Counter = collections.Counter()
+    failures: dict[str, tuple[list[str], str]] = {}
+    bad = [0]
+
+    @hypothesis.seed(seed)
+    @hypothesis.settings(max_examples=examples, deadline=None, database=None, phases=[hypothesis.Phase.generate],
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(CASES[name]())
+    def one(case):
+        code, output = run_case(case, directory)
+        codes[code] += 1
+        if not ended_well(code, output):
+            bad[0] += 1
+            failures.setdefault(where(output), (case[0], output))
+
+    start = time.perf_counter()
+    one()
+    return {"name": name, "examples": sum(codes.values()), "codes": dict(codes), "bad": bad[0],
+            "failures": failures, "seconds": time.perf_counter() - start}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=10_000, help="examples per command")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=sorted(CASES), action="append", help="fuzz only this command")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="plait-fuzz-") as tmp:
+        for name in args.only or list(CASES):
+            results.append(fuzz(name, args.examples, args.seed, Path(tmp)))
+            print(f"... {name}: {results[-1]['examples']} in {results[-1]['seconds']:.0f} s", file=sys.stderr)
+    print("| command | examples | exit 0 / 1 / 2 | bad endings | distinct | seconds |")
+    print("|---|---:|---|---:|---:|---:|")
+    for r in results:
+        codes = " / ".join(str(r["codes"].get(c, 0)) for c in (0, 1, 2))
+        print(f"| {r['name']} | {r['examples']} | {codes} | {r['bad']} | {len(r['failures'])} | {r['seconds']:.0f} |")
+    for r in results:
+        for place, (argv, output) in r["failures"].items():
+            print(f"\n## {r['name']}: {place}\nargv: {argv}\n{output[-1500:]}")
+    return 1 if any(r["bad"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
