@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
 from plait.spec.capabilities import runtime_violations
 from plait.spec.layout import JobSpec, Layout
@@ -237,7 +238,7 @@ class RunConfig:
         return dataclass_from_dict(cls, data, "run")
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n", "run config")
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
 from plait.run.checkpoint.select import candidates, choose_checkpoint, nothing_to_train
@@ -84,7 +85,7 @@ def write_error(run_dir: Path, rank: int, exc: BaseException) -> None:
     record = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "time": time.time()}
     if not isinstance(exc, PlaitError):
         record["traceback"] = traceback.format_exc()
-    (run_dir / f"error-rank{rank}.json").write_text(json.dumps(record))
+    atomic_write_text(run_dir / f"error-rank{rank}.json", json.dumps(record), "error file")
 
 
 def run_as_worker(run_dir: Path, program: str, body: Callable[[RankEnv], None]) -> None:
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         if not finished:
             result = run_training(config, device=device, stop=stop, env=env, faults=faults)
             if dist.get_rank() == 0:
-                (run_dir / "summary.json").write_text(json.dumps(result.summary.to_dict()))
+                atomic_write_text(run_dir / "summary.json", json.dumps(result.summary.to_dict()), "run summary")
 
     run_as_worker(run_dir, "train", train)
 
