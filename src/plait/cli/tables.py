@@ -97,7 +97,8 @@ def validation_table(results: list[RunResult]) -> Table:
 
 def summary_table(summary: dict) -> Table:
     table = Table(title=(f"{summary['rows']} rows: {summary['complete']} complete "
-                         f"({summary['incomplete']} incomplete, {summary['unsupported']} unsupported), "
+                         f"({summary['incomplete']} incomplete, {summary['unsupported']} unsupported, "
+                         f"{summary.get('invalid', 0)} invalid), "
                          f"{summary['compared']} compared, coverage {100 * summary['coverage']:.0f}%"),
                   title_justify="left")
     for column in ("source", "rows", "median |err|", "mean |err|", "within 4 pts"):
