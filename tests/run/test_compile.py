@@ -29,24 +29,27 @@ def test_compiled_tensor_parallel_blocks_match_one_process(dist_pool, references
     assert_same_training(out[0], references(), layout)
 
 
-def test_blocks_compile_with_fullgraph():
-    """A graph break inside a block is an error (fullgraph=True), not a silent fallback to eager."""
-    spec = get_model("tiny")
-    model = build_model(spec)
-    model.to_empty(device="cpu")
-    init_weights(model, spec, 0, torch.device("cpu"))
+@pytest.mark.parametrize("model", ["tiny", "tiny-gpt"])
+def test_blocks_compile_with_fullgraph(model):
+    """Both architectures' blocks compile in one graph each, forward and backward; a graph break
+    inside a block is an error (fullgraph=True), not a silent fallback to eager."""
+    spec = get_model(model)
+    net = build_model(spec)
+    net.to_empty(device="cpu")
+    init_weights(net, spec, 0, torch.device("cpu"))
     tokens = torch.zeros(1, 8, dtype=torch.long)
-    compile_blocks([model], "eager", tensor_parallel=False)
-    model(tokens)  # the plain block compiles in one graph
+    torch._dynamo.reset()
+    compile_blocks([net], "eager", tensor_parallel=False)
+    net(tokens).sum().backward()
 
     def breaking_kernel(q, k, v, dropout_p):
         torch._dynamo.graph_break()
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     torch._dynamo.reset()
-    model.layers["0"].attention.kernel = breaking_kernel
+    net.layers["0"].attention.kernel = breaking_kernel
     with pytest.raises(torch._dynamo.exc.Unsupported):
-        model(tokens)
+        net(tokens)
 
 
 def test_async_tp_is_refused_on_cpu_with_its_rule(dist_pool):
