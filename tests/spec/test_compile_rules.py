@@ -3,8 +3,6 @@ forced --compile / --no-compile, the --async-tp rules, and old run configs' comp
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from plait.cli import main
