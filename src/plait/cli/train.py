@@ -58,9 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--device", default=DEFAULTS.device, choices=("auto", "cpu", "cuda"),
                        help="default: cuda if present")
     where.add_argument("--gpu", help="GPU spec for MFU and the memory check (plait clusters); default: from the device name")
-    where.add_argument("--compile", action="store_true", help="torch.compile every block")
+    where.add_argument("--compile", action=argparse.BooleanOptionalAction, default=DEFAULTS.compile,
+                       help="torch.compile every block, fullgraph (default: on with CUDA where the layout "
+                            "allows it, off on CPU)")
     where.add_argument("--compile-backend", default=DEFAULTS.compile_backend,
                        help=f"torch.compile backend (default {DEFAULTS.compile_backend})")
+    where.add_argument("--async-tp", action="store_true",
+                       help="async tensor parallelism: inductor overlaps sp's collectives with the GEMMs "
+                            "(CUDA + NCCL, compiled blocks, tp > 1 with sp)")
     where.add_argument("--offload-dir", default=DEFAULTS.offload_dir,
                        help="offload=disk:α writes activations under this directory (default: the temp dir)")
     where.add_argument("--timeout", type=float, default=DEFAULTS.timeout,

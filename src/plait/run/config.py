@@ -20,7 +20,7 @@ from pathlib import Path
 
 from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
-from plait.spec.capabilities import runtime_violations
+from plait.spec.capabilities import async_tp_violations, runtime_violations
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.serialize import dataclass_from_dict, read_json_file
@@ -109,8 +109,9 @@ class RuntimeConfig:
 
     device: str = "auto"  # auto (cuda if available) | cpu | cuda
     gpu: str | None = None  # GpuSpec preset: the MFU peak and the memory/time prediction
-    compile: bool = False  # torch.compile each block
+    compile: bool | None = None  # torch.compile each block (fullgraph); None: on CUDA when the layout allows it
     compile_backend: str = "inductor"  # torch.compile backend (aot_eager: no code generation, for tests)
+    async_tp: bool = False  # inductor's micro-pipelined TP (CUDA + NCCL, compiled blocks, tp > 1 with sp)
     timeout_s: float = 600.0  # collective timeout, seconds: ranks stuck waiting for a dead peer give up
     on_nan: str = "stop"  # non-finite loss or gradient norm: "stop", or "skip" the optimizer step
     offload_dir: str | None = None  # offload=disk: activations go to a fresh directory in here (None: temp dir)
@@ -123,6 +124,8 @@ class RuntimeConfig:
             problems.append(f"timeout_s={self.timeout_s!r} must be positive")
         if self.on_nan not in ("stop", "skip"):
             problems.append(f"on_nan={self.on_nan!r} must be stop or skip")
+        if self.compile not in (None, True, False):
+            problems.append(f"compile={self.compile!r} must be true, false or null (auto: on GPU)")
         _refuse(problems)
 
 
@@ -194,7 +197,11 @@ class RunConfig:
         """Why the runtime cannot run this layout (empty when it can): the rules of
         ``plait.spec.capabilities``, then for ``offload=disk`` the offload directory's checks."""
         job = self.job
-        out = [v.message for v in runtime_violations(job.model, job.layout, job.job_spec, compile=self.runtime.compile)]
+        run = self.runtime
+        out = [v.message for v in runtime_violations(job.model, job.layout, job.job_spec, compile=run.compile)]
+        if run.async_tp:
+            out += [v.message for v in async_tp_violations(job.layout, device=run.device, compile=run.compile,
+                                                           backend=run.compile_backend)]
         if job.layout.offload and job.layout.offload_target == "disk":
             out += self.offload_dir_problems()
         return out

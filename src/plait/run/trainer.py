@@ -95,7 +95,7 @@ def build_setup(config: RunConfig, device: torch.device, faults: FaultPlan) -> S
     pdims = build_parallel_dims(job.layout, device.type)
     n_micro = job.layout.micro_batches(job.global_batch)
     parts = build_model_parts(job.model, pdims, device, job.seed, n_micro, compile_blocks=runtime.compile,
-                              compile_backend=runtime.compile_backend,
+                              compile_backend=runtime.compile_backend, async_tp=runtime.async_tp,
                               offload_dir=offload_directory(config, dist.get_rank()))
     return StepSetup(config=config, pdims=pdims, parts=parts, optimizer=build_optimizer(parts.parameters(), config.optim),
                      source=open_tokens(job.data, job.model.vocab, job.seed), device=device,

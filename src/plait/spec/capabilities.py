@@ -2,6 +2,9 @@
 
 ``runtime_violations(model, layout, job, compile=...)`` lists the rules a layout breaks, as
 ``Violation`` objects like the planner's (``plait.spec.validate``), with stable ids (``RUNTIME_RULES``).
+``compile``: True with ``plait train --compile``; False (``--no-compile``) and None (the default:
+compile on CUDA where the compile rules allow it, ``compile_enabled``) refuse nothing for compile.
+``async_tp_violations`` holds the rules of ``--async-tp``, which need the device.
 ``plait plan`` ranks only layouts that break none (``search(..., runnable=True)``);
 ``plait train`` refuses them before launching (``RunConfig.runtime_problems``, which adds the
 checks that need the machine, e.g. the offload directory).
@@ -22,8 +25,9 @@ NOT_RUN_YET = {
 
 RUNTIME_RULES = (
     "runtime-cp-with-pp", "runtime-cp-dropout", "runtime-compile-cp", "runtime-compile-offload",
-    "runtime-opt-offload", "runtime-compile-tp", "runtime-fp8", "runtime-tied-embeddings-pp",
-    "runtime-seq-len", "runtime-compile-zero-bubble",
+    "runtime-opt-offload", "runtime-compile-tp-ckpt", "runtime-fp8", "runtime-tied-embeddings-pp",
+    "runtime-seq-len", "runtime-compile-zero-bubble", "runtime-async-tp-device", "runtime-async-tp-compile",
+    "runtime-async-tp-sp",
 )
 
 
@@ -56,17 +60,46 @@ def _compile_rules(lay: Layout) -> list[tuple[str, str]]:
     if lay.offload:
         out.append(("runtime-compile-offload", "--compile with activation offload: saved-tensor hooks are not "
                     "compiled; run without --compile or use offload=0"))
-    if lay.tp > 1:
-        out.append(("runtime-compile-tp", "--compile with tp > 1: per-block torch.compile of DTensor "
-                    "tensor-parallel blocks fails in the backward on torch 2.13; run without --compile"))
+    if lay.tp > 1 and lay.ckpt in ("selective", "balanced"):
+        out.append(("runtime-compile-tp-ckpt", f"--compile with tp > 1 and ckpt={lay.ckpt}: torch 2.13 cannot "
+                    "compile a checkpoint inside a DTensor tensor-parallel block; use ckpt=full or none, or "
+                    "run without --compile"))
     if lay.pp > 1 and lay.schedule == "zero-bubble":
         out.append(("runtime-compile-zero-bubble", "schedule zero-bubble with --compile is not supported by "
                     "torch.distributed.pipelining"))
     return out
 
 
-def runtime_violations(model: ModelSpec, layout: Layout, job: JobSpec, *, compile: bool = False) -> list[Violation]:
+def runtime_violations(model: ModelSpec, layout: Layout, job: JobSpec, *,
+                       compile: bool | None = False) -> list[Violation]:
     """Every runtime rule ``layout`` breaks for ``job`` (empty: ``plait train`` runs it), in
-    ``RUNTIME_RULES`` order; ``compile``: with ``plait train --compile``."""
-    found = dict(_layout_rules(model, layout, job) + (_compile_rules(layout) if compile else []))
+    ``RUNTIME_RULES`` order; ``compile``: True with ``plait train --compile`` (None, the automatic
+    default, and False refuse nothing: auto compiles only layouts that break no compile rule)."""
+    found = dict(_layout_rules(model, layout, job) + (_compile_rules(layout) if compile is True else []))
     return [Violation(rule, found[rule]) for rule in RUNTIME_RULES if rule in found]
+
+
+def compile_enabled(compile: bool | None, device_type: str, layout: Layout) -> bool:
+    """Whether blocks are compiled: ``compile`` when given (``--compile`` / ``--no-compile``); None
+    (auto): on a CUDA device when ``layout`` breaks no compile rule, off elsewhere (on CPU the
+    compile time dominates the small runs it can do)."""
+    if compile is not None:
+        return compile
+    return device_type == "cuda" and not _compile_rules(layout)
+
+
+def async_tp_violations(layout: Layout, *, device: str, compile: bool | None, backend: str) -> list[Violation]:
+    """The rules of ``--async-tp`` (inductor's micro-pipelined TP) for ``device`` (auto, cpu, cuda;
+    a resolved device type in the worker): CUDA with NCCL, compiled blocks with inductor, tp > 1 with
+    sequence parallelism (the all-gather / reduce-scatter it overlaps with the GEMMs)."""
+    out = []
+    if device not in ("cuda", "auto"):
+        out.append(("runtime-async-tp-device", f"--async-tp needs CUDA GPUs with NCCL (symmetric memory); "
+                    f"device {device} (gloo) has none: run without --async-tp"))
+    if compile is False or backend != "inductor":
+        out.append(("runtime-async-tp-compile", "--async-tp is a pass of inductor: it needs compiled blocks "
+                    "(--compile, or the default on GPU) with --compile-backend inductor"))
+    if layout.tp == 1 or not layout.sequence_parallel:
+        out.append(("runtime-async-tp-sp", f"--async-tp overlaps sequence parallelism's collectives with the "
+                    f"GEMMs: it needs tp > 1 with sp=1 (layout {layout}); run without --async-tp"))
+    return [Violation(rule, message) for rule, message in out]

@@ -45,8 +45,7 @@ def train_argv(spec: SweepSpec, case: SweepCase, log_path: Path, run_dir: Path |
         argv += ["--run-dir", str(run_dir)]
     if spec.prediction_gpu:
         argv += ["--gpu", spec.prediction_gpu]
-    if case.compile:
-        argv.append("--compile")
+    argv.append("--compile" if case.compile else "--no-compile")  # the eager twin stays eager on GPU
     if spec.allow_oom:
         argv.append("--allow-oom")
     return argv

@@ -45,8 +45,9 @@ class TrainRequest:
     master_port: int | None = None
     device: str = RuntimeConfig.device  # auto | cpu | cuda
     gpu: str | None = None  # GPU spec preset (None: from the device name, or the plan's)
-    compile: bool = RuntimeConfig.compile
+    compile: bool | None = RuntimeConfig.compile  # None: on GPU where the layout allows it
     compile_backend: str = RuntimeConfig.compile_backend
+    async_tp: bool = RuntimeConfig.async_tp
     offload_dir: str | None = RuntimeConfig.offload_dir
     timeout: float = RuntimeConfig.timeout_s  # collective timeout, seconds
     allow_oom: bool = False  # run even if the planner predicts out-of-memory

@@ -107,7 +107,8 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
                      data=request.data),
         optim=optim,
         runtime=RuntimeConfig(device=request.device, gpu=gpu, compile=request.compile,
-                              compile_backend=request.compile_backend, timeout_s=request.timeout,
+                              compile_backend=request.compile_backend, async_tp=request.async_tp,
+                              timeout_s=request.timeout,
                               on_nan=request.on_nan, offload_dir=request.offload_dir),
         observe=LogConfig(log=request.log, log_every=request.log_every))
     if request.data != "synthetic":
@@ -200,7 +201,7 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
         saved, job=job, checkpoint=dataclasses.replace(saved.checkpoint, resume_from=path),
         runtime=dataclasses.replace(saved.runtime, device=request.device, gpu=request.gpu, timeout_s=request.timeout,
                                     compile=request.compile, compile_backend=request.compile_backend,
-                                    on_nan=request.on_nan),
+                                    async_tp=request.async_tp, on_nan=request.on_nan),
         observe=LogConfig(log=request.log, log_every=request.log_every), prediction=None)
     if job.data != was.data:
         notes.append(f"reading data {job.data} instead of the saved run's {was.data}: the same samples only "

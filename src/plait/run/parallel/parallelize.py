@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plait.errors import PlaitError
 from plait.run.memory.recompute import apply_activation_checkpointing
+from plait.run.parallel.compile import compile_blocks as compile_blocks_of, enable_async_tp
 from plait.run.parallel.context.ring import apply_context_parallel
 from plait.run.parallel.context.shard import SequenceShard
 from plait.run.parallel.data import apply_ddp, apply_fsdp, uses_fsdp
@@ -23,6 +25,7 @@ from plait.run.model import Transformer, build_model, eager_attention, init_weig
 from plait.run.memory.offload import ActivationOffloader, apply_activation_offload
 from plait.run.parallel.pipeline import build_schedule, build_stage_module, stage_ids_of_rank
 from plait.run.parallel.tensor import apply_tensor_parallel
+from plait.spec.capabilities import async_tp_violations, compile_enabled
 from plait.spec.model import ModelSpec
 
 
@@ -65,13 +68,22 @@ class ModelParts:
 
 
 def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device, seed: int,
-                      n_microbatches: int, compile_blocks: bool = False, compile_backend: str = "inductor",
-                      loss_fn: Callable = token_loss, offload_dir: str | None = None) -> ModelParts:
+                      n_microbatches: int, compile_blocks: bool | None = False, compile_backend: str = "inductor",
+                      loss_fn: Callable = token_loss, offload_dir: str | None = None,
+                      async_tp: bool = False) -> ModelParts:
     """This rank's parallelized, initialized model parts for ``pdims.layout``.
 
+    ``compile_blocks``: torch.compile every block (fullgraph); None: on CUDA when the layout allows
+    it (``plait.spec.capabilities.compile_enabled``). ``async_tp``: inductor's micro-pipelined TP.
     ``offload_dir``: where ``offload=disk:α`` writes this rank's activations (a fresh directory).
     """
     layout = pdims.layout
+    compiled = compile_enabled(compile_blocks, device.type, layout)
+    if async_tp:
+        broken = async_tp_violations(layout, device=device.type, compile=compiled, backend=compile_backend)
+        if broken:
+            raise PlaitError("; ".join(f"{v.message} [{v.rule}]" for v in broken))
+        enable_async_tp(pdims.mesh["tp"])
     if layout.pp > 1:
         stage_ids = stage_ids_of_rank(layout, pdims.pp_rank)
         chunks: list[Transformer] = [build_stage_module(spec, layout, sid) for sid in stage_ids]
@@ -89,10 +101,8 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
             sequence_shard = apply_context_parallel(chunk, pdims.mesh["cp"], layout.cp_impl)
     checkpointed = apply_activation_checkpointing(chunks, layout)
     offloader, offloaded = apply_activation_offload(chunks, layout, pdims.pp_rank, device, offload_dir)
-    if compile_blocks:
-        for chunk in chunks:
-            for block in chunk.layers.values():
-                block.compile(backend=compile_backend)
+    if compiled:
+        compile_blocks_of(chunks, compile_backend, tensor_parallel=layout.tp > 1)
     fsdp = pdims.grad_sync_size > 1 and uses_fsdp(pdims)
     if fsdp:
         for chunk in chunks:
