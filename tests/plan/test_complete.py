@@ -37,7 +37,7 @@ def test_completion_is_the_fastest_safe_layout_of_the_search_space():
     """Nothing faster that fits with the headroom exists among the layouts with the given keys."""
     model, cluster, job = get_model("llama2-13b"), get_cluster("dgx-a100", 16), JobSpec(64, 4096)
     done = complete(model, cluster, job, {"dp": 4})
-    constraints = SearchConstraints(fixed=(("dp", 4), ("hsdp", 1)), allow_offload=False, max_mbs=64)
+    constraints = SearchConstraints(fixed=(("dp", 4), ("hsdp", 1)), allow_offload=False, max_mbs=16)
     plans = [p for p in search(model, cluster, job, constraints).plans if not is_risky(p.memory)]
     assert plans and done.step.tokens_per_s_per_gpu >= 0.99 * max(p.step.tokens_per_s_per_gpu for p in plans)
 

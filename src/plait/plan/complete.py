@@ -4,7 +4,7 @@ Used by ``plait plan --layout ... --complete``, by ``plait validate`` for publis
 source is silent on a knob, and by ``plait train --layout`` when ``mbs`` is left out. The knobs
 searched when not given (``COMPLETABLE``): tp, pp, dp, cp (whatever of them the GPU count leaves
 open), micro-batch size, ZeRO stage, checkpoint policy and the number of checkpointed layers per
-stage (all, 1/4, 1/2, 3/4), sequence parallelism (tp > 1), pipeline schedule and virtual stages.
+stage (``full`` on all, 1/4, 1/2 or 3/4 of a stage's layers), sequence parallelism (tp > 1), pipeline schedule and virtual stages.
 Every other key keeps its given value or its default. Offload is not tried (a completed layout is
 one that fits as it is).
 
@@ -96,7 +96,7 @@ def _variants(model: ModelSpec, layout: Layout, given: dict, pinned: dict):
         layout = replace(layout, **pinned)
     sps = [layout.sp] if "sp" in given or layout.tp == 1 else [True, False]
     counts = [layout.ckpt_layers]
-    if "ckpt_layers" not in given and "ckpt" not in given and layout.ckpt != "none":
+    if "ckpt_layers" not in given and "ckpt" not in given and layout.ckpt == "full":
         per_stage = stage_layers(model, layout) * layout.vpp
         counts += sorted({per_stage * k // 4 for k in (1, 2, 3)} - {0, per_stage})
     for sp in sps:
@@ -119,7 +119,7 @@ def pick(options: list, headroom: float, tokens=lambda o: o.step.tokens_per_s_pe
 
 def complete(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dict,
              params: CostParams = DEFAULT_PARAMS, *, runtime: str = "torch", headroom: float = DEFAULT_HEADROOM,
-             max_mbs: int = 64, memory_of: Callable | None = None,
+             max_mbs: int = 16, memory_of: Callable | None = None,
              schedules: tuple[str, ...] = SearchConstraints().schedules) -> Completion:
     """Fix ``given`` ({Layout field: value}), search the knobs left out, return the choice.
 

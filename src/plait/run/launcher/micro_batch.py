@@ -92,7 +92,7 @@ def gpu_mbs(model, job, layout: Layout, gpu: str) -> tuple[int, str]:
 
     cluster = cluster_for_gpu(gpu, layout.world_size)
     given = {k: v for k, v in layout.to_dict().items() if k != "mbs"}
-    completion = complete(model, cluster, job, given)
+    completion = complete(model, cluster, job, given, max_mbs=max(1, job.global_batch // layout.dp))
     why = "the planner's fastest micro-batch that fits" if completion.fits else (
         "the planner's micro-batch needing the least memory (none fits)")
     return completion.layout.mbs, f"{why} on {cluster.gpu.name}"
