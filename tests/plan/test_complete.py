@@ -102,3 +102,12 @@ def test_explain_keeps_the_allocator_terms_apart(capsys):
     out = capsys.readouterr().out
     tensors, _, beyond = out.partition("beyond the tensors")
     assert "activations" in tensors and "fragmentation" in beyond and "cuda context" in beyond
+
+
+def test_plan_fix_names_what_the_search_completed(capsys):
+    code = main(["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--seq-len", "4096",
+                 "--fix", "tp=2", "--top", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    line = next(text for text in out.splitlines() if text.startswith("completed by search (#1): "))
+    assert "tp=" not in line and "mbs=" in line and "zero=" in line and "ckpt=" in line
