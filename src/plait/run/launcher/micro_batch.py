@@ -112,7 +112,10 @@ def choose_mbs(model, job, layout: Layout, gpu: str | None, on_gpu: bool, proces
         if available is None:
             mbs, why = 1, f"{MEMINFO} has no MemAvailable to size it by"
         else:
-            mbs, why = host_mbs(model, job, layout, processes, available)
+            try:
+                mbs, why = host_mbs(model, job, layout, processes, available)
+            except PlaitError as exc:  # the layout itself is refused later, with its own message
+                mbs, why = layout.mbs, f"kept: {exc}"
     try:
         chosen = dataclasses.replace(layout, mbs=mbs)
     except PlaitError:
