@@ -173,3 +173,19 @@ def test_fp8_rows_say_when_the_source_used_the_fp8_peak():
     assert not any("fp8 peak" in n for n in plain.notes)
     # 0.30 of the fp8 peak is 0.60 of the bf16 peak: twice the tokens of 0.30 of the bf16 peak
     assert result.reported_mfu == pytest.approx(2 * plain.reported_mfu, rel=1e-3)  # 1979 vs 2·989
+
+
+@pytest.mark.parametrize("word,family", [("llama", "llama"), ("Llama-2", "llama"), ("mistral", "llama"),
+                                         ("gpt", "gpt"), ("GPT-3", "gpt"), ("mpt", "gpt"), ("bloom", "gpt"),
+                                         ("mixtral", None), ("t5", None)])
+def test_arch_words(word, family):
+    from plait.measure.published_specs import arch_of
+
+    assert arch_of(word) == family
+
+
+def test_an_arch_word_is_read_and_said():
+    row = dict(next(r for r in read_runs(RUNS) if r["id"] == "torchtitan-2408-llama2-13b-a100-sel-op"))
+    row["arch"] = "Llama-2"
+    result = predict_row(row)
+    assert result.complete and "arch 'llama-2' read as llama" in result.notes

@@ -29,6 +29,8 @@ NAMES = [
     ("gb200 (DGX-GB200)", "gb200"),
     ("MI300X", "mi300x"),
     ("AMD Instinct MI250X", "mi250x"),
+    ("V100-SXM2-32GB", "v100-32g"),
+    ("Tesla V100 16GB", "v100-16g"),
 ]
 
 
@@ -38,7 +40,7 @@ def test_source_names_map_to_presets(name, preset):
 
 
 def test_unknown_names_are_refused_not_guessed():
-    for name in ("V100", "TPU v5p", "Gaudi 2", ""):
+    for name in ("P100", "TPU v5p", "Gaudi 2", ""):
         with pytest.raises(PlaitError, match="unknown GPU"):
             get_gpu(name)
 
@@ -48,7 +50,7 @@ def test_every_preset_has_a_cluster_and_sane_numbers():
         assert name in DEFAULT_CLUSTER_FOR_GPU
         assert 100e12 < gpu.bf16_flops < 5e15
         assert gpu.fp8_flops == 0.0 or gpu.fp8_flops >= gpu.bf16_flops
-        assert 30 * 2**30 < gpu.hbm_bytes < 300e9 and 1e12 <= gpu.hbm_bandwidth <= 10e12
+        assert 16 * 2**30 <= gpu.hbm_bytes < 300e9 and 0.8e12 <= gpu.hbm_bandwidth <= 10e12
     # the variants differ where the data sheets say they do
     assert get_gpu("H100 NVL").bf16_flops < get_gpu("H100 SXM5").bf16_flops
     assert get_gpu("h100 (96GB HBM2e, 500W)").hbm_bandwidth < get_gpu("H100 SXM5").hbm_bandwidth

@@ -96,7 +96,7 @@ def zero_stage_of(text: str) -> tuple[int, bool] | None:
     leading = re.match(r"([0-3])\b", t)
     if leading:
         return int(leading.group(1)), hybrid
-    named = re.search(r"zero[\s_-]*(?:stage[\s_-]*)?([0-3])\b", t)
+    named = re.search(r"(?:zero|stage)[\s_-]*(?:stage[\s_-]*)?([0-3])\b", t)
     if named:
         return int(named.group(1)), hybrid
     if "shard_grad_op" in t or "grad_op" in t:
@@ -133,6 +133,23 @@ def recompute_of(text: str, n_layers_per_stage: int) -> tuple[str, int, bool] | 
     return None
 
 
+# families whose dense blocks are Llama's (RMSNorm, SwiGLU, RoPE) or GPT's (LayerNorm, GELU MLP)
+_LLAMA_WORDS = ("llama", "mistral", "qwen", "yi", "internlm", "baichuan", "deepseek")
+_GPT_WORDS = ("gpt", "mpt", "bloom", "opt", "falcon", "megatron", "turing-nlg", "mt-nlg", "palm")
+
+
+def arch_of(word: str) -> str | None:
+    """``gpt`` or ``llama`` for an architecture word that names a family of either kind, else None."""
+    word = word.strip().lower()
+    if any(w in word for w in ("moe", "mixtral")):
+        return None  # experts: not a dense family
+    if any(word.startswith(w) for w in _LLAMA_WORDS):
+        return "llama"
+    if any(word.startswith(w) for w in _GPT_WORDS):
+        return "gpt"
+    return None
+
+
 def _llama_ffn(hidden: int) -> int:
     multiple = DATA_DEFAULTS["llama_ffn_multiple"]
     return -(-int(2 * 4 * hidden / 3) // multiple) * multiple
@@ -146,7 +163,11 @@ def model_for_row(row: dict, seq_len: int, notes: list[str]) -> ModelSpec:
     if missing:
         raise IncompleteRow(f"model dimensions not given ({', '.join(missing)})")
     if arch not in ("gpt", "llama"):
-        raise UnsupportedRow(f"arch {arch!r} (plait models gpt and llama)")
+        family = arch_of(arch)
+        if family is None:
+            raise UnsupportedRow(f"arch {arch!r} (plait models gpt and llama)")
+        notes.append(f"arch {arch!r} read as {family}")
+        arch = family
     ffn, kv = integer(row, "ffn_hidden"), integer(row, "n_kv_heads")
     if ffn is None:
         ffn = 4 * dims["hidden"] if arch == "gpt" else _llama_ffn(dims["hidden"])

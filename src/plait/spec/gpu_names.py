@@ -19,6 +19,7 @@ variant words (memory size, form factor, power cap) by explicit rules, in this o
   a100 with 40gb/40g                              a100-40g
   a100 with pcie                                  a100-80g-pcie
   a100 otherwise (sxm4, 80gb)                     a100-80g
+  v100 with 16gb / otherwise                      v100-16g / v100-32g
   ==============================================  ==================
 
 A name with none of these family words is unknown (None): the caller says so, never guesses.
@@ -67,4 +68,6 @@ def preset_name(text: str, presets=()) -> str | None:
         if "pcie" in words:
             return "a100-80g-pcie"
         return "a100-80g"
+    if _has(words, "v100"):
+        return "v100-16g" if re.search(r"\b16 ?gb?\b", words) else "v100-32g"
     return None

@@ -196,6 +196,9 @@ class ClusterSpec:
 #   (conservative for collectives that would stay inside NVLink).
 #   MI300X: 1307 TFLOP/s bf16, 2615 fp8 dense, 192 GB HBM3 5.3 TB/s, 7 Infinity Fabric links of
 #   64 GB/s per direction to the other 7 GPUs (448 GB/s per GPU; AMD MI300X datasheet).
+#   V100 SXM2: 125 TFLOP/s fp16 tensor (no bf16: fp16 is its mixed precision), 32 or 16 GB HBM2 900 GB/s,
+#   NVLink2 300 GB/s bidirectional; DGX-1: 8 GPUs in a hybrid cube mesh, 4x EDR 100 Gb/s NICs (2 GPUs
+#   per 12.5 GB/s NIC). Efficiencies unvalidated (as for the other parts without calibration rows).
 #   MI250X, per GCD (what the framework sees as one device): 191.5 TFLOP/s bf16, 64 GiB at
 #   1.6 TB/s; GCDs of a node talk over Infinity Fabric (~100 GB/s per GCD per direction).
 # NVLink bandwidths quoted bidirectional are halved to per-direction.
@@ -225,6 +228,8 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("h100-nvl", 835e12, 1671e12, 94 * GB, 3.9e12, **_H100),
         GpuSpec("gb200", 2500e12, 5000e12, 186 * GB, 8.0e12, gemm_efficiency=0.62, attention_efficiency=0.22),
         GpuSpec("mi300x", 1307e12, 2615e12, 192 * GB, 5.3e12, gemm_efficiency=0.50, attention_efficiency=0.20),
+        GpuSpec("v100-32g", 125e12, 0.0, 32 * GIB, 0.9e12, gemm_efficiency=0.70, attention_efficiency=0.30),
+        GpuSpec("v100-16g", 125e12, 0.0, 16 * GIB, 0.9e12, gemm_efficiency=0.70, attention_efficiency=0.30),
         GpuSpec("mi250x", 191.5e12, 0.0, 64 * GIB, 1.6e12, gemm_efficiency=0.55, attention_efficiency=0.25),
     ]
 }
@@ -255,6 +260,10 @@ CLUSTERS: dict[str, ClusterSpec] = {
         ClusterSpec("gb200-nvl72", GPUS["gb200"], 8, 900 * GB, 50 * GB, host_link_bandwidth=50 * GB),
         # 8x MI300X (OAM, Infinity Fabric mesh), one 400 Gb/s NIC per GPU.
         ClusterSpec("mi300x-8", GPUS["mi300x"], 8, 448 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        ClusterSpec("dgx1-v100", GPUS["v100-32g"], 8, 150 * GB, 12.5 * GB, host_link_bandwidth=12 * GB,
+                    gpus_per_nic=2),
+        ClusterSpec("dgx1-v100-16g", GPUS["v100-16g"], 8, 150 * GB, 12.5 * GB, host_link_bandwidth=12 * GB,
+                    gpus_per_nic=2),
         # Frontier node: 4 MI250X = 8 GCDs, 4 Slingshot-11 NICs of 25 GB/s, one per MI250X, so
         # 2 GCDs per NIC (12.5 GB/s per GCD; OLCF Frontier user guide).
         ClusterSpec("frontier", GPUS["mi250x"], 8, 50 * GB, 25 * GB, host_link_bandwidth=36 * GB, gpus_per_nic=2),
@@ -277,6 +286,8 @@ DEFAULT_CLUSTER_FOR_GPU: dict[str, str] = {
     "h100-nvl": "pcie-h100-nvl",
     "gb200": "gb200-nvl72",
     "mi300x": "mi300x-8",
+    "v100-32g": "dgx1-v100",
+    "v100-16g": "dgx1-v100-16g",
 }
 
 
