@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
