@@ -53,7 +53,7 @@ def launch_and_kill_the_group(args: list[str], log, env: dict) -> subprocess.Pop
 
 def test_the_same_command_line_survives_two_kills_and_ends_at_the_uninterrupted_losses(tmp_path, uninterrupted):
     ckpt, log = tmp_path / "ckpt", tmp_path / "run.jsonl"
-    args = ["train", *CLI_ARGS, "--layout", "dp=2", "--nproc-per-node", "2", "--steps", str(STEPS),
+    args = ["train", *CLI_ARGS, "--layout", "dp=2,mbs=1", "--nproc-per-node", "2", "--steps", str(STEPS),
             "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--log", str(log)]
     # 1st run: rank 1 is SIGKILLed in step 3 (after step_2 was saved); the error names it and how
     first = plait(*args, env={"PLAIT_INJECT_FAULT": "rank=1,step=3,kind=kill"}, timeout=400)

@@ -49,7 +49,7 @@ def uninterrupted(dist_pool):
 def test_killed_rank_and_killed_checkpoint_write_recover_automatically(tmp_path, uninterrupted):
     ckpt, log = tmp_path / "ckpt", tmp_path / "run.jsonl"
     faults = "rank=1,step=3,kind=kill,attempt=0;rank=0,step=4,kind=kill-in-save,attempt=1"
-    proc = plait("train", *CLI_ARGS, "--layout", "dp=2", "--nproc-per-node", "2", "--steps", str(STEPS),
+    proc = plait("train", *CLI_ARGS, "--layout", "dp=2,mbs=1", "--nproc-per-node", "2", "--steps", str(STEPS),
                  "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--keep-checkpoints", "0",
                  "--max-restarts", "2", "--log", str(log), env={"PLAIT_INJECT_FAULT": faults}, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -136,9 +136,27 @@ def test_dry_run_prints_the_torchrun_command(capsys):
     code, out, _ = run_inline(capsys, "train", "--model", "tiny", "--layout", "dp=2,tp=2", "--global-batch", "8",
                               "--seq-len", "32", "--nproc-per-node", "4", "--device", "cpu", "--dry-run")
     assert code == 0
-    assert out.startswith("torchrun --nproc-per-node=4 --max-restarts=0 --standalone -m plait.run.worker")
+    note, command = out.split("\n", 1)
+    # mbs left out: the largest micro-batch that fits in host memory (the per-rank batch 8/2), said so
+    assert note.startswith("plait train: completed: mbs=4 — the largest micro-batch dividing the per-rank batch 4")
+    assert command.startswith("torchrun --nproc-per-node=4 --max-restarts=0 --standalone -m plait.run.worker")
     config = json.loads(out.split("config.json:\n", 1)[1])
-    assert config["job"]["layout"] == "dp=2,tp=2,pp=1,cp=1,mbs=1" and config["job"]["global_batch"] == 8
+    assert config["job"]["layout"] == "dp=2,tp=2,pp=1,cp=1,mbs=4" and config["job"]["global_batch"] == 8
+
+
+def test_given_mbs_is_kept(capsys):
+    code, out, _ = run_inline(capsys, "train", "--model", "tiny", "--layout", "dp=2,tp=2,mbs=1", "--global-batch",
+                              "8", "--seq-len", "32", "--nproc-per-node", "4", "--device", "cpu", "--dry-run")
+    assert code == 0 and "completed: mbs" not in out
+    assert json.loads(out.split("config.json:\n", 1)[1])["job"]["layout"] == "dp=2,tp=2,pp=1,cp=1,mbs=1"
+
+
+def test_mbs_with_a_gpu_spec_is_the_planners(capsys):
+    code, out, _ = run_inline(capsys, "train", "--model", "tiny", "--layout", "dp=2", "--global-batch", "8",
+                              "--seq-len", "32", "--nproc-per-node", "2", "--device", "cpu", "--gpu", "h100-sxm",
+                              "--dry-run")
+    assert code == 0
+    assert "completed: mbs=" in out and "the planner's fastest micro-batch that fits on h100-sxm" in out
 
 
 def test_plan_without_process_count_uses_its_world_size(capsys, tmp_path):

@@ -7,6 +7,7 @@ import pytest
 
 from plait.measure.published import predict_row, predict_runs, read_runs
 from plait.measure.published import accuracy_record, error_summary, shipped_accuracy
+from plait.spec.layout import Layout
 
 RUNS = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_runs_calibration.csv"
 pytestmark = pytest.mark.skipif(not RUNS.is_file(), reason=f"calibration set not found at {RUNS}")
@@ -43,15 +44,27 @@ def test_errors_are_not_all_one_sign(results):
 def test_missing_inputs_are_incomplete_not_guessed(results):
     by_id = {r.id: r for r in results}
     assert by_id["torchtitan-2412-t1-8b-8g-fsdp"].status == "incomplete: seq_len not given"
-    assert by_id["korthikanti22-abs-530b-dp8-fullrecompute"].status == "incomplete: tp/pp split not given"
+    assert by_id["korthikanti22-abs-530b-dp8-fullrecompute"].status == "incomplete: global batch (gbs) not given"
     # issue 18: Table 2's missing knobs are completed, and every completion is stated
     ptd, zero3 = by_id["megatron21-t2-ptd-174p6b-384g"], by_id["megatron21-t2-zero3-174p6b-384g"]
     assert ptd.complete and zero3.complete
     assert any(n.startswith("completed: ckpt=full") for n in zero3.notes)
-    assert any(n.startswith("completed: tp=") and "model-parallel size 96" in n for n in ptd.notes)
+    assert any(n.startswith("completed: tp=") and "pp=" in n and "fastest that fits" in n for n in ptd.notes)
     for r in results:
         if r.status.startswith("incomplete"):
             assert r.predicted_mfu is None
+
+
+def test_every_row_with_the_essentials_is_predicted(results):
+    """Issue 11 bar: a row with model dims, GPU, count, global batch (or dp·mbs) and seq_len is ok or oom."""
+    rows = {r["id"]: r for r in read_runs(RUNS)}
+    for result in results:
+        row = rows[result.id]
+        essentials = all((row[k] or "").strip() for k in ("n_layers", "hidden", "n_heads", "gpu_type", "n_gpus",
+                                                          "seq_len"))
+        batch = (row["gbs"] or "").strip() or ((row["dp"] or "").strip() and (row["mbs"] or "").strip())
+        if essentials and batch:
+            assert result.status in ("ok", "oom"), (result.id, result.status)
 
 
 def test_applied_defaults_are_stated(results):
@@ -68,3 +81,111 @@ def test_reported_side_uses_one_basis():
     tokens = 163e12 / (96 * l * h * h * (1 + s / (6 * h) + v / (16 * l * h)))
     assert result.reported_tokens_per_s_per_gpu == pytest.approx(tokens)
     assert 0.35 < result.reported_mfu < 0.52  # below the 52% HFU: no recompute, causal halving
+
+
+COMPLETED_KNOBS = {"mbs": "mbs=", "zero_stage": "zero=", "recompute": "ckpt="}
+
+
+@pytest.mark.parametrize("row_id", ["mpt-h100-80gb-7b-2k-8g", "torchtitan-2408-llama2-13b-a100-sel-op",
+                                    "korthikanti22-t5-22b-selective"])
+def test_blank_zero_mbs_and_recompute_are_completed_and_named(row_id):
+    """A row with ZeRO stage, micro-batch and recompute blank is predicted; every blank filled is named
+    in a ``completed:`` note with the value the layout got (a silently filled blank fails)."""
+    row = dict(next(r for r in read_runs(RUNS) if r["id"] == row_id))
+    for key in COMPLETED_KNOBS:
+        row[key] = ""
+    result = predict_row(row)
+    assert result.status in ("ok", "oom"), result.status
+    completed = [n for n in result.notes if n.startswith("completed: ")]
+    assert len(completed) == 1 and completed[0].endswith("fastest that fits"), result.notes
+    layout = next(n for n in result.notes if n.startswith("layout "))[len("layout "):]
+    parsed = Layout.parse(layout)
+    values = dict(item.split("=", 1) for item in completed[0][len("completed: "):].split(" — ")[0].split(", "))
+    assert int(values["mbs"]) == parsed.mbs and int(values["zero"]) == parsed.zero
+    assert values["ckpt"].split(":")[0] == parsed.ckpt
+    assert result.predicted_mfu is not None and result.reported_mfu is not None
+
+
+def test_omitted_data_fields_get_the_documented_defaults():
+    row = dict(next(r for r in read_runs(RUNS) if r["id"] == "torchtitan-2408-llama2-13b-a100-sel-op"))
+    row.update(ffn_hidden="", n_kv_heads="", vocab="", gpus_per_node="")
+    notes = "; ".join(predict_row(row).notes)
+    assert "ffn_hidden 13824 by the Llama 8h/3 (rounded up to 256) rule" in notes  # h = 5120: Llama 2 13B's own
+    assert "n_kv_heads = n_heads assumed" in notes and "8 GPUs per node assumed" in notes
+    assert "vocab 32000" in notes
+    gpt = dict(next(r for r in read_runs(RUNS) if r["id"] == "megatron21-t1-1p7b"))
+    gpt.update(ffn_hidden="", vocab="")
+    notes = "; ".join(predict_row(gpt).notes)
+    assert "ffn_hidden 9216 by the GPT 4h rule" in notes and "vocab 51200" in notes
+    gpt.update(hidden="2560", n_heads="20")  # dimensions of no preset: the family's vocabulary
+    assert "vocab 51200 of the GPT family assumed" in "; ".join(predict_row(gpt).notes)
+
+
+@pytest.mark.parametrize("text,stage", [("1 (distributed optimizer)", 1), ("BF16Optimizer's own ZeRO-1", 1),
+                                        ("full shard", 3), ("FSDP", 3), ("fsdp2 (full shard)", 3), ("ZeRO stage 2", 2),
+                                        ("0", 0), ("DDP", 0), ("shard_grad_op", 2), ("banana", None), ("", None)])
+def test_zero_stage_words(text, stage):
+    from plait.measure.published_specs import zero_stage_of
+
+    got = zero_stage_of(text)
+    assert (got[0] if got else None) == stage
+
+
+@pytest.mark.parametrize("text,policy", [("op-level SAC", "full"), ("selective (op-level)", "full"), ("full", "full"),
+                                         ("selective", "selective"), ("none", "none"), ("no", "none"),
+                                         ("activation checkpointing", "full"), ("something else", None)])
+def test_recompute_words(text, policy):
+    from plait.measure.published_specs import recompute_of
+
+    got = recompute_of(text, 40)
+    assert (got[0] if got else None) == policy
+    if got and "op" in text:
+        assert got[1] == 20 and got[2] is True  # op-level SAC: half the layers' recompute, its own memory
+
+
+def test_an_unknown_word_is_searched_and_said():
+    row = dict(next(r for r in read_runs(RUNS) if r["id"] == "mpt-h100-80gb-7b-2k-8g"))
+    row["zero_stage"] = "banana"
+    result = predict_row(row)
+    assert result.status in ("ok", "oom")
+    assert any("zero_stage 'banana' not understood: searched" in n for n in result.notes)
+    assert any(n.startswith("completed: ") and "zero=" in n for n in result.notes)
+
+
+def test_torchtitan_70b_op_level_sac_batch_2_is_out_of_memory_and_batch_1_fits():
+    """torchtitan's Llama 2 70B on 64 A100-80G: local batch 2 with op-level selective checkpointing
+    ran out of memory, batch 1 ran (the row's notes)."""
+    row = dict(next(r for r in read_runs(RUNS) if r["id"] == "torchtitan-2408-llama2-70b-a100-sel-op-bs1"))
+    assert predict_row(row).status == "ok"
+    row.update(mbs="2", gbs="128")
+    assert predict_row(row).status == "oom"
+
+
+def test_fp8_rows_say_when_the_source_used_the_fp8_peak():
+    row = dict(next(r for r in read_runs(RUNS) if r["id"] == "mpt-h100-80gb-7b-2k-8g"))
+    row.update(precision="fp8", reported_tokens_per_s_per_gpu="", reported_iter_time_s="", reported_tflops_per_gpu="",
+               reported_hfu="", reported_mfu="0.30", notes="MFU against the fp8 peak (1979 TFLOP/s)")
+    result = predict_row(row)
+    assert any("used the fp8 peak" in n for n in result.notes)
+    assert "precision=fp8" in next(n for n in result.notes if n.startswith("layout "))
+    bf16 = dict(row, notes="MFU on the bf16 peak")
+    plain = predict_row(bf16)
+    assert not any("fp8 peak" in n for n in plain.notes)
+    # 0.30 of the fp8 peak is 0.60 of the bf16 peak: twice the tokens of 0.30 of the bf16 peak
+    assert result.reported_mfu == pytest.approx(2 * plain.reported_mfu, rel=1e-3)  # 1979 vs 2·989
+
+
+@pytest.mark.parametrize("word,family", [("llama", "llama"), ("Llama-2", "llama"), ("mistral", "llama"),
+                                         ("gpt", "gpt"), ("GPT-3", "gpt"), ("mpt", "gpt"), ("bloom", "gpt"),
+                                         ("mixtral", None), ("t5", None)])
+def test_arch_words(word, family):
+    from plait.measure.published_specs import arch_of
+
+    assert arch_of(word) == family
+
+
+def test_an_arch_word_is_read_and_said():
+    row = dict(next(r for r in read_runs(RUNS) if r["id"] == "torchtitan-2408-llama2-13b-a100-sel-op"))
+    row["arch"] = "Llama-2"
+    result = predict_row(row)
+    assert result.complete and "arch 'llama-2' read as llama" in result.notes

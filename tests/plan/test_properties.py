@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from plait.plan.cost import estimate_step
-from plait.plan.memory import estimate_memory, stage_params
+from plait.plan.memory import estimate_memory, is_risky, stage_params
 from plait.plan.search import SearchConstraints, search
 from plait.spec.hardware import CLUSTERS, ClusterSpec
 from plait.spec.layout import (
@@ -116,8 +116,16 @@ def test_search_returns_only_valid_fitting_layouts_fastest_first(problem):
         # the plan's numbers are those of its layout (offload retries must not leave stale figures)
         assert plan.memory == estimate_memory(model, cluster, job, layout)
         assert plan.step == estimate_step(model, cluster, job, layout)
-    rates = [p.step.tokens_per_s_per_gpu for p in plans]
-    assert all(a >= b for a, b in zip(rates, rates[1:])), "plans are not sorted fastest first"
+    # fastest first, with the memory headroom's order (rank_with_headroom): layouts with headroom before
+    # those inside it, and first the roomiest of the safe layouts within 1% of the fastest safe one
+    safe = [p for p in plans if not is_risky(p.memory)]
+    risky = [p for p in plans if is_risky(p.memory)]
+    assert plans == (safe + risky if safe else risky), "a risky layout is ranked before a safe one"
+    for group in (safe[1:], risky):
+        rates = [p.step.tokens_per_s_per_gpu for p in group]
+        assert all(a >= b for a, b in zip(rates, rates[1:])), "plans are not sorted fastest first"
+    if safe:
+        assert safe[0].step.tokens_per_s_per_gpu >= 0.99 * max(p.step.tokens_per_s_per_gpu for p in safe)
     assert len({str(p.layout) for p in plans}) == len(plans), "the same layout is listed twice"
 
 

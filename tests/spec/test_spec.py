@@ -103,7 +103,7 @@ def test_cluster_from_json_file(tmp_path):
 def test_gpu_names_are_mapped_explicitly():
     assert get_gpu("h100 (96GB HBM2e, 500W)").name == "h100-96g-500w"
     with pytest.raises(PlaitError, match="known GPUs"):
-        get_gpu("h100 pcie")  # not guessed
+        get_gpu("p100 sxm2")  # no preset: not guessed
 
 
 def test_from_hf_config_llama_and_gpt2(tmp_path):

@@ -19,6 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     parser.add_argument("--calibration", help="calibration JSON replacing the default cost parameters")
     parser.add_argument("--layout", help='evaluate one layout, e.g. "dp=8,tp=4,pp=2,mbs=1,ckpt=selective"')
+    parser.add_argument("--complete", action="store_true",
+                        help="with --layout: keep the keys given and search those left out (mbs, zero, ckpt, sp, "
+                             "schedule/vpp, cp, tp/pp/dp); the fastest layout that fits, completed knobs listed")
+    parser.add_argument("--memory-headroom", type=float, default=0.05, metavar="F",
+                        help="fraction of GPU memory kept free (default 0.05): a layout above capacity·(1-F) is "
+                             "shown risky and never ranked first while one with headroom fits")
     parser.add_argument("--top", type=int, default=5, help="how many layouts to show (default 5)")
     parser.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                         help="pin a layout key in the search (repeatable), e.g. --fix tp=8")
@@ -51,7 +57,22 @@ def run(args) -> int:
     job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
     params, cluster = cost_params(args.calibration, cluster)
     out = console()
-    if args.layout is not None:
+    headroom = args.memory_headroom
+    if not 0 <= headroom < 1:
+        raise PlaitError(f"--memory-headroom {headroom}: give a fraction of GPU memory in [0, 1), e.g. 0.05")
+    completed = ""
+    if args.complete and args.layout is None:
+        raise PlaitError("--complete completes a partial --layout; give one, e.g. --layout \"dp=8\" --complete")
+    if args.layout is not None and args.complete:
+        from plait.plan.complete import complete, given_keys
+
+        completion = complete(model, cluster, job, given_keys(args.layout), params, headroom=headroom,
+                              max_mbs=args.max_mbs)
+        plans = [evaluate(model, cluster, job, completion.layout, params)]
+        completed = completion.note() or "completed: nothing (every searched knob was given)"
+        title = f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name}: given layout, completed"
+        stats = f"searched {completion.evaluated:,} layouts with the given keys"
+    elif args.layout is not None:
         plans = [evaluate(model, cluster, job, Layout.parse(args.layout), params)]
         title = f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name}: given layout"
         stats = ""
@@ -64,7 +85,7 @@ def run(args) -> int:
             allow_offload=not args.no_offload)
         if args.schedule:
             Layout(schedule=args.schedule)  # validates the name
-        result = search(model, cluster, job, constraints, params, runnable=not args.any_runtime)
+        result = search(model, cluster, job, constraints, params, runnable=not args.any_runtime, headroom=headroom)
         plans = require_plans(model, cluster, job, result, constraints)
         which = "fitting layouts" if args.any_runtime else "fitting layouts that plait train runs"
         title = (f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name} ({cluster.name}), global batch "
@@ -75,6 +96,8 @@ def run(args) -> int:
         if hidden:
             stats += (f"; {hidden:,} faster fitting layout(s) that plait train does not run yet are not ranked "
                       "(--any-runtime shows them)")
+        if constraints.fixed:
+            completed = _searched_note(plans[0].layout, dict(constraints.fixed))
     best = plans[0]
     if args.save:
         if not best.runnable and not args.any_runtime:
@@ -85,9 +108,16 @@ def run(args) -> int:
     if args.json:
         print(json.dumps([p.to_dict() for p in plans[: args.top]], indent=2))
         return 0
-    out.print(report.plans_table(plans[: args.top], title))
+    out.print(report.plans_table(plans[: args.top], title, headroom))
     if stats:
         out.print(f"[dim]{stats}[/dim]")
+    if completed:
+        out.print(completed)
+    if best.fits and _is_risky(best, headroom):
+        out.print(f"[yellow]risky: {best.layout} leaves less than the {100 * headroom:.0f}% memory headroom "
+                  "(fragmentation, NCCL buffers, unfused-kernel temporaries are not all in the formula)"
+                  + ("; no layout fits with the headroom" if args.layout is None or args.complete else "")
+                  + "[/yellow]")
     unrunnable = [p for p in plans[: args.top] if not p.runnable]
     if unrunnable:
         out.print("* plait train does not run this layout yet: "
@@ -102,3 +132,19 @@ def run(args) -> int:
     if args.save:
         out.print(f"saved the plan to {args.save}")
     return 0 if best.fits else 1
+
+
+def _is_risky(plan, headroom: float) -> bool:
+    from plait.plan.memory import is_risky
+
+    return is_risky(plan.memory, headroom)
+
+
+def _searched_note(layout, fixed: dict) -> str:
+    """``completed by search: mbs=2, zero=1, ...`` - the searched knobs of the top layout."""
+    from plait.plan.complete import COMPLETABLE
+
+    knobs = [k for k in COMPLETABLE if k not in fixed and not (k == "sp" and layout.tp == 1)
+             and not (k in ("vpp", "schedule") and layout.pp == 1)]
+    values = [f"{k}={layout.ckpt + (f':{layout.ckpt_layers}' if layout.ckpt_layers else '') if k == 'ckpt' else int(getattr(layout, k)) if isinstance(getattr(layout, k), bool) else getattr(layout, k)}" for k in knobs]
+    return "completed by search (#1): " + ", ".join(values) + " — fastest that fits" if values else ""

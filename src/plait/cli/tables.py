@@ -16,7 +16,10 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms" if seconds < 10 else f"{seconds:,.2f} s"
 
 
-def plans_table(plans: list[Plan], title: str) -> Table:
+def plans_table(plans: list[Plan], title: str, headroom: float | None = None) -> Table:
+    """Ranked plans; with ``headroom`` (a fraction of HBM), a plan inside it is marked ``risky``."""
+    from plait.plan.memory import is_risky
+
     table = Table(title=title, title_justify="left")
     for column in ("#", "layout", "memory/GPU", "step time", "tokens/s/GPU", "MFU", "bottleneck"):
         table.add_column(column, justify="right" if column not in ("layout", "bottleneck") else "left")
@@ -25,6 +28,8 @@ def plans_table(plans: list[Plan], title: str) -> Table:
         mem_text = f"{memory.total / GIB:.1f} / {memory.capacity / GIB:.0f} GiB"
         if not memory.fits:
             mem_text = f"[red]{mem_text} (OOM)[/red]"
+        elif headroom is not None and is_risky(memory, headroom):
+            mem_text = f"[yellow]{mem_text} risky[/yellow]"
         table.add_row(str(rank), str(plan.layout) + ("" if plan.runnable else " *"), mem_text, _ms(plan.step.step_time),
                       f"{plan.step.tokens_per_s_per_gpu:,.0f}", f"{100 * plan.step.mfu:.1f}%", plan.step.bottleneck)
     return table
@@ -40,9 +45,17 @@ def explain(console: Console, plan: Plan) -> None:
     mem_table.add_column("item")
     mem_table.add_column("GiB", justify="right")
     mem_table.add_column("share", justify="right")
-    for name, value in memory.items().items():
-        if value > 0:
-            mem_table.add_row(name.replace("_", " "), f"{value / GIB:.2f}", f"{100 * value / memory.total:.0f}%")
+    from plait.plan.memory import OVERHEAD_ITEMS
+
+    items = memory.items()
+    tensors = {k: v for k, v in items.items() if k not in OVERHEAD_ITEMS}
+    overheads = {k: v for k, v in items.items() if k in OVERHEAD_ITEMS}
+    for group, title in ((tensors, None), (overheads, "[dim]beyond the tensors (allocator, NCCL, CUDA):[/dim]")):
+        if title:
+            mem_table.add_row(title, "", "")
+        for name, value in group.items():
+            if value > 0:
+                mem_table.add_row(name.replace("_", " "), f"{value / GIB:.2f}", f"{100 * value / memory.total:.0f}%")
     mem_table.add_row("[bold]total[/bold]", f"[bold]{memory.total / GIB:.2f}[/bold]",
                       f"{100 * memory.total / memory.capacity:.0f}% of {memory.capacity / GIB:.0f} GiB")
     if memory.host_bytes:

@@ -34,6 +34,12 @@ def run(args) -> int:
         return 0
     out = console()
     out.print(report.validation_table(results))
+    completed = [(r.id, n) for r in results for n in r.notes if n.startswith("completed: ")]
+    if completed:
+        out.print(f"[dim]{len({i for i, _ in completed})} rows completed what their source left out "
+                  "(all notes: --out FILE):[/dim]")
+        for run_id, note in completed:
+            out.print(f"[dim]  {run_id}: {note}[/dim]")
     out.print(report.summary_table(summary))
     if args.out:
         out.print(f"wrote {len(results)} rows to {args.out}")

@@ -21,6 +21,17 @@ the GPU keeps a double buffer of two such layers (the one being copied, the one 
 
 Fixed: CUDA context and library workspaces, NCCL and bucket buffers (``CostParams``), and an
 allocator-fragmentation reserve over the dynamic memory.
+
+What the allocator adds that the tensor formula does not, kept as separate items so that
+``plait plan --explain`` shows them apart from the tensors (``OVERHEAD_ITEMS``): ``cuda_context``
+(the CUDA context, cuBLAS/cuDNN workspaces), ``comm_buffers`` (NCCL's channel buffers and the
+gradient-bucket buffers; CUDA-graph pools would be counted here too) and ``fragmentation``
+(blocks the caching allocator holds but cannot reuse, a fraction of the dynamic memory). Not
+modelled at all: temporaries of unfused kernels (an unfused norm or loss materializes fp32
+copies for the length of one kernel), allocator rounding of odd sizes, memory other processes
+hold. For that, ``is_risky`` keeps a headroom (``DEFAULT_HEADROOM`` of the HBM, ``plait plan
+--memory-headroom``): a layout above capacity·(1 - headroom) is shown ``risky`` and the search
+never ranks it first while a layout with headroom fits.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ from plait.spec.validate import stage_layers
 
 # items outside the allocator's count: CUDA context, NCCL buffers, fragmentation reserve
 OVERHEAD_ITEMS = ("cuda_context", "comm_buffers", "fragmentation")
+DEFAULT_HEADROOM = 0.05  # fraction of HBM kept free for what the formula does not count
 
 
 def allocated_bytes(items: dict[str, float]) -> float:
@@ -202,3 +214,8 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
             stage="only" if layout.pp == 1 else stage, host_bytes=host + offloaded,
         ))
     return max(candidates, key=lambda m: m.total)
+
+
+def is_risky(memory: MemoryBreakdown, headroom: float = DEFAULT_HEADROOM) -> bool:
+    """Whether a predicted peak lies inside the headroom: above capacity·(1 - ``headroom``)."""
+    return memory.total > memory.capacity * (1.0 - headroom)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from plait.errors import PlaitError
 from plait.plan.cost import estimate_step
-from plait.plan.memory import estimate_memory
+from plait.plan.memory import DEFAULT_HEADROOM, estimate_memory, is_risky
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.plan import Plan
 from plait.spec.capabilities import runtime_violations
@@ -157,8 +157,8 @@ def _hsdp_options(zero: int, dp: int, model_parallel: int, gpus_per_node: int, c
 
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
            constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS, *,
-           runnable: bool = False, compile: bool = False) -> SearchResult:
-    """All fitting layouts, fastest first (ties: less memory first).
+           runnable: bool = False, compile: bool = False, headroom: float = DEFAULT_HEADROOM) -> SearchResult:
+    """All fitting layouts, fastest first (ties: less memory first), ranked by ``rank_with_headroom``.
 
     Each plan carries the runtime rules it breaks (``Plan.runtime_violations``, with ``plait train
     --compile`` when ``compile``); ``runnable``: keep only the plans that break none.
@@ -192,7 +192,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     plans.sort(key=lambda p: (-p.step.tokens_per_s_per_gpu, p.memory.total))
     fitting = None
     if runnable:
-        fitting, plans = plans, [p for p in plans if not p.runtime_violations]
+        fitting, plans = rank_with_headroom(plans, headroom), [p for p in plans if not p.runtime_violations]
+    plans = rank_with_headroom(plans, headroom)
     seconds = time.perf_counter() - start
     smallest_plan = None
     if smallest is not None:
@@ -200,6 +201,22 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
         smallest_plan = Plan(model, cluster, job, layout, memory, estimate_step(model, cluster, job, layout, params))
     return SearchResult(plans, candidates, evaluated, rejected, seconds, smallest_plan,
                         tuple(first_errors or ()) if evaluated == 0 else (), fitting)
+
+
+def rank_with_headroom(plans: list[Plan], headroom: float = DEFAULT_HEADROOM, near: float = 0.01) -> list[Plan]:
+    """``plans`` (fastest first) with those inside the memory headroom (``is_risky``) moved after the
+    others, and first the one with the most free memory among the safe plans within ``near`` of
+    the fastest safe one. Risky plans lead only when no plan fits with the headroom."""
+    safe = [p for p in plans if not is_risky(p.memory, headroom)]
+    if not safe or len(safe) == len(plans) and len(plans) < 2:
+        return plans
+    risky = [p for p in plans if is_risky(p.memory, headroom)]
+    fastest = safe[0].step.tokens_per_s_per_gpu
+    count = 0
+    while count < len(safe) and safe[count].step.tokens_per_s_per_gpu >= (1 - near) * fastest:
+        count += 1
+    top = max(range(count), key=lambda i: (safe[i].memory.headroom, -i))
+    return [safe[top]] + safe[:top] + safe[top + 1:] + risky
 
 
 def _with_offload(model, cluster, job, layout, memory, params):

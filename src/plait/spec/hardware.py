@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.spec.gpu_names import preset_name
 from plait.spec.serialize import dataclass_from_dict, parse_json, read_json_file
 
 from plait.spec.units import GB, GIB
@@ -184,6 +185,20 @@ class ClusterSpec:
 #   H100 96 GB HBM2e, 500 W (Meta Grand Teton): same chip, 2.4 TB/s, power-capped clocks.
 #   H200: H100 silicon with 141 GB HBM3e at 4.8 TB/s.
 #   B200 (HGX, 1000 W): 2250 TFLOP/s bf16, 4500 fp8, 180 GB HBM3e 8 TB/s, NVLink5 1.8 TB/s.
+#   A100 80GB PCIe: 312 TFLOP/s, 80 GiB HBM2e 1.935 TB/s (A100 PCIe datasheet); no NVSwitch (PCIe Gen4,
+#   32 GB/s per direction between cards; NVLink bridges join pairs only).
+#   H100 PCIe: 756 TFLOP/s bf16, 1513 fp8, 80 GiB HBM2e 2.0 TB/s, PCIe Gen5 64 GB/s (H100 datasheet).
+#   H100 NVL: 835 TFLOP/s bf16, 1671 fp8 (lower clocks, 350-400 W), 94 GB HBM3 3.9 TB/s, PCIe Gen5.
+#   The 96 GB HBM2e H100 of Meta's Grand Teton (torchtitan benchmarks: 2.4 TB/s, 500 W cap) is the SXM
+#   chip with HBM2e: same peak, less bandwidth, clocks lowered by the power cap (derated efficiencies).
+#   GB200 (NVL72 datasheet, per Blackwell GPU): 2.5 PFLOP/s bf16, 5 fp8, 186 GB HBM3e (13.4 TB / 72)
+#   8 TB/s, NVLink5 1.8 TB/s bidirectional. plait models its 72-GPU NVLink domain as 8-GPU nodes
+#   (conservative for collectives that would stay inside NVLink).
+#   MI300X: 1307 TFLOP/s bf16, 2615 fp8 dense, 192 GB HBM3 5.3 TB/s, 7 Infinity Fabric links of
+#   64 GB/s per direction to the other 7 GPUs (448 GB/s per GPU; AMD MI300X datasheet).
+#   V100 SXM2: 125 TFLOP/s fp16 tensor (no bf16: fp16 is its mixed precision), 32 or 16 GB HBM2 900 GB/s,
+#   NVLink2 300 GB/s bidirectional; DGX-1: 8 GPUs in a hybrid cube mesh, 4x EDR 100 Gb/s NICs (2 GPUs
+#   per 12.5 GB/s NIC). Efficiencies unvalidated (as for the other parts without calibration rows).
 #   MI250X, per GCD (what the framework sees as one device): 191.5 TFLOP/s bf16, 64 GiB at
 #   1.6 TB/s; GCDs of a node talk over Infinity Fabric (~100 GB/s per GCD per direction).
 # NVLink bandwidths quoted bidirectional are halved to per-direction.
@@ -208,6 +223,13 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("h800", 989e12, 1979e12, 80 * GIB, 3.35e12, **_H100),
         GpuSpec("h200", 989e12, 1979e12, 141 * GB, 4.8e12, **_H100),
         GpuSpec("b200", 2250e12, 4500e12, 180 * GB, 8.0e12, gemm_efficiency=0.62, attention_efficiency=0.22),
+        GpuSpec("a100-80g-pcie", 312e12, 0.0, 80 * GIB, 1.935e12, **_A100),
+        GpuSpec("h100-pcie", 756e12, 1513e12, 80 * GIB, 2.0e12, **_H100),
+        GpuSpec("h100-nvl", 835e12, 1671e12, 94 * GB, 3.9e12, **_H100),
+        GpuSpec("gb200", 2500e12, 5000e12, 186 * GB, 8.0e12, gemm_efficiency=0.62, attention_efficiency=0.22),
+        GpuSpec("mi300x", 1307e12, 2615e12, 192 * GB, 5.3e12, gemm_efficiency=0.50, attention_efficiency=0.20),
+        GpuSpec("v100-32g", 125e12, 0.0, 32 * GIB, 0.9e12, gemm_efficiency=0.70, attention_efficiency=0.30),
+        GpuSpec("v100-16g", 125e12, 0.0, 16 * GIB, 0.9e12, gemm_efficiency=0.70, attention_efficiency=0.30),
         GpuSpec("mi250x", 191.5e12, 0.0, 64 * GIB, 1.6e12, gemm_efficiency=0.55, attention_efficiency=0.25),
     ]
 }
@@ -230,25 +252,22 @@ CLUSTERS: dict[str, ClusterSpec] = {
         ClusterSpec("dgx-h200", GPUS["h200"], 8, 450 * GB, 50 * GB, host_link_bandwidth=50 * GB),
         # DGX B200: NVLink5 1.8 TB/s bidirectional, 8x 400 Gb/s ConnectX-7, one per GPU.
         ClusterSpec("dgx-b200", GPUS["b200"], 8, 900 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        # PCIe servers: 8 cards, collectives over PCIe (Gen4 32 GB/s, Gen5 64 GB/s per direction), one NIC per GPU.
+        ClusterSpec("pcie-a100", GPUS["a100-80g-pcie"], 8, 32 * GB, 25 * GB, host_link_bandwidth=25 * GB),
+        ClusterSpec("pcie-h100", GPUS["h100-pcie"], 8, 64 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        ClusterSpec("pcie-h100-nvl", GPUS["h100-nvl"], 8, 64 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        # GB200 NVL72 as 8-GPU NVLink5 groups, one 400 Gb/s NIC per GPU.
+        ClusterSpec("gb200-nvl72", GPUS["gb200"], 8, 900 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        # 8x MI300X (OAM, Infinity Fabric mesh), one 400 Gb/s NIC per GPU.
+        ClusterSpec("mi300x-8", GPUS["mi300x"], 8, 448 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        ClusterSpec("dgx1-v100", GPUS["v100-32g"], 8, 150 * GB, 12.5 * GB, host_link_bandwidth=12 * GB,
+                    gpus_per_nic=2),
+        ClusterSpec("dgx1-v100-16g", GPUS["v100-16g"], 8, 150 * GB, 12.5 * GB, host_link_bandwidth=12 * GB,
+                    gpus_per_nic=2),
         # Frontier node: 4 MI250X = 8 GCDs, 4 Slingshot-11 NICs of 25 GB/s, one per MI250X, so
         # 2 GCDs per NIC (12.5 GB/s per GCD; OLCF Frontier user guide).
         ClusterSpec("frontier", GPUS["mi250x"], 8, 50 * GB, 25 * GB, host_link_bandwidth=36 * GB, gpus_per_nic=2),
     ]
-}
-
-# The source's words for a GPU (as in the published-runs table) -> preset. Explicit, never guessed.
-GPU_ALIASES: dict[str, str] = {
-    "a100": "a100-80g",
-    "a100-80g": "a100-80g",
-    "a100-80gb": "a100-80g",
-    "a100-40g": "a100-40g",
-    "a100-40gb": "a100-40g",
-    "h100": "h100-sxm",
-    "h100-sxm": "h100-sxm",
-    "h100_80gb (as given)": "h100-sxm",
-    "h100-80gb": "h100-sxm",
-    "h100 (96gb hbm2e, 500w)": "h100-96g-500w",
-    "h100 (95gb hbm2e, lower-tdp sxm variant)": "h100-96g-500w",
 }
 
 # Cluster preset used for a GPU when only the GPU is known.
@@ -262,11 +281,19 @@ DEFAULT_CLUSTER_FOR_GPU: dict[str, str] = {
     "h200": "dgx-h200",
     "b200": "dgx-b200",
     "mi250x": "frontier",
+    "a100-80g-pcie": "pcie-a100",
+    "h100-pcie": "pcie-h100",
+    "h100-nvl": "pcie-h100-nvl",
+    "gb200": "gb200-nvl72",
+    "mi300x": "mi300x-8",
+    "v100-32g": "dgx1-v100",
+    "v100-16g": "dgx1-v100-16g",
 }
 
 
 def get_gpu(name: str) -> GpuSpec:
-    key = GPU_ALIASES.get(name.strip().lower(), name.strip().lower())
+    """A GPU preset by its name or by a name as sources write it (``plait.spec.gpu_names``)."""
+    key = preset_name(name, GPUS)
     if key in GPUS:
         return GPUS[key]
     raise PlaitError(f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)}")

@@ -13,6 +13,7 @@ from plait.errors import PlaitError
 from plait.run.checkpoint import store
 from plait.run.config import LogConfig, OptimConfig, RunConfig, RuntimeConfig, TrainJob, plan_parts
 from plait.run.launcher.launch import LaunchOptions, launch, print_dry_run, record_refusal
+from plait.run.launcher.micro_batch import complete_run_mbs, keep_saved_mbs, mbs_given
 from plait.run.launcher.preflight import preflight
 from plait.run.launcher.request import TrainRequest
 from plait.spec.layout import Layout
@@ -193,6 +194,8 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
     check_given(saved, _same_run_flags(request, saved, implicit), path)
     if request.layout:
         layout = Layout.parse(request.layout)
+        if not mbs_given(request.layout):
+            layout = keep_saved_mbs(layout, saved.job.layout, saved.job.global_batch)
     was = saved.job
     options = launch_options(request, layout.world_size if layout else was.layout.world_size)
     job = dataclasses.replace(was, steps=request.steps or was.steps,
@@ -235,6 +238,10 @@ def fresh_config(request: TrainRequest) -> Resolved:
     the workers resume from them)."""
     options = launch_options(request, _layout_world(request))
     config = checkpoint_options(run_config(request, options), request)
+    notes = ()
+    if not request.plan and not mbs_given(request.layout):  # pick the micro-batch, and say which
+        config, note = complete_run_mbs(config, options.nproc_per_node)
+        notes = (note,)
     directory = config.checkpoint.dir
     if directory:
         existing = store.complete_dirs(Path(directory))
@@ -244,7 +251,7 @@ def fresh_config(request: TrainRequest) -> Resolved:
         elif existing:
             raise PlaitError(f"--fresh: --checkpoint-dir {directory} already holds checkpoints (newest "
                              f"{existing[-1].name}): drop --fresh to resume from them, or use an empty directory")
-    return Resolved(config, options)
+    return Resolved(config, options, notes)
 
 
 def resolve(request: TrainRequest) -> Resolved:

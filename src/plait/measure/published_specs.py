@@ -1,0 +1,330 @@
+"""One published-runs CSV row (``shared/data`` schema) -> the planner's inputs, completing what the source omits.
+
+A row needs model dimensions (arch, n_layers, hidden, n_heads), a GPU type, a GPU count, the global
+batch and the sequence length; without one of them it is ``incomplete``. Everything else is
+completed and every completion is written in the row's notes:
+
+* data fields, by documented defaults per architecture (``DATA_DEFAULTS``): ffn_hidden 4h (GPT)
+  or 8h/3 rounded up to a multiple of 256 (Llama); n_kv_heads = n_heads; the vocabulary of a
+  preset with the same dimensions, else of the family (GPT 51200: GPT-2's 50257 padded as
+  Megatron-LM pads it; Llama 3 128256; other Llama 32000); 8 GPUs per node; FlashAttention.
+* layout knobs (``plait.plan.complete``): the missing one of tp/pp/dp is the GPU count's rest;
+  anything else left open (the tp/pp split of a stated model-parallel size, micro-batch, ZeRO
+  stage, recompute policy and layer count, sp, schedule and vpp, cp) is searched, and the fastest
+  layout that fits is taken: ``completed: mbs=1, zero=1, ckpt=selective — fastest that fits``.
+
+Cells in words are read where their meaning is clear (``zero_stage_of``, ``recompute_of``:
+"1 (distributed optimizer)", "BF16Optimizer's own ZeRO-1", "full shard", "FSDP", "op-level SAC")
+and otherwise treated as unknown (then searched, and the note says the cell was not understood).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from plait.errors import PlaitError
+from plait.plan.activations import BF16, layer_items
+from plait.plan.complete import complete
+from plait.plan.memory import MemoryBreakdown, in_flight_microbatches
+from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_gpu
+from plait.spec.layout import JobSpec, Layout
+from plait.spec.model import ModelSpec
+from plait.spec.models import MODELS
+from plait.spec.validate import errors_of, stage_layers, validate
+
+COUNT_COLUMNS = ("n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "vocab", "seq_len", "n_gpus", "tp",
+                 "pp", "dp", "mbs", "gbs", "cp", "vpp", "ep", "gpus_per_node")
+DATA_DEFAULTS = {"gpt_vocab": 51200, "llama3_vocab": 128256, "llama_vocab": 32000, "gpus_per_node": 8,
+                 "llama_ffn_multiple": 256}
+
+
+# zero-bubble is opt-in in every framework the sources ran: a source that does not name it ran 1F1B
+# or, with virtual stages, interleaved 1F1B
+SOURCE_SCHEDULES = ("1f1b", "interleaved-1f1b")
+
+
+class IncompleteRow(Exception):
+    """A published row lacks an input plait cannot complete (model dims, GPU, count, batch, seq_len)."""
+
+
+class UnsupportedRow(Exception):
+    """A published row describes something plait does not model (a GPU without a spec, EP, a broken rule)."""
+
+
+def row_problem(row: dict) -> str | None:
+    """Why a CSV row cannot be read (a short or long row, a count that is not a positive integer), or None."""
+    if None in row or None in row.values():
+        return f"the row has {'more' if None in row else 'fewer'} fields than the header"
+    bad = [key for key in COUNT_COLUMNS if _count_text(row.get(key) or "") is False]
+    return f"{bad[0]}={row[bad[0]].strip()!r} must be a positive integer" if bad else None
+
+
+def _count_text(text: str) -> bool | None:
+    """None when blank, else whether ``text`` is a positive integer (``8``, ``8.0``, ``1e3``)."""
+    try:
+        return float(text) >= 1 and float(text).is_integer() if text.strip() else None
+    except ValueError:
+        return False
+
+
+def num(row: dict, key: str) -> float | None:
+    text = (row.get(key) or "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def integer(row: dict, key: str) -> int | None:
+    value = num(row, key)
+    return int(value) if value is not None else None
+
+
+def zero_stage_of(text: str) -> tuple[int, bool] | None:
+    """(ZeRO stage, hybrid sharding) from a source's words, or None when blank or not understood."""
+    t = text.strip().lower()
+    if not t:
+        return None
+    hybrid = "hybrid" in t or "hsdp" in t
+    leading = re.match(r"([0-3])\b", t)
+    if leading:
+        return int(leading.group(1)), hybrid
+    named = re.search(r"(?:zero|stage)[\s_-]*(?:stage[\s_-]*)?([0-3])\b", t)
+    if named:
+        return int(named.group(1)), hybrid
+    if "shard_grad_op" in t or "grad_op" in t:
+        return 2, hybrid
+    if "full shard" in t or "full_shard" in t or "fully shard" in t or "fsdp" in t or hybrid:
+        return 3, hybrid
+    if "distributed optimizer" in t:
+        return 1, False
+    if t in ("none", "no", "off", "ddp") or t.startswith("ddp"):
+        return 0, False
+    return None
+
+
+def recompute_of(text: str, n_layers_per_stage: int) -> tuple[str, int, bool] | None:
+    """(policy, layers per stage, op-level SAC) from the source's words; None when blank or unknown."""
+    t = text.strip().lower()
+    if not t:
+        return None
+    if t.startswith(("none", "no", "false", "off")):
+        return "none", 0, False
+    if t.startswith(("full", "uniform", "block", "yes", "true", "every layer")):
+        return "full", 0, False
+    half = max(1, n_layers_per_stage // 2)
+    if "per-layer" in t or "per layer" in t:  # torchtitan: checkpoint every second layer in full
+        return "full", half, False
+    if "op-level" in t or "op level" in t or "sac" in t.split():
+        # torchtitan op-level SAC: keeps every second matmul output and the attention output, so it
+        # recomputes about the FLOPs of half of the layers; its memory is ``op_level_memory``
+        return "full", half, True
+    if t.startswith("selective"):
+        return "selective", 0, False
+    if "activation checkpoint" in t or "recompute" in t or "gradient checkpoint" in t:
+        return "full", 0, False
+    return None
+
+
+# families whose dense blocks are Llama's (RMSNorm, SwiGLU, RoPE) or GPT's (LayerNorm, GELU MLP)
+_LLAMA_WORDS = ("llama", "mistral", "qwen", "yi", "internlm", "baichuan", "deepseek")
+_GPT_WORDS = ("gpt", "mpt", "bloom", "opt", "falcon", "megatron", "turing-nlg", "mt-nlg", "palm")
+
+
+def arch_of(word: str) -> str | None:
+    """``gpt`` or ``llama`` for an architecture word that names a family of either kind, else None."""
+    word = word.strip().lower()
+    if any(w in word for w in ("moe", "mixtral")):
+        return None  # experts: not a dense family
+    if any(word.startswith(w) for w in _LLAMA_WORDS):
+        return "llama"
+    if any(word.startswith(w) for w in _GPT_WORDS):
+        return "gpt"
+    return None
+
+
+def _llama_ffn(hidden: int) -> int:
+    multiple = DATA_DEFAULTS["llama_ffn_multiple"]
+    return -(-int(2 * 4 * hidden / 3) // multiple) * multiple
+
+
+def model_for_row(row: dict, seq_len: int, notes: list[str]) -> ModelSpec:
+    """The model of a row; omitted ffn_hidden, n_kv_heads and vocab get ``DATA_DEFAULTS`` (noted)."""
+    arch = (row.get("arch") or "").strip().lower()
+    dims = dict(n_layers=integer(row, "n_layers"), hidden=integer(row, "hidden"), n_heads=integer(row, "n_heads"))
+    missing = [k for k, v in dims.items() if v is None] + ([] if arch else ["arch"])
+    if missing:
+        raise IncompleteRow(f"model dimensions not given ({', '.join(missing)})")
+    if arch not in ("gpt", "llama"):
+        family = arch_of(arch)
+        if family is None:
+            raise UnsupportedRow(f"arch {arch!r} (plait models gpt and llama)")
+        notes.append(f"arch {arch!r} read as {family}")
+        arch = family
+    ffn, kv = integer(row, "ffn_hidden"), integer(row, "n_kv_heads")
+    if ffn is None:
+        ffn = 4 * dims["hidden"] if arch == "gpt" else _llama_ffn(dims["hidden"])
+        notes.append(f"ffn_hidden {ffn} by the {'GPT 4h' if arch == 'gpt' else 'Llama 8h/3 (rounded up to 256)'} rule")
+    if kv is None:
+        kv = dims["n_heads"]
+        notes.append("n_kv_heads = n_heads assumed")
+    dims.update(ffn_hidden=ffn, n_kv_heads=kv)
+    vocab = integer(row, "vocab")
+    if vocab is None:
+        preset = next((m for m in MODELS.values() if m.arch == arch and all(getattr(m, k) == v for k, v in dims.items())),
+                      None)
+        if preset is not None:
+            vocab = preset.vocab
+            notes.append(f"vocab {vocab} from preset {preset.name}")
+        else:
+            name = (row.get("model_name") or "").lower()
+            llama3 = re.search(r"llama[\s-]*3", name) is not None
+            vocab = DATA_DEFAULTS["gpt_vocab" if arch == "gpt" else "llama3_vocab" if llama3 else "llama_vocab"]
+            family = "GPT" if arch == "gpt" else "Llama 3" if llama3 else "Llama"
+            notes.append(f"vocab {vocab} of the {family} family assumed")
+    return ModelSpec(name=row["id"], arch=arch, vocab=vocab, max_seq_len=max(seq_len, 2048),
+                     tied_embeddings=(arch == "gpt"), **dims)
+
+
+def runtime_of(row: dict) -> str:
+    """Megatron-LM saves the sharded sequence-parallel GEMM input; PyTorch runtimes save it gathered."""
+    source = row.get("source", "").lower()
+    return "megatron" if any(word in source for word in ("narayanan", "korthikanti", "megatron")) else "torch"
+
+
+def op_level_memory(model: ModelSpec, job: JobSpec, layout: Layout, memory: MemoryBreakdown,
+                    params: CostParams, runtime: str) -> MemoryBreakdown:
+    """``memory`` with the activations of torchtitan's op-level selective checkpointing on every layer.
+
+    The policy saves the output of every second matmul of a layer (wq, wv, w1, w2 of
+    q, k, v, o, w1, w3, w2), the attention kernel's output and log-sum-exp, and the layer input;
+    it recomputes the rest. The layout's ``ckpt=full:L/2`` stands for its recompute time only.
+    """
+    items = layer_items(model, replace(layout, ckpt="none", ckpt_layers=0), job.seq_len, runtime=runtime)
+    s_b = job.seq_len / layout.cp * layout.mbs
+    kept = (items["attn_norm_input"] + items["q"] + items["kv"] / 2 + items["mlp_up"] / 2
+            + BF16 * s_b * model.hidden / layout.tp + items["attn_out"] + items.get("attn_lse", 0.0))
+    in_flight = in_flight_microbatches(layout, layout.micro_batches(job.global_batch))
+    in_flight = in_flight if memory.stage in ("first", "only") or layout.schedule == "gpipe" else 1.0
+    # every layer keeps ``kept``; the one being recomputed holds all of its tensors again
+    activations = kept * stage_layers(model, layout) * layout.vpp * in_flight + sum(items.values()) - kept
+    dynamic_old = memory.fragmentation / params.fragmentation if params.fragmentation else 0.0
+    dynamic = dynamic_old - memory.activations + activations
+    return replace(memory, activations=activations, fragmentation=params.fragmentation * dynamic)
+
+
+@dataclass
+class RowSpecs:
+    model: ModelSpec
+    cluster: ClusterSpec
+    job: JobSpec
+    layout: Layout
+    runtime: str
+    memory_of: Callable | None  # adjusts a predicted MemoryBreakdown (op-level SAC), or None
+
+
+def _required(row: dict, notes: list[str]) -> tuple[int, int, int]:
+    seq_len, n_gpus, gbs = integer(row, "seq_len"), integer(row, "n_gpus"), integer(row, "gbs")
+    dp, mbs = integer(row, "dp"), integer(row, "mbs")
+    if gbs is None and dp is not None and mbs is not None:
+        gbs = dp * mbs
+        notes.append(f"global batch not given: one micro-batch per rank ({gbs})")
+    for value, what in ((seq_len, "seq_len"), (n_gpus, "n_gpus"), (gbs, "global batch (gbs)")):
+        if value is None:
+            raise IncompleteRow(f"{what} not given")
+    if not (row.get("gpu_type") or "").strip():
+        raise IncompleteRow("gpu_type not given")
+    return seq_len, n_gpus, gbs
+
+
+def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) -> RowSpecs:
+    """The planner's inputs for one row, completing what the source omits (each completion noted)."""
+    seq_len, n_gpus, gbs = _required(row, notes)
+    model = model_for_row(row, seq_len, notes)
+    if (integer(row, "ep") or 1) > 1:
+        raise UnsupportedRow("expert parallelism")
+    try:
+        gpu = get_gpu(row["gpu_type"])
+    except PlaitError:
+        raise UnsupportedRow(f"GPU {row['gpu_type']!r} has no spec") from None
+    per_node = integer(row, "gpus_per_node")
+    if per_node is None:
+        per_node = DATA_DEFAULTS["gpus_per_node"]
+        notes.append("8 GPUs per node assumed")
+    cluster = cluster_for_gpu(gpu.name, n_gpus, per_node)
+    job = JobSpec(global_batch=gbs, seq_len=seq_len)
+    runtime = runtime_of(row)
+    given = _given_knobs(row, model, n_gpus, notes)
+    op_level = given.pop("_op_level", False)
+
+    def memory_of(layout: Layout, memory: MemoryBreakdown) -> MemoryBreakdown:
+        return op_level_memory(model, job, layout, memory, params, runtime)
+
+    adjust = memory_of if op_level else None
+    open_knobs = [k for k in ("tp", "pp", "dp", "cp", "mbs", "zero", "ckpt", "sp", "vpp") if k not in given]
+    if not open_knobs:
+        layout = Layout(**given, split="even" if model.n_layers % (given["pp"] * given["vpp"]) == 0 else "uneven")
+    else:
+        try:
+            completion = complete(model, cluster, job, given, params, runtime=runtime, memory_of=adjust,
+                                  schedules=SOURCE_SCHEDULES)
+        except PlaitError as exc:
+            raise UnsupportedRow(str(exc)) from None
+        layout = completion.layout
+        notes.append(completion.note())
+    errs = errors_of(validate(model, cluster, job, layout))
+    if errs:
+        raise UnsupportedRow("; ".join(e.message for e in errs))
+    return RowSpecs(model, cluster, job, layout, runtime, adjust)
+
+
+def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str]) -> dict:
+    """The layout keys the row states ({Layout field: value}); the others are left to completion."""
+    given: dict = {k: v for k in ("tp", "pp", "dp", "cp", "vpp", "mbs") if (v := integer(row, k)) is not None}
+    degrees = ("tp", "pp", "dp")
+    if "cp" not in given and all(k in given for k in degrees):
+        product = given["tp"] * given["pp"] * given["dp"]
+        if n_gpus % product == 0:
+            given["cp"] = n_gpus // product
+    missing = [k for k in degrees if k not in given]
+    if len(missing) == 1 and "cp" in given:
+        rest = math.prod(given[k] for k in degrees if k in given) * given["cp"]
+        if n_gpus % rest == 0:
+            given[missing[0]] = n_gpus // rest
+            notes.append(f"{missing[0]}={given[missing[0]]} from n_gpus/({'·'.join(k for k in degrees if k != missing[0])}·cp)")
+    if "vpp" in given:
+        given["schedule"] = "interleaved-1f1b" if given["vpp"] > 1 else "1f1b"
+    elif given.get("pp") == 1:
+        given.update(vpp=1, schedule="1f1b")
+    zero = zero_stage_of(row.get("zero_stage") or "")
+    if zero is not None:
+        given["zero"] = zero[0]
+        if not zero[1]:
+            given["hsdp"] = 1
+    elif (row.get("zero_stage") or "").strip():
+        notes.append(f"zero_stage {row['zero_stage'].strip()!r} not understood: searched")
+    per_stage = -(-model.n_layers // given["pp"]) if "pp" in given else model.n_layers
+    recompute = recompute_of(row.get("recompute") or "", per_stage)
+    if recompute is None and "narayanan" in row.get("source", "").lower():
+        recompute = ("full", 0, False)
+        notes.append("completed: ckpt=full (Megatron-LM 2021 / DeepSpeed ZeRO-3 recompute every layer)")
+    if recompute is not None:
+        given.update(ckpt=recompute[0], ckpt_layers=recompute[1], _op_level=recompute[2])
+    elif (row.get("recompute") or "").strip():
+        notes.append(f"recompute {row['recompute'].strip()!r} not understood: searched")
+    sp = (row.get("seq_parallel") or "").strip().lower()
+    if sp in ("yes", "no") or given.get("tp") == 1:
+        given["sp"] = sp == "yes" or given.get("tp") == 1
+    flash = (row.get("flash_attn") or "").strip().lower()
+    if not flash:
+        notes.append("FlashAttention assumed")
+    given["attn"] = "eager" if flash == "no" else "flash"
+    given["precision"] = "fp8" if "fp8" in (row.get("precision") or "").lower() else "bf16"
+    return given
