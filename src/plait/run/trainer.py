@@ -24,6 +24,7 @@ from plait.run.checkpoint.dcp import Checkpointer, load_checkpoint
 from plait.run.checkpoint.select import check_same_run, nothing_to_train
 from plait.run.checkpoint.store import read_manifest
 from plait.run.config import RunConfig
+from plait.run.data.prefetch import prefetching
 from plait.run.data.tokens import open_tokens
 from plait.run.env import RankEnv
 from plait.run.faults import FaultPlan
@@ -37,6 +38,7 @@ from plait.run.metrics import (
     mfu,
     steady_state,
 )
+from plait.run.memory.host_gc import ScheduledGC
 from plait.run.optim import build_optimizer
 from plait.run.parallel.mesh import ParallelDims, build_parallel_dims
 from plait.run.parallel.parallelize import ModelParts, build_model_parts
@@ -98,7 +100,7 @@ def build_setup(config: RunConfig, device: torch.device, faults: FaultPlan) -> S
                               compile_backend=runtime.compile_backend,
                               offload_dir=offload_directory(config, dist.get_rank()))
     return StepSetup(config=config, pdims=pdims, parts=parts, optimizer=build_optimizer(parts.parameters(), config.optim),
-                     source=open_tokens(job.data, job.model.vocab, job.seed), device=device,
+                     source=prefetching(open_tokens(job.data, job.model.vocab, job.seed), device), device=device,
                      n_micro=n_micro, peak_flops=peak_flops(config, device), faults=faults)
 
 
@@ -159,7 +161,8 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
         torch.cuda.reset_peak_memory_stats(device)
     try:
         parts.train()
-        records, stopped_at = train(setup, start_step, checkpointer, log, display, stop)
+        with ScheduledGC(config.runtime.gc_every) as collector:  # automatic GC off, a collection every N steps
+            records, stopped_at = train(setup, start_step, checkpointer, log, display, stop, collector)
         display.close()
         summary = _summarize(config, records, setup.pdims, device, setup.peak_flops)
         summary.offload = offload_summary(records, device) if parts.offloader else None
@@ -173,13 +176,14 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     finally:
         display.close()
         log.close()
+        setup.source.close()
         if parts.offloader is not None:
             parts.offloader.close()
     return TrainResult(records=records, summary=summary, parts=parts, pdims=setup.pdims, optimizer=setup.optimizer)
 
 
 def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, log: JsonlLog, display: Display,
-          stop=None) -> tuple[list[StepRecord], int | None]:
+          stop=None, collector: ScheduledGC | None = None) -> tuple[list[StepRecord], int | None]:
     """Steps ``start_step`` .. ``config.job.steps - 1``; (their records, the step count at which a
     stop request ended the run, or None when it ran to the end)."""
     config = setup.config
@@ -188,6 +192,8 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
     records: list[StepRecord] = []
     for step in range(start_step, steps):
         record, skipped = train_step(setup, step, policy)
+        if collector is not None:
+            collector.after_step(step + 1)
         if skipped:
             display.message(f"step {step}: {skipped} is not finite; optimizer step skipped (--on-nan skip)")
         records.append(record)
