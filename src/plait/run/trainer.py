@@ -15,12 +15,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from plait.errors import PlaitError
-from plait.run.checkpoint.dcp import Checkpointer, load_checkpoint
 from plait.run.checkpoint.select import check_same_run, nothing_to_train
 from plait.run.checkpoint.store import read_manifest
 from plait.run.config import RunConfig
@@ -44,6 +44,9 @@ from plait.run.parallel.mesh import ParallelDims, build_parallel_dims
 from plait.run.parallel.parallelize import ModelParts, build_model_parts
 from plait.run.step import NonFinitePolicy, StepSetup, train_step
 from plait.spec.hardware import get_gpu
+
+if TYPE_CHECKING:  # torch.distributed.checkpoint is imported only by runs that save or resume
+    from plait.run.checkpoint.dcp import Checkpointer
 
 
 def peak_flops(config: RunConfig, device: torch.device) -> float | None:
@@ -116,6 +119,8 @@ def resume(setup: StepSetup, env: RankEnv) -> tuple[int, list[dict]]:
     why = nothing_to_train(path, start_step, job.steps)
     if why:
         raise PlaitError(f"{why}; pass a larger --steps")
+    from plait.run.checkpoint.dcp import load_checkpoint
+
     load_checkpoint(path, setup.parts, setup.optimizer)
     return start_step, [{"event": "resume", "step": start_step, "checkpoint": path,
                          "layout": str(job.layout), "world_size": job.layout.world_size,
@@ -130,6 +135,8 @@ def make_checkpointer(setup: StepSetup) -> Checkpointer | None:
     if not saving.dir:
         return None
     use_async = saving.use_async if saving.use_async is not None else device.type == "cuda"
+    from plait.run.checkpoint.dcp import Checkpointer
+
     return Checkpointer(saving.dir, saving.every, saving.keep, run=config.to_dict(),
                         layout=str(config.job.layout), use_async=use_async, device=device, parts=setup.parts,
                         optimizer=setup.optimizer, faults=setup.faults)
