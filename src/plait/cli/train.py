@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--compile", action="store_true", help="torch.compile every block")
     where.add_argument("--compile-backend", default=DEFAULTS.compile_backend,
                        help=f"torch.compile backend (default {DEFAULTS.compile_backend})")
+    where.add_argument("--fused-qkv", action="store_true",
+                       help="Q, K and V projections as one GEMM (checkpoints keep separate wq/wk/wv; tp=1 only)")
+    where.add_argument("--gc-every", type=int, default=DEFAULTS.gc_every,
+                       help="Python's garbage collector off while training, one collection every N steps on every "
+                            f"rank (default {DEFAULTS.gc_every}; 0: the automatic collector)")
     where.add_argument("--offload-dir", default=DEFAULTS.offload_dir,
                        help="offload=disk:α writes activations under this directory (default: the temp dir)")
     where.add_argument("--timeout", type=float, default=DEFAULTS.timeout,

@@ -5,7 +5,9 @@ Two architectures, matching ``plait.spec.model`` parameter for parameter:
   * ``gpt``: LayerNorm, learned positions, multi-head attention and GELU MLP with biases.
 
 Attention runs through ``F.scaled_dot_product_attention`` (FlashAttention kernels on GPU).
-Q, K and V are separate linear layers so that column-parallel sharding splits whole heads.
+Q, K and V are separate linear layers so that column-parallel sharding splits whole heads
+(and checkpoints hold ``wq``/``wk``/``wv``); ``Attention.fused_qkv`` (``plait train --fused-qkv``)
+runs them as one GEMM over the three weights concatenated (``qkv_projection``).
 With context parallelism (``plait.run.parallel.context.ring``) each block's ``Attention.kernel`` is a
 cp kernel and the caller passes ``forward(tokens, positions)``: the global positions of the tokens
 of each sequence the rank holds, at which RoPE angles and learned positions are taken. The model
@@ -75,6 +77,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.flatten(-2).type_as(x)
 
 
+def qkv_projection(x: torch.Tensor, wq: nn.Linear, wk: nn.Linear, wv: nn.Linear):
+    """(q, k, v) = (wq(x), wk(x), wv(x)) as one GEMM: ``x @ [Wq; Wk; Wv]^T``, split by output width.
+
+    The parameters stay the three separate ones (checkpoint keys and sharding unchanged); the
+    concatenation copies the three weights once per forward (h·(h + 2·kv_hidden) elements), small
+    against the GEMM's tokens·h·(h + 2·kv_hidden) multiply-adds, and its backward splits the
+    weight gradient back into the three parameters' gradients."""
+    weight = torch.cat((wq.weight, wk.weight, wv.weight))
+    bias = None if wq.bias is None else torch.cat((wq.bias, wk.bias, wv.bias))
+    return F.linear(x, weight, bias).split((wq.out_features, wk.out_features, wv.out_features), dim=-1)
+
+
 def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
     """Causal attention of (batch, heads, seq, head_dim) tensors; K/V heads are repeated for GQA."""
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
@@ -106,13 +120,16 @@ class Attention(nn.Module):
         self.dropout_p = DROPOUT if spec.dropout else 0.0
         self.recompute_core = False  # selective checkpointing: recompute the attention core
         self.kernel = core_attention  # eager_attention for Layout.attn == "eager"
+        self.fused_qkv = False  # one GEMM for Q, K and V (qkv_projection); RuntimeConfig.qkv == "fused"
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         # view(..., -1, head_dim): under tensor parallelism each rank holds a subset of heads
-        q = self.wq(x).view(batch, seq, -1, self.head_dim)
-        k = self.wk(x).view(batch, seq, -1, self.head_dim)
-        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        if self.fused_qkv:
+            q, k, v = qkv_projection(x, self.wq, self.wk, self.wv)
+        else:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q, k, v = (t.view(batch, seq, -1, self.head_dim) for t in (q, k, v))
         if self.rotary:
             q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))

@@ -101,7 +101,8 @@ def build_setup(config: RunConfig, device: torch.device, faults: FaultPlan) -> S
     n_micro = job.layout.micro_batches(job.global_batch)
     parts = build_model_parts(job.model, pdims, device, job.seed, n_micro, compile_blocks=runtime.compile,
                               compile_backend=runtime.compile_backend,
-                              offload_dir=offload_directory(config, dist.get_rank()))
+                              offload_dir=offload_directory(config, dist.get_rank()),
+                              fused_qkv=runtime.qkv == "fused")
     return StepSetup(config=config, pdims=pdims, parts=parts, optimizer=build_optimizer(parts.parameters(), config.optim),
                      source=prefetching(open_tokens(job.data, job.model.vocab, job.seed), device), device=device,
                      n_micro=n_micro, peak_flops=peak_flops(config, device), faults=faults)

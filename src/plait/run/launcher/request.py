@@ -48,6 +48,8 @@ class TrainRequest:
     compile: bool = RuntimeConfig.compile
     compile_backend: str = RuntimeConfig.compile_backend
     offload_dir: str | None = RuntimeConfig.offload_dir
+    fused_qkv: bool = False  # RuntimeConfig.qkv = "fused": one GEMM for Q, K and V
+    gc_every: int = RuntimeConfig.gc_every  # Python GC every N steps (0: automatic)
     timeout: float = RuntimeConfig.timeout_s  # collective timeout, seconds
     allow_oom: bool = False  # run even if the planner predicts out-of-memory
     log_every: int = LogConfig.log_every  # print every N steps when not on a terminal
