@@ -8,7 +8,7 @@ import gc
 import numpy as np
 import pytest
 
-from plait.run.data.synthetic import pcg64_state, seed_words, slow_row, synthetic_rows
+from plait.run.data.synthetic import VECTOR_ROWS, pcg64_state, seed_words, slow_row, synthetic_rows
 from plait.run.data.tokens import SyntheticTokens, TokenFile, prepare
 
 
@@ -16,12 +16,26 @@ from plait.run.data.tokens import SyntheticTokens, TokenFile, prepare
     (0, 0, 512, 33), (1234, 7, 50257, 129), (2**32 - 1, 2**31, 7, 5), (5, 9, 2, 1), (3, 3, 128256, 100),
     (1, 2, 1, 4), (2**40, 1, 5, 3), (11, 2**33, 300, 17),
 ])
-def test_fast_rows_equal_numpy_generators(seed, step, vocab, n):
-    positions = [*range(0, 40, 3), 2**32 - 1, 2**32, 7]
+@pytest.mark.parametrize("positions", [
+    [*range(0, 120, 3), 2**32 - 1, 7],  # vectorized set-up (>= VECTOR_ROWS rows)
+    [*range(0, 120, 3), 2**32],  # a position of two entropy words: one generator per row
+    [5, 0, 3],  # few rows: one generator per row
+])
+def test_fast_rows_equal_numpy_generators(seed, step, vocab, n, positions):
     want = np.stack([slow_row(seed, step, p, n, vocab) for p in positions])
     got = synthetic_rows(seed, step, positions, n, vocab)
     assert got.dtype == np.int64 and got.shape == (len(positions), n)
     np.testing.assert_array_equal(got, want)
+
+
+def test_the_vectorized_set_up_is_used_from_vector_rows_on(monkeypatch):
+    import plait.run.data.synthetic as synthetic
+
+    calls = []
+    monkeypatch.setattr(synthetic, "seed_words", lambda e: calls.append(len(e)) or seed_words(e))
+    synthetic_rows(1, 2, range(VECTOR_ROWS), 9, 100)
+    synthetic_rows(1, 2, range(VECTOR_ROWS - 1), 9, 100)
+    assert calls == [VECTOR_ROWS]
 
 
 def test_seed_words_are_numpys_pcg64_start():
