@@ -61,3 +61,23 @@ def fsdp_units(layout: str, tied: bool = False) -> list[dict]:
                 unit["params"] = sorted(names[id(fp.sharded_param)] for fp in group.fsdp_params)
                 unit["reshard"] = group.post_forward_mesh_info is not None
     return list(units.values())
+
+
+
+def count_fused_projections(layout: str, model: str = "tiny") -> int:
+    """Calls of ``qkv_projection`` in one training step with ``qkv="fused"`` on this rank."""
+    import plait.run.model as model_module
+
+    calls = []
+    original = model_module.qkv_projection
+
+    def counting(*args):
+        calls.append(1)
+        return original(*args)
+
+    model_module.qkv_projection = counting
+    try:
+        runtime_tasks.train_layout(layout, qkv="fused", steps=1, model=model)
+    finally:
+        model_module.qkv_projection = original
+    return len(calls)

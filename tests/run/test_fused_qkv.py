@@ -6,7 +6,7 @@ weights concatenated, the parameters (and so the checkpoint keys) still wq / wk 
   tests/run/test_runtime_parity.py: the same sums, possibly in another order);
 * a checkpoint saved with fused Q/K/V resumes with separate ones and vice versa, and the
   resumed run matches the uninterrupted one;
-* with tp > 1 it is refused (rule ``runtime-fused-qkv-tp``).
+* with tensor parallelism each rank fuses its own column shards ([q_local; k_local; v_local]).
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from test_checkpoint import STEPS, assert_close_run
 from test_runtime_parity import assert_same_training
 
 from plait.run.checkpoint import store
-from plait.run.config import RunConfig, RuntimeConfig, TrainJob
+from plait.run.config import RuntimeConfig
 from plait.run.model import Attention, qkv_projection
-from plait.spec.capabilities import runtime_violations
-from plait.spec.layout import JobSpec, Layout
 from plait.spec.models import get_model
 
 
@@ -47,10 +45,20 @@ def test_fused_projection_equals_the_separate_ones(model):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("model,layout", [("tiny", "dp=2,zero=3"), ("tiny", "pp=2"), ("tiny-gpt", "dp=2")])
-def test_fused_qkv_trains_like_one_process_with_separate_projections(dist_pool, references, model, layout):
-    out = dist_pool(2).run(runtime_tasks.train_layout, layout, model=model, qkv="fused", timeout=240)
+CASES = [(2, "tiny", "dp=2,zero=3"), (2, "tiny", "pp=2"), (2, "tiny-gpt", "dp=2"), (2, "tiny", "tp=2"),
+         (2, "tiny", "tp=2,sp=0"), (2, "tiny-gpt", "tp=2"), (4, "tiny", "dp=2,tp=2,zero=3")]
+
+
+@pytest.mark.parametrize("world,model,layout", CASES, ids=[f"{c[1]}-{c[2]}" for c in CASES])
+def test_fused_qkv_trains_like_one_process_with_separate_projections(dist_pool, references, world, model, layout):
+    out = dist_pool(world).run(runtime_tasks.train_layout, layout, model=model, qkv="fused", timeout=240)
     assert_same_training(out[0], references(model), layout)
+
+
+def test_the_fused_projection_runs_in_every_block(dist_pool):
+    # 4 blocks, 8 sequences in 8 micro-batches of 1 per rank at dp=1: forward of each block per micro-batch
+    calls = dist_pool(2).run(lean_tasks.count_fused_projections, "tp=2,mbs=1")
+    assert calls == [4 * 8, 4 * 8]
 
 
 @pytest.mark.parametrize("saved,resumed", [("fused", "separate"), ("separate", "fused")])
@@ -64,16 +72,6 @@ def test_checkpoints_resume_across_the_choice(dist_pool, tmp_path, saved, resume
     again = pool.run(checkpoint_tasks.train, layout, steps=STEPS, resume_from=str(checkpoint.path), qkv=resumed)[0]
     assert_close_run(again, full, 2, exact=False)
     assert not any("wqkv" in name for name in again["params"])
-
-
-def test_fused_qkv_with_tensor_parallelism_is_refused():
-    lay = Layout.parse("tp=2")
-    found = runtime_violations(get_model("tiny"), lay, JobSpec(8, 64), qkv="fused")
-    assert [v.rule for v in found] == ["runtime-fused-qkv-tp"]
-    assert runtime_violations(get_model("tiny"), lay, JobSpec(8, 64)) == []
-    config = RunConfig(job=TrainJob(model=get_model("tiny"), layout=lay, global_batch=8, seq_len=64),
-                       runtime=RuntimeConfig(qkv="fused"))
-    assert config.runtime_problems() == [found[0].message]
 
 
 def test_fused_qkv_and_gc_flags_reach_the_runtime_config():

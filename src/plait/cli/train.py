@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--compile-backend", default=DEFAULTS.compile_backend,
                        help=f"torch.compile backend (default {DEFAULTS.compile_backend})")
     where.add_argument("--fused-qkv", action="store_true",
-                       help="Q, K and V projections as one GEMM (checkpoints keep separate wq/wk/wv; tp=1 only)")
+                       help="Q, K and V projections as one GEMM (checkpoints keep separate wq/wk/wv)")
     where.add_argument("--gc-every", type=int, default=DEFAULTS.gc_every,
                        help="Python's garbage collector off while training, one collection every N steps on every "
                             f"rank (default {DEFAULTS.gc_every}; 0: the automatic collector)")

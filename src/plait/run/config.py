@@ -198,8 +198,7 @@ class RunConfig:
         """Why the runtime cannot run this layout (empty when it can): the rules of
         ``plait.spec.capabilities``, then for ``offload=disk`` the offload directory's checks."""
         job = self.job
-        out = [v.message for v in runtime_violations(job.model, job.layout, job.job_spec, compile=self.runtime.compile,
-                                                   qkv=self.runtime.qkv)]
+        out = [v.message for v in runtime_violations(job.model, job.layout, job.job_spec, compile=self.runtime.compile)]
         if job.layout.offload and job.layout.offload_target == "disk":
             out += self.offload_dir_problems()
         return out

@@ -83,10 +83,30 @@ def qkv_projection(x: torch.Tensor, wq: nn.Linear, wk: nn.Linear, wv: nn.Linear)
     The parameters stay the three separate ones (checkpoint keys and sharding unchanged); the
     concatenation copies the three weights once per forward (h·(h + 2·kv_hidden) elements), small
     against the GEMM's tokens·h·(h + 2·kv_hidden) multiply-adds, and its backward splits the
-    weight gradient back into the three parameters' gradients."""
-    weight = torch.cat((wq.weight, wk.weight, wv.weight))
-    bias = None if wq.bias is None else torch.cat((wq.bias, wk.bias, wv.bias))
-    return F.linear(x, weight, bias).split((wq.out_features, wk.out_features, wv.out_features), dim=-1)
+    weight gradient back into the three parameters' gradients.
+
+    Under tensor parallelism the three weights are column-parallel DTensors (``Shard(0)``): each
+    rank concatenates its own shards into [q_local; k_local; v_local] and runs the column-parallel
+    GEMM on that (what ``ColwiseParallel`` does for each of them), so each rank's output columns
+    are its own heads of q, k and v."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    weights = (wq.weight, wk.weight, wv.weight)
+    biases = None if wq.bias is None else (wq.bias, wk.bias, wv.bias)
+    if not isinstance(wq.weight, DTensor):
+        bias = None if biases is None else torch.cat(biases)
+        return F.linear(x, torch.cat(weights), bias).split([w.shape[0] for w in weights], dim=-1)
+    mesh = wq.weight.device_mesh
+
+    def local_cat(tensors):  # this rank's rows of each, stacked: a column-parallel weight of its own
+        return DTensor.from_local(torch.cat([t.to_local() for t in tensors]), mesh, [Shard(0)], run_check=False)
+
+    if not isinstance(x, DTensor):  # replicated activations (no sequence parallelism): as ColwiseParallel
+        x = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    elif x.placements != (Replicate(),):
+        x = x.redistribute(mesh, [Replicate()])
+    out = F.linear(x, local_cat(weights), None if biases is None else local_cat(biases)).to_local()
+    return out.split([w.to_local().shape[0] for w in weights], dim=-1)
 
 
 def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:

@@ -23,7 +23,7 @@ NOT_RUN_YET = {
 RUNTIME_RULES = (
     "runtime-cp-with-pp", "runtime-cp-dropout", "runtime-compile-cp", "runtime-compile-offload",
     "runtime-opt-offload", "runtime-compile-tp", "runtime-fp8", "runtime-tied-embeddings-pp",
-    "runtime-seq-len", "runtime-compile-zero-bubble", "runtime-fused-qkv-tp",
+    "runtime-seq-len", "runtime-compile-zero-bubble",
 )
 
 
@@ -65,19 +65,8 @@ def _compile_rules(lay: Layout) -> list[tuple[str, str]]:
     return out
 
 
-def _qkv_rules(lay: Layout, qkv: str) -> list[tuple[str, str]]:
-    """(rule id, message) of the rules of ``plait train --fused-qkv``."""
-    if qkv == "fused" and lay.tp > 1:
-        return [("runtime-fused-qkv-tp", "--fused-qkv with tp > 1: the fused projection of column-parallel Q/K/V "
-                 "shards is not implemented; run without --fused-qkv or with tp=1")]
-    return []
-
-
-def runtime_violations(model: ModelSpec, layout: Layout, job: JobSpec, *, compile: bool = False,
-                       qkv: str = "separate") -> list[Violation]:
+def runtime_violations(model: ModelSpec, layout: Layout, job: JobSpec, *, compile: bool = False) -> list[Violation]:
     """Every runtime rule ``layout`` breaks for ``job`` (empty: ``plait train`` runs it), in
-    ``RUNTIME_RULES`` order; ``compile``: with ``plait train --compile``; ``qkv``: "fused" with
-    ``plait train --fused-qkv``."""
-    found = dict(_layout_rules(model, layout, job) + (_compile_rules(layout) if compile else [])
-                 + _qkv_rules(layout, qkv))
+    ``RUNTIME_RULES`` order; ``compile``: with ``plait train --compile``."""
+    found = dict(_layout_rules(model, layout, job) + (_compile_rules(layout) if compile else []))
     return [Violation(rule, found[rule]) for rule in RUNTIME_RULES if rule in found]
