@@ -68,7 +68,8 @@ def test_prefetching_source_reads_the_same_rows(tmp_path, kind):
         source = TokenFile(tmp_path / "tokens.bin", seed=3)
     prefetched = PrefetchingSource(source)
     # consecutive steps (prefetched), a jump (a resume: made on the spot), other positions
-    for step, positions in [(0, range(4)), (1, range(4)), (2, range(4)), (7, range(4)), (8, range(2, 4)), (9, range(4))]:
+    requests = [(0, range(4)), (1, range(4)), (2, range(4)), (7, range(4)), (8, range(2, 4)), (9, range(4))]
+    for step, positions in requests:
         np.testing.assert_array_equal(prefetched.batch(step, positions, 8, 4), source.batch(step, positions, 8, 4))
     assert prefetched.hits == 2 and prefetched.misses == 4
     assert prefetched.vocab_size == source.vocab_size and prefetched.description == source.description

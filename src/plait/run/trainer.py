@@ -104,7 +104,8 @@ def build_setup(config: RunConfig, device: torch.device, faults: FaultPlan) -> S
                               offload_dir=offload_directory(config, dist.get_rank()),
                               fused_qkv=runtime.qkv == "fused")
     return StepSetup(config=config, pdims=pdims, parts=parts, optimizer=build_optimizer(parts.parameters(), config.optim),
-                     source=prefetching(open_tokens(job.data, job.model.vocab, job.seed), device), device=device,
+                     source=prefetching(open_tokens(job.data, job.model.vocab, job.seed), device),
+                     device=device,
                      n_micro=n_micro, peak_flops=peak_flops(config, device), faults=faults)
 
 

@@ -1,5 +1,5 @@
-"""Fast, exact synthetic token rows: the same ids as ``np.random.default_rng([seed, step, position])
-.integers(0, vocab, size=n, dtype=np.int64)``, row by row, at a fraction of the cost.
+"""Exact synthetic token rows, set up faster for large batches: the same ids as
+``np.random.default_rng([seed, step, position]).integers(0, vocab, size=n, dtype=np.int64)``, row by row.
 
 numpy builds such a generator in three stages, each reproduced here:
 
@@ -15,8 +15,9 @@ So only the per-row set-up changes; the draws are numpy's, bit for bit. Stage 1 
 ~0.2-0.4 ms of numpy calls whatever the row count, so it pays from about ``VECTOR_ROWS`` rows
 on (measured on a loaded 2-core CPU, 33-token rows: 8 rows 0.15 ms per-row vs 0.33 ms here, 64
 rows 3.3 vs 1.6 ms, 256 rows 19 vs 7.4 ms); below that each row gets its own generator, as numpy
-would. Either way the batch is made off the critical path (``plait.run.data.prefetch``). Each of seed, step and position must be below 2^32 (a larger
-one is more than one entropy word: such rows are made the slow way).
+would. Either way the batch is made off the critical path (``plait.run.data.prefetch``).
+Each of seed, step and position must be below 2^32 (a larger one is more than one entropy
+word: such batches are made row by row).
 ``tests/run/test_data_fast.py`` checks the identity against numpy over many (seed, step, position).
 """
 
