@@ -66,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--async-tp", action="store_true",
                        help="async tensor parallelism: inductor overlaps sp's collectives with the GEMMs "
                             "(CUDA + NCCL, compiled blocks, tp > 1 with sp)")
+    where.add_argument("--fused-qkv", action="store_true",
+                       help="Q, K and V projections as one GEMM (checkpoints keep separate wq/wk/wv)")
+    where.add_argument("--gc-every", type=int, default=DEFAULTS.gc_every,
+                       help="Python's garbage collector off while training, one collection every N steps on every "
+                            f"rank (default {DEFAULTS.gc_every}; 0: the automatic collector)")
     where.add_argument("--offload-dir", default=DEFAULTS.offload_dir,
                        help="offload=disk:α writes activations under this directory (default: the temp dir)")
     where.add_argument("--timeout", type=float, default=DEFAULTS.timeout,

@@ -115,9 +115,11 @@ class RuntimeConfig:
     timeout_s: float = 600.0  # collective timeout, seconds: ranks stuck waiting for a dead peer give up
     on_nan: str = "stop"  # non-finite loss or gradient norm: "stop", or "skip" the optimizer step
     offload_dir: str | None = None  # offload=disk: activations go to a fresh directory in here (None: temp dir)
+    gc_every: int = 50  # Python GC off while training, a collection every N optimizer steps (0: automatic GC)
+    qkv: str = "separate"  # "fused": one Q/K/V projection GEMM (checkpoints keep separate wq/wk/wv keys)
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = _non_negative_int_problems({"gc_every": self.gc_every})
         if self.device not in ("auto", "cpu", "cuda"):
             problems.append(f"device={self.device!r} must be auto, cpu or cuda")
         if self.timeout_s <= 0:
@@ -126,6 +128,8 @@ class RuntimeConfig:
             problems.append(f"on_nan={self.on_nan!r} must be stop or skip")
         if self.compile not in (None, True, False):
             problems.append(f"compile={self.compile!r} must be true, false or null (auto: on GPU)")
+        if self.qkv not in ("separate", "fused"):
+            problems.append(f"qkv={self.qkv!r} must be separate or fused")
         _refuse(problems)
 
 
@@ -164,7 +168,7 @@ FLAT_FIELDS = {
     "keep_checkpoints": ("checkpoint", "keep"), "async_checkpoint": ("checkpoint", "use_async"),
     "resume_from": ("checkpoint", "resume_from"),
     **{name: ("runtime", name) for name in ("device", "gpu", "compile", "compile_backend", "timeout_s", "on_nan",
-                                            "offload_dir")},
+                                            "offload_dir", "gc_every", "qkv")},
     "log": ("observe", "log"), "log_every": ("observe", "log_every"),
 }
 

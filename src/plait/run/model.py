@@ -5,7 +5,9 @@ Two architectures, matching ``plait.spec.model`` parameter for parameter:
   * ``gpt``: LayerNorm, learned positions, multi-head attention and GELU MLP with biases.
 
 Attention runs through ``F.scaled_dot_product_attention`` (FlashAttention kernels on GPU).
-Q, K and V are separate linear layers so that column-parallel sharding splits whole heads.
+Q, K and V are separate linear layers so that column-parallel sharding splits whole heads
+(and checkpoints hold ``wq``/``wk``/``wv``); ``Attention.fused_qkv`` (``plait train --fused-qkv``)
+runs them as one GEMM over the three weights concatenated (``qkv_projection``).
 With context parallelism (``plait.run.parallel.context.ring``) each block's ``Attention.kernel`` is a
 cp kernel and the caller passes ``forward(tokens, positions)``: the global positions of the tokens
 of each sequence the rank holds, at which RoPE angles and learned positions are taken. The model
@@ -75,6 +77,38 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.flatten(-2).type_as(x)
 
 
+def qkv_projection(x: torch.Tensor, wq: nn.Linear, wk: nn.Linear, wv: nn.Linear):
+    """(q, k, v) = (wq(x), wk(x), wv(x)) as one GEMM: ``x @ [Wq; Wk; Wv]^T``, split by output width.
+
+    The parameters stay the three separate ones (checkpoint keys and sharding unchanged); the
+    concatenation copies the three weights once per forward (h·(h + 2·kv_hidden) elements), small
+    against the GEMM's tokens·h·(h + 2·kv_hidden) multiply-adds, and its backward splits the
+    weight gradient back into the three parameters' gradients.
+
+    Under tensor parallelism the three weights are column-parallel DTensors (``Shard(0)``): each
+    rank concatenates its own shards into [q_local; k_local; v_local] and runs the column-parallel
+    GEMM on that (what ``ColwiseParallel`` does for each of them), so each rank's output columns
+    are its own heads of q, k and v."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    weights = (wq.weight, wk.weight, wv.weight)
+    biases = None if wq.bias is None else (wq.bias, wk.bias, wv.bias)
+    if not isinstance(wq.weight, DTensor):
+        bias = None if biases is None else torch.cat(biases)
+        return F.linear(x, torch.cat(weights), bias).split([w.shape[0] for w in weights], dim=-1)
+    mesh = wq.weight.device_mesh
+
+    def local_cat(tensors):  # this rank's rows of each, stacked: a column-parallel weight of its own
+        return DTensor.from_local(torch.cat([t.to_local() for t in tensors]), mesh, [Shard(0)], run_check=False)
+
+    if not isinstance(x, DTensor):  # replicated activations (no sequence parallelism): as ColwiseParallel
+        x = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    elif x.placements != (Replicate(),):
+        x = x.redistribute(mesh, [Replicate()])
+    out = F.linear(x, local_cat(weights), None if biases is None else local_cat(biases)).to_local()
+    return out.split([w.to_local().shape[0] for w in weights], dim=-1)
+
+
 def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
     """Causal attention of (batch, heads, seq, head_dim) tensors; K/V heads are repeated for GQA."""
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
@@ -106,13 +140,16 @@ class Attention(nn.Module):
         self.dropout_p = DROPOUT if spec.dropout else 0.0
         self.recompute_core = False  # selective checkpointing: recompute the attention core
         self.kernel = core_attention  # eager_attention for Layout.attn == "eager"
+        self.fused_qkv = False  # one GEMM for Q, K and V (qkv_projection); RuntimeConfig.qkv == "fused"
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         # view(..., -1, head_dim): under tensor parallelism each rank holds a subset of heads
-        q = self.wq(x).view(batch, seq, -1, self.head_dim)
-        k = self.wk(x).view(batch, seq, -1, self.head_dim)
-        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        if self.fused_qkv:
+            q, k, v = qkv_projection(x, self.wq, self.wk, self.wv)
+        else:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q, k, v = (t.view(batch, seq, -1, self.head_dim) for t in (q, k, v))
         if self.rotary:
             q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))

@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from plait.errors import PlaitError
 from plait.run.config import RunConfig, TrainJob
+from plait.run.data.prefetch import to_device
 from plait.run.faults import FaultPlan
 from plait.run.metrics import StepRecord, mfu
 from plait.run.optim import clip_grad_norm, lr_at, set_lr
@@ -124,7 +125,7 @@ def local_batch(source, job: TrainJob, pdims: ParallelDims, step: int, device: t
     per_rank = job.global_batch // job.layout.dp
     start = pdims.dp_rank * per_rank
     rows = source.batch(step, range(start, start + per_rank), job.seq_len, job.global_batch)
-    tokens = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(device)
+    tokens = to_device(rows, device)  # non-blocking from the prefetcher's pinned buffer on GPU
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
     if job.layout.cp > 1:
         shard = sequence_shard_of(pdims.group("cp"))

@@ -15,15 +15,16 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from plait.errors import PlaitError
-from plait.run.checkpoint.dcp import Checkpointer, load_checkpoint
 from plait.run.checkpoint.select import check_same_run, nothing_to_train
 from plait.run.checkpoint.store import read_manifest
 from plait.run.config import RunConfig
+from plait.run.data.prefetch import prefetching
 from plait.run.data.tokens import open_tokens
 from plait.run.env import RankEnv
 from plait.run.faults import FaultPlan
@@ -37,11 +38,15 @@ from plait.run.metrics import (
     mfu,
     steady_state,
 )
+from plait.run.memory.host_gc import ScheduledGC
 from plait.run.optim import build_optimizer
 from plait.run.parallel.mesh import ParallelDims, build_parallel_dims
 from plait.run.parallel.parallelize import ModelParts, build_model_parts
 from plait.run.step import NonFinitePolicy, StepSetup, train_step
 from plait.spec.hardware import get_gpu
+
+if TYPE_CHECKING:  # torch.distributed.checkpoint is imported only by runs that save or resume
+    from plait.run.checkpoint.dcp import Checkpointer
 
 
 def peak_flops(config: RunConfig, device: torch.device) -> float | None:
@@ -96,9 +101,11 @@ def build_setup(config: RunConfig, device: torch.device, faults: FaultPlan) -> S
     n_micro = job.layout.micro_batches(job.global_batch)
     parts = build_model_parts(job.model, pdims, device, job.seed, n_micro, compile_blocks=runtime.compile,
                               compile_backend=runtime.compile_backend, async_tp=runtime.async_tp,
-                              offload_dir=offload_directory(config, dist.get_rank()))
+                              offload_dir=offload_directory(config, dist.get_rank()),
+                              fused_qkv=runtime.qkv == "fused")
     return StepSetup(config=config, pdims=pdims, parts=parts, optimizer=build_optimizer(parts.parameters(), config.optim),
-                     source=open_tokens(job.data, job.model.vocab, job.seed), device=device,
+                     source=prefetching(open_tokens(job.data, job.model.vocab, job.seed), device),
+                     device=device,
                      n_micro=n_micro, peak_flops=peak_flops(config, device), faults=faults)
 
 
@@ -114,6 +121,8 @@ def resume(setup: StepSetup, env: RankEnv) -> tuple[int, list[dict]]:
     why = nothing_to_train(path, start_step, job.steps)
     if why:
         raise PlaitError(f"{why}; pass a larger --steps")
+    from plait.run.checkpoint.dcp import load_checkpoint
+
     load_checkpoint(path, setup.parts, setup.optimizer)
     return start_step, [{"event": "resume", "step": start_step, "checkpoint": path,
                          "layout": str(job.layout), "world_size": job.layout.world_size,
@@ -128,6 +137,8 @@ def make_checkpointer(setup: StepSetup) -> Checkpointer | None:
     if not saving.dir:
         return None
     use_async = saving.use_async if saving.use_async is not None else device.type == "cuda"
+    from plait.run.checkpoint.dcp import Checkpointer
+
     return Checkpointer(saving.dir, saving.every, saving.keep, run=config.to_dict(),
                         layout=str(config.job.layout), use_async=use_async, device=device, parts=setup.parts,
                         optimizer=setup.optimizer, faults=setup.faults)
@@ -159,7 +170,8 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
         torch.cuda.reset_peak_memory_stats(device)
     try:
         parts.train()
-        records, stopped_at = train(setup, start_step, checkpointer, log, display, stop)
+        with ScheduledGC(config.runtime.gc_every) as collector:  # automatic GC off, a collection every N steps
+            records, stopped_at = train(setup, start_step, checkpointer, log, display, stop, collector)
         display.close()
         summary = _summarize(config, records, setup.pdims, device, setup.peak_flops)
         summary.offload = offload_summary(records, device) if parts.offloader else None
@@ -173,13 +185,14 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     finally:
         display.close()
         log.close()
+        setup.source.close()
         if parts.offloader is not None:
             parts.offloader.close()
     return TrainResult(records=records, summary=summary, parts=parts, pdims=setup.pdims, optimizer=setup.optimizer)
 
 
 def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, log: JsonlLog, display: Display,
-          stop=None) -> tuple[list[StepRecord], int | None]:
+          stop=None, collector: ScheduledGC | None = None) -> tuple[list[StepRecord], int | None]:
     """Steps ``start_step`` .. ``config.job.steps - 1``; (their records, the step count at which a
     stop request ended the run, or None when it ran to the end)."""
     config = setup.config
@@ -188,6 +201,8 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
     records: list[StepRecord] = []
     for step in range(start_step, steps):
         record, skipped = train_step(setup, step, policy)
+        if collector is not None:
+            collector.after_step(step + 1)
         if skipped:
             display.message(f"step {step}: {skipped} is not finite; optimizer step skipped (--on-nan skip)")
         records.append(record)

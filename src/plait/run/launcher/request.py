@@ -49,6 +49,8 @@ class TrainRequest:
     compile_backend: str = RuntimeConfig.compile_backend
     async_tp: bool = RuntimeConfig.async_tp
     offload_dir: str | None = RuntimeConfig.offload_dir
+    fused_qkv: bool = False  # RuntimeConfig.qkv = "fused": one GEMM for Q, K and V
+    gc_every: int = RuntimeConfig.gc_every  # Python GC every N steps (0: automatic)
     timeout: float = RuntimeConfig.timeout_s  # collective timeout, seconds
     allow_oom: bool = False  # run even if the planner predicts out-of-memory
     log_every: int = LogConfig.log_every  # print every N steps when not on a terminal

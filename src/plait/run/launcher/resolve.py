@@ -110,7 +110,8 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
         runtime=RuntimeConfig(device=request.device, gpu=gpu, compile=request.compile,
                               compile_backend=request.compile_backend, async_tp=request.async_tp,
                               timeout_s=request.timeout,
-                              on_nan=request.on_nan, offload_dir=request.offload_dir),
+                              on_nan=request.on_nan, offload_dir=request.offload_dir,
+                              qkv="fused" if request.fused_qkv else "separate", gc_every=request.gc_every),
         observe=LogConfig(log=request.log, log_every=request.log_every))
     if request.data != "synthetic":
         from plait.run.data.tokens import open_tokens
@@ -204,7 +205,9 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
         saved, job=job, checkpoint=dataclasses.replace(saved.checkpoint, resume_from=path),
         runtime=dataclasses.replace(saved.runtime, device=request.device, gpu=request.gpu, timeout_s=request.timeout,
                                     compile=request.compile, compile_backend=request.compile_backend,
-                                    async_tp=request.async_tp, on_nan=request.on_nan),
+                                    async_tp=request.async_tp, on_nan=request.on_nan,
+                                    qkv="fused" if request.fused_qkv else "separate",
+                                    gc_every=request.gc_every),
         observe=LogConfig(log=request.log, log_every=request.log_every), prediction=None)
     if job.data != was.data:
         notes.append(f"reading data {job.data} instead of the saved run's {was.data}: the same samples only "

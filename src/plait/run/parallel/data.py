@@ -18,8 +18,14 @@ How each planner ZeRO stage runs (``Layout.zero``):
             ranks, all-reduce gradients across the R groups.
   ========  ===================================================================================
 
-Each block is its own FSDP unit (one all-gather and one reduce-scatter per block); the root
-unit holds the embedding, final norm and LM head. With context parallelism the cp ranks are
+FSDP units (one all-gather and one reduce-scatter each), as torchtitan groups them: the token
+(and position) embedding is a unit of its own, each block is a unit, ``[final norm, LM head]``
+is one unit that is never resharded after forward (it runs at the very end of forward and at
+the very start of backward), and the root unit holds what is left (nothing in a full model).
+Tied embeddings (the LM head's weight is the embedding's) put the embedding, final norm and LM
+head in one unit, never resharded after forward: a parameter belongs to exactly one unit, and
+that one is needed at both ends of forward and of backward. A pipeline stage wraps the parts it
+holds (``unit_groups``). With context parallelism the cp ranks are
 data-parallel ranks too (same weights, other tokens): FSDP shards over dp_shard×cp and DDP
 all-reduces over dp_replicate×cp (``ParallelDims.dp_mesh`` / ``replicate_group``).
 Mixed precision on GPU: bf16 parameters and compute, fp32 sharded master weights and fp32
@@ -49,13 +55,27 @@ def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
+def unit_groups(model: nn.Module, reshard: bool) -> list[tuple[list[nn.Module], bool]]:
+    """The FSDP units of ``model`` (a model or a pipeline stage) below its root, in forward order:
+    (modules grouped in one unit, reshard_after_forward). ``reshard``: the layout's choice for the
+    embedding and the blocks (ZeRO-3 with ``Layout.reshard``)."""
+    embedding = [m for m in (model.tok_embeddings, getattr(model, "pos_embeddings", None)) if m is not None]
+    head = [m for m in (model.norm, model.output) if m is not None]
+    tied = (model.tok_embeddings is not None and model.output is not None
+            and model.output.weight is model.tok_embeddings.weight)
+    blocks = [([block], reshard) for block in model.layers.values()]
+    if tied:
+        return [(embedding + head, False)] + blocks
+    return ([(embedding, reshard)] if embedding else []) + blocks + ([(head, False)] if head else [])
+
+
 def apply_fsdp(model: nn.Module, pdims: ParallelDims, device_type: str) -> None:
-    """Shard every block and then the root of ``model`` (a model or a pipeline stage)."""
+    """Shard ``model`` (a model or a pipeline stage) unit by unit (``unit_groups``), then its root."""
     layout = pdims.layout
     reshard = layout.zero == 3 and layout.reshard
     options = {"mesh": pdims.dp_mesh, "mp_policy": mixed_precision(device_type)}
-    for block in model.layers.values():
-        fully_shard(block, reshard_after_forward=reshard, **options)
+    for modules, reshard_unit in unit_groups(model, reshard):
+        fully_shard(modules if len(modules) > 1 else modules[0], reshard_after_forward=reshard_unit, **options)
     fully_shard(model, reshard_after_forward=reshard, **options)
 
 

@@ -70,11 +70,12 @@ class ModelParts:
 def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device, seed: int,
                       n_microbatches: int, compile_blocks: bool | None = False, compile_backend: str = "inductor",
                       loss_fn: Callable = token_loss, offload_dir: str | None = None,
-                      async_tp: bool = False) -> ModelParts:
+                      async_tp: bool = False, fused_qkv: bool = False) -> ModelParts:
     """This rank's parallelized, initialized model parts for ``pdims.layout``.
 
     ``compile_blocks``: torch.compile every block (fullgraph); None: on CUDA when the layout allows
     it (``plait.spec.capabilities.compile_enabled``). ``async_tp``: inductor's micro-pipelined TP.
+    ``fused_qkv``: Q, K and V projections as one GEMM (``plait.run.model.qkv_projection``).
     ``offload_dir``: where ``offload=disk:α`` writes this rank's activations (a fresh directory).
     """
     layout = pdims.layout
@@ -95,6 +96,8 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         if layout.attn == "eager":
             for block in chunk.layers.values():
                 block.attention.kernel = eager_attention
+        for block in chunk.layers.values():
+            block.attention.fused_qkv = fused_qkv
         if layout.tp > 1:
             apply_tensor_parallel(chunk, pdims.mesh["tp"], layout.sequence_parallel)
         if layout.cp > 1:

@@ -22,13 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-)
 
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.model import Transformer, build_model
@@ -68,7 +61,17 @@ def build_stage_module(spec: ModelSpec, layout: Layout, stage_id: int) -> Transf
 
 def build_schedule(chunks: list[torch.nn.Module], stage_ids: list[int], pdims: ParallelDims,
                    n_microbatches: int, loss_fn: Callable, device: torch.device):
-    """The pipeline schedule driving this rank's stage chunks (modules already parallelized)."""
+    """The pipeline schedule driving this rank's stage chunks (modules already parallelized).
+
+    ``torch.distributed.pipelining`` is imported here, by pp > 1 runs only (it is slow to import)."""
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+    )
+
     layout = pdims.layout
     n_stages = layout.pp * layout.vpp
     group = pdims.group("pp")
