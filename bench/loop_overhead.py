@@ -7,8 +7,8 @@ so that machine drift hits all of them alike):
 
   * ``plait``: ``plait.run.trainer.train`` (the real loop: batch from the token source, seed,
     forward/backward, loss all-reduce, clipping, AdamW, records, logging) on the layout plait
-    picks for ``--layout`` (the micro-batch completed by ``plait.run.launcher.complete`` as
-    ``plait train`` does, i.e. the whole per-rank batch in one micro-batch when it fits);
+    picks for ``--layout`` (the micro-batch completed by ``plait.run.launcher.micro_batch`` as
+    ``plait train`` does: the largest that fits in host memory);
   * ``plait-mbs1`` (dp=1 only): plait with ``mbs=1`` (gradient accumulation over one-sequence
     micro-batches: what ``--layout dp=1`` meant before the completion);
   * ``minimal``: a hand-written loop over plait's own ``Transformer`` (same weights): random
@@ -55,10 +55,11 @@ except ImportError:  # running from a checkout that is not pip-installed
 
 from plait.run.config import OptimConfig, RunConfig, RuntimeConfig, TrainJob, LogConfig
 from plait.run.faults import FaultPlan
+from plait.run.launcher.micro_batch import choose_mbs
 from plait.run.metrics import Display, JsonlLog
 from plait.run.model import build_model, init_weights
 from plait.run.trainer import build_setup, train
-from plait.spec.layout import Layout
+from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 
 RESULTS = Path(__file__).resolve().parent / "results" / "loop_overhead.md"
@@ -73,14 +74,10 @@ def model_spec(vocab: int, seq_len: int) -> ModelSpec:
 
 
 def completed_layout(text: str, spec: ModelSpec, global_batch: int, seq_len: int) -> tuple[Layout, str]:
-    """The layout ``plait train --layout TEXT`` would run (micro-batch completed), and the note."""
+    """The layout ``plait train --layout TEXT`` runs on this CPU (its micro-batch completed by
+    ``plait.run.launcher.micro_batch.choose_mbs``, as ``plait train`` does), and the note."""
     layout = Layout.parse(text)
-    try:
-        from plait.run.launcher.complete import complete_train_layout
-    except ImportError:  # before the completion existed: the whole per-rank batch in one micro-batch
-        per_rank = global_batch // layout.dp
-        return Layout.parse(f"{text},mbs={per_rank}"), f"mbs={per_rank} (set by the benchmark)"
-    return complete_train_layout(text, spec, global_batch, seq_len, gpu=None)
+    return choose_mbs(spec, JobSpec(global_batch, seq_len), layout, gpu=None, on_gpu=False, processes=layout.dp)
 
 
 # ----------------------------------------------------------------------------- contestants
