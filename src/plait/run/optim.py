@@ -4,7 +4,14 @@ The global norm is the 2-norm of the gradient of the *whole* model, however it i
 each rank sums the squares of the gradient elements it owns, the partial sums are added
 over every mesh dimension that shards them (FSDP's dp_shard, or dp_shard×cp with context
 parallelism, tensor parallel, and pipeline stages, which own disjoint layers), and replicated
-copies (dp_replicate, and the cp ranks under DDP) are counted once.
+copies (dp_replicate, and the cp ranks under DDP) are counted once. Pending sums (Partial
+placements) are reduced before they are squared.
+
+Everything runs as a fixed number of ops per group of gradients with the same (mesh, pending
+dims, sharded dims), whatever the number of tensors: ``_foreach_norm`` over the group's local
+pieces, one all-reduce per sharded dimension, and ``_foreach_mul_`` by the clip factor, which
+is computed on the device (the norm is never read on the host here). AdamW is fused (one
+kernel per parameter group), with one group per (mesh, decay).
 """
 
 from __future__ import annotations

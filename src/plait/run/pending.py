@@ -52,10 +52,11 @@ class StepTimer:
         """Seconds from ``start`` to ``end`` (CUDA events must be complete: call after a sync)."""
         if isinstance(start, float):
             return end - start
+        end.synchronize()  # a sync step: the host waits for this step anyway
         return start.elapsed_time(end) / 1e3
 
 
-@dataclass
+@dataclass(eq=False)
 class PendingStep:
     """One optimizer step whose numbers may still be on the device."""
 
@@ -181,20 +182,28 @@ class StepLedger:
             values = torch.stack([p.values for p in unread]).tolist()
             for pending, host in zip(unread, values, strict=True):
                 pending.host = host
-        for pending in steps:
+        for index, pending in enumerate(steps):
             if not pending.checked:
                 read_at = None if pending is current else now
-                pending.skipped = self.policy.check(pending.step, pending.host[LOSS], pending.host[GRAD_NORM],
-                                                    pending.lr, read_at=read_at)
+                try:
+                    pending.skipped = self.policy.check(pending.step, pending.host[LOSS], pending.host[GRAD_NORM],
+                                                        pending.lr, read_at=read_at)
+                except PlaitError:
+                    self._emit([p for p in steps[:index] if p is not current])  # the good steps keep their lines
+                    raise
                 pending.checked = True
         return current.skipped if current is not None else None
 
     def materialize(self, now: int) -> list[StepRecord]:
         """Read and check every pending step (``read``), then write its JSONL line and show it."""
         self.read(now)
+        return self._emit(list(self.pending))
+
+    def _emit(self, steps: list[PendingStep]) -> list[StepRecord]:
+        """Records, JSONL lines and display lines of ``steps`` (read and checked), in order."""
         job = self.setup.config.job
         out = []
-        for pending in self.pending:
+        for pending in steps:
             loss, grad_norm = pending.host[LOSS], pending.host[GRAD_NORM]
             elapsed = StepTimer.seconds(pending.start, pending.end)
             tokens_per_s = job.tokens_per_step / elapsed
@@ -210,6 +219,7 @@ class StepLedger:
                             **({"skipped": True} if pending.skipped else {})})
             self.display.step(record)
             out.append(record)
-        self.pending.clear()
+        emitted = {id(p) for p in steps}
+        self.pending = [p for p in self.pending if id(p) not in emitted]
         self.records.extend(out)
         return out

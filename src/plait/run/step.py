@@ -179,5 +179,7 @@ def train_step(setup: StepSetup, step: int, ledger: StepLedger, stop=None, sync:
     pending.end = ledger.timer.mark()
     pending.wall_time = time.time()
     offloader = setup.parts.offloader
+    if offloader is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)  # its counters are CUDA events on its own streams (a sync step anyway)
     pending.offload = offloader.step_stats().to_dict() if offloader else None
     return pending
