@@ -119,6 +119,14 @@ def _mark_math(counter: StepCounter, step_module):
     return originals
 
 
+def _with_layers(config, n_layers: int):
+    """``config`` with the model cut (or grown) to ``n_layers`` blocks."""
+    import dataclasses
+
+    model = dataclasses.replace(config.job.model, n_layers=n_layers)
+    return dataclasses.replace(config, job=dataclasses.replace(config.job, model=model))
+
+
 def count_step_syncs(layout: str, log_dir: str, steps: int, log_every: int) -> dict:
     """Train ``steps`` steps with ``--log-every log_every`` while counting; per step: host reads,
     the loop's collectives and the math's collectives; and the JSONL step lines (rank 0)."""
@@ -129,7 +137,7 @@ def count_step_syncs(layout: str, log_dir: str, steps: int, log_every: int) -> d
     from runtime_tasks import make_config
 
     log = f"{log_dir}/run.jsonl"
-    config = make_config(layout, steps=steps, global_batch=4, seq_len=16, log=log, log_every=log_every)
+    config = _with_layers(make_config(layout, steps=steps, global_batch=4, seq_len=16, log=log, log_every=log_every), 2)
     counter = StepCounter()
     read_originals = {name: getattr(torch.Tensor, name) for name in READ_METHODS}
     math_originals = _mark_math(counter, step_module)
@@ -154,17 +162,14 @@ def count_optimizer_ops(layout: str, n_layers: int) -> dict:
     """aten ops (by name) dispatched by one clip + AdamW step of the tiny model with ``n_layers``
     layers under ``layout`` (after a first step, which creates AdamW's state), and the number of
     parameter tensors on this rank."""
-    import dataclasses
-
     from plait.run.faults import NO_FAULTS
     from plait.run.optim import clip_grad_norm
     from plait.run.step import forward_backward, local_batch
     from plait.run.trainer import build_setup
     from runtime_tasks import make_config
 
-    config = make_config(layout)
-    job = dataclasses.replace(config.job, model=dataclasses.replace(config.job.model, n_layers=n_layers))
-    config = dataclasses.replace(config, job=job)
+    config = _with_layers(make_config(layout, global_batch=4, seq_len=16), n_layers)
+    job = config.job
     setup = build_setup(config, torch.device("cpu"), NO_FAULTS)
     params = setup.parts.parameters()
     ops: Counter = Counter()
