@@ -29,7 +29,7 @@ from plait.run.optim import clip_grad_norm, lr_at, set_lr
 from plait.run.parallel.context.shard import sequence_shard_of
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.parallel.parallelize import ModelParts, token_loss
-from plait.run.pending import PendingStep, StepLedger
+from plait.run.pending import MAX_CONSECUTIVE_SKIPS, NonFinitePolicy, PendingStep, StepLedger  # noqa: F401 (re-exported)
 
 
 def loss_context(pdims: ParallelDims):
@@ -128,7 +128,11 @@ def local_batch(source, job: TrainJob, pdims: ParallelDims, step: int, device: t
     per_rank = job.global_batch // job.layout.dp
     start = pdims.dp_rank * per_rank
     rows = source.batch(step, range(start, start + per_rank), job.seq_len, job.global_batch)
-    tokens = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(device)
+    tokens = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+    if device.type == "cuda":  # from pinned memory the copy is asynchronous (from pageable it waits for the GPU)
+        tokens = tokens.pin_memory().to(device, non_blocking=True)
+    else:
+        tokens = tokens.to(device)
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
     if job.layout.cp > 1:
         shard = sequence_shard_of(pdims.group("cp"))
