@@ -4,16 +4,24 @@ The global norm is the 2-norm of the gradient of the *whole* model, however it i
 each rank sums the squares of the gradient elements it owns, the partial sums are added
 over every mesh dimension that shards them (FSDP's dp_shard, or dp_shard×cp with context
 parallelism, tensor parallel, and pipeline stages, which own disjoint layers), and replicated
-copies (dp_replicate, and the cp ranks under DDP) are counted once.
+copies (dp_replicate, and the cp ranks under DDP) are counted once. Pending sums (Partial
+placements) are reduced before they are squared.
+
+Everything runs as a fixed number of ops per group of gradients with the same (mesh, pending
+dims, sharded dims), whatever the number of tensors: ``_foreach_norm`` over the group's local
+pieces, one all-reduce per sharded dimension, and ``_foreach_mul_`` by the clip factor, which
+is computed on the device (the norm is never read on the host here). AdamW is fused (one
+kernel per parameter group), with one group per (mesh, decay).
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Partial, Replicate
+from torch.distributed.tensor import DTensor, Partial
 
 from plait.run.config import OptimConfig
 from plait.run.parallel.mesh import ParallelDims
@@ -30,15 +38,40 @@ def lr_at(step: int, total_steps: int, config: OptimConfig) -> float:
 
 
 def build_optimizer(params: list[torch.nn.Parameter], config: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW; matrices decay, vectors (norms, biases) do not."""
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    meshes = {p.device_mesh for p in params if isinstance(p, DTensor)}
-    mixed = bool(meshes) and (len(meshes) > 1 or any(not isinstance(p, DTensor) for p in params))
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps,
-                             foreach=False if mixed else None)
+    """AdamW, fused (one kernel per parameter group; foreach where fused is not supported); matrices
+    decay, vectors (norms, biases) do not.
+
+    One parameter group per (mesh, decay): a fused or foreach kernel takes a list of tensors that
+    must all be plain tensors or all DTensors on one mesh, so parameters on several meshes (or
+    some on none) get a group each, and every group still runs as one kernel.
+    """
+    groups: dict[tuple, list[torch.nn.Parameter]] = {}
+    for p in params:
+        groups.setdefault((_mesh_of(p), p.ndim >= 2), []).append(p)
+    param_groups = [{"params": members, "weight_decay": config.weight_decay if decay else 0.0}
+                    for (_, decay), members in groups.items()]
+    kwargs = {"lr": config.lr, "betas": (config.beta1, config.beta2), "eps": config.eps}
+    try:
+        return torch.optim.AdamW(param_groups, fused=True, **kwargs)
+    except RuntimeError:  # no fused kernel for this device type or dtype
+        return torch.optim.AdamW(param_groups, foreach=True, **kwargs)
+
+
+def _mesh_of(tensor: torch.Tensor):
+    """The DeviceMesh of a DTensor (meshes compare by value: equal meshes share a group), else None."""
+    return tensor.device_mesh if isinstance(tensor, DTensor) else None
+
+
+def place_step_counters(optimizer: torch.optim.Optimizer) -> None:
+    """Fused AdamW keeps each parameter's step counter on the parameter's device (fp32); move the
+    counters of a loaded checkpoint there (they were created or saved on the host)."""
+    for group in optimizer.param_groups:
+        if not group.get("fused"):
+            continue
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            if state and "step" in state:
+                state["step"] = state["step"].to(device=param.device, dtype=torch.float32)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -46,41 +79,68 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def _sharded_dims(grad: DTensor) -> tuple[str, ...]:
-    """Names of the mesh dimensions along which ``grad``'s local pieces must be summed."""
-    names = grad.device_mesh.mesh_dim_names
-    if names is None:
-        raise ValueError("gradient DTensor on a mesh without dimension names")
-    out = []
-    for name, placement in zip(names, grad.placements):
-        if not placement.is_replicate():  # Shard, FSDP2+TP's strided shard (Partial is reduced before)
-            out.append(name)
-    return tuple(out)
-
-
-def global_grad_norm(params: list[torch.nn.Parameter], pdims: ParallelDims) -> torch.Tensor:
-    """2-norm of the full model's gradient, the same value on every rank (fp32 scalar)."""
-    device = next(iter(params)).device if params else torch.device("cpu")
-    by_dims: dict[tuple, torch.Tensor] = {}
+def _grad_groups(params: list[torch.nn.Parameter]) -> dict[tuple, list[torch.Tensor]]:
+    """Local gradient pieces keyed by (mesh, names of the mesh dims with pending sums, names of
+    the mesh dims that shard them); plain tensors under (None, (), ())."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
     for p in params:
-        if p.grad is None:
-            continue
         grad = p.grad
+        if grad is None:
+            continue
         if isinstance(grad, DTensor):
-            if any(isinstance(p, Partial) for p in grad.placements):
-                # pending sums (e.g. sequence-parallel norm weights): ‖Σg‖² is not Σ‖g‖²; reduce first
-                grad = grad.redistribute(grad.device_mesh, [Replicate() if isinstance(p, Partial) else p
-                                                            for p in grad.placements])
-            key = tuple(grad.device_mesh[name].get_group() for name in _sharded_dims(grad))
+            names = grad.device_mesh.mesh_dim_names
+            if names is None:
+                raise ValueError("gradient DTensor on a mesh without dimension names")
+            partial = tuple(n for n, pl in zip(names, grad.placements) if isinstance(pl, Partial))
+            # Shard, FSDP2+TP's strided shard; Partial is summed before the squares are
+            sharded = tuple(n for n, pl in zip(names, grad.placements)
+                            if not pl.is_replicate() and not isinstance(pl, Partial))
+            key = (grad.device_mesh, partial, sharded)
             local = grad.to_local()
         else:
-            key = ()
-            local = grad
-        square = local.detach().float().pow(2).sum()
-        by_dims[key] = by_dims.get(key, torch.zeros((), device=device)) + square
+            key, local = (None, (), ()), grad
+        groups.setdefault(key, []).append(local)
+    return groups
+
+
+@lru_cache(maxsize=64)
+def _process_group(mesh, name: str) -> dist.ProcessGroup:
+    """The process group of ``mesh``'s dimension ``name`` (slicing a mesh builds a new one: cache it)."""
+    return mesh[name].get_group()
+
+
+def _sum_of_squares(key: tuple, pieces: list[torch.Tensor]) -> torch.Tensor:
+    """Σ of the squared elements this rank's ``pieces`` (one group of ``_grad_groups``) stand for,
+    after their pending sums (a constant number of ops and collectives per group)."""
+    mesh, partial, _ = key
+    if partial:
+        # pending sums (e.g. sequence-parallel norm weights): ‖Σg‖² is not Σ‖g‖²; reduce first
+        flat = torch.cat(pieces if all(piece.ndim == 1 for piece in pieces)  # norm weights: no views
+                         else [piece.reshape(-1) for piece in pieces]).float()
+        for name in partial:
+            dist.all_reduce(flat, group=_process_group(mesh, name))
+        return flat.square().sum()
+    norms = torch._foreach_norm(pieces, 2, dtype=torch.float32)
+    return torch.stack(norms).square().sum()
+
+
+@torch.no_grad()
+def global_grad_norm(params: list[torch.nn.Parameter], pdims: ParallelDims,
+                     groups: dict[tuple, list[torch.Tensor]] | None = None) -> torch.Tensor:
+    """2-norm of the full model's gradient, the same value on every rank (0-d fp32 tensor on the
+    parameters' device; no host read). ``groups``: ``_grad_groups(params)`` when already built."""
+    groups = _grad_groups(params) if groups is None else groups
+    device = next(iter(params)).device if params else torch.device("cpu")
+    by_process_groups: dict[tuple, torch.Tensor] = {}
+    for key, pieces in groups.items():
+        mesh, _, sharded = key
+        process_groups = tuple(_process_group(mesh, name) for name in sharded)
+        square = _sum_of_squares(key, pieces)
+        total = by_process_groups.get(process_groups)
+        by_process_groups[process_groups] = square if total is None else total + square
     total = torch.zeros((), device=device)
-    for groups, square in by_dims.items():
-        for group in groups:
+    for process_groups, square in by_process_groups.items():
+        for group in process_groups:
             dist.all_reduce(square, group=group)
         total += square
     if pdims.layout.pp > 1:
@@ -89,12 +149,18 @@ def global_grad_norm(params: list[torch.nn.Parameter], pdims: ParallelDims) -> t
 
 
 @torch.no_grad()
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, pdims: ParallelDims) -> float:
-    """Scale gradients so their global norm is at most ``max_norm``; returns the norm before."""
-    norm = float(global_grad_norm(params, pdims))
-    if max_norm > 0 and norm > max_norm:
-        scale = max_norm / (norm + 1e-6)
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(scale)
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, pdims: ParallelDims) -> torch.Tensor:
+    """Scale gradients so their global norm is at most ``max_norm`` (≤ 0: no clipping); returns
+    the norm before (a 0-d device tensor, never read on the host here).
+
+    The scale ``min(1, max_norm / (norm + 1e-6))`` is computed on the device and applied with
+    one ``_foreach_mul_`` per gradient group, as ``torch.nn.utils.clip_grads_with_norm_`` does; a
+    non-finite norm makes every gradient non-finite (--on-nan then stops or skips the step).
+    """
+    groups = _grad_groups(params)
+    norm = global_grad_norm(params, pdims, groups)
+    if max_norm > 0 and groups:
+        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for pieces in groups.values():
+            torch._foreach_mul_(pieces, scale)
     return norm

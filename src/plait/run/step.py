@@ -1,6 +1,9 @@
 """One optimizer step on one rank (``train_step``): seed, batch, forward and backward with or
 without a pipeline, global loss, gradient clipping, the --on-nan policy, the optimizer step.
 
+Nothing here reads a device value on the host unless the step is a sync step: the loss, the
+SIGTERM flag and the gradient norm stay on the device (``plait.run.pending``).
+
 Loss normalization: every micro-batch holds the same number of tokens, so the mean token loss
 of the rank's batch is the mean of the micro-batch means. Without a pipeline each micro-batch's
 mean loss is divided by the number of micro-batches before its backward; the pipeline schedule
@@ -11,7 +14,6 @@ gradients over dp ranks: the step's gradient is that of the mean token loss of t
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import dataclass
 
@@ -21,17 +23,14 @@ import torch.distributed as dist
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
-from plait.errors import PlaitError
 from plait.run.config import RunConfig, TrainJob
 from plait.run.data.prefetch import to_device
 from plait.run.faults import FaultPlan
-from plait.run.metrics import StepRecord, mfu
 from plait.run.optim import clip_grad_norm, lr_at, set_lr
 from plait.run.parallel.context.shard import sequence_shard_of
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.parallel.parallelize import ModelParts, token_loss
-
-MAX_CONSECUTIVE_SKIPS = 5  # --on-nan skip: stop after this many bad steps in a row
+from plait.run.pending import MAX_CONSECUTIVE_SKIPS, NonFinitePolicy, PendingStep, StepLedger  # noqa: F401 (re-exported)
 
 
 def loss_context(pdims: ParallelDims):
@@ -96,13 +95,18 @@ def _pipelined(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tensor, lab
     return torch.stack(values).mean()
 
 
-def global_mean_loss(local_loss: torch.Tensor | None, pdims: ParallelDims, device: torch.device) -> float:
-    """The global batch's mean token loss, the same on every rank (one all-reduce)."""
-    value = torch.zeros((), device=device, dtype=torch.float32)
+def reduce_loss_and_stop(local_loss: torch.Tensor | None, pdims: ParallelDims, device: torch.device,
+                         stop: bool) -> torch.Tensor:
+    """[the global batch's mean token loss, the number of ranks asking to stop], the same on every
+    rank: one all-reduce of two fp32 values, left on the device (no host read)."""
+    value = torch.zeros(2, device=device, dtype=torch.float32)
     if local_loss is not None and pdims.loss_owner:
-        value += local_loss.float()
+        value[0] += local_loss.float()
+    if stop:
+        value[1].fill_(1.0)
     dist.all_reduce(value)
-    return float(value) / pdims.grad_sync_size  # dp·cp loss owners, each with an equal share of tokens
+    value[0].div_(pdims.grad_sync_size)  # dp·cp loss owners, each with an equal share of tokens
+    return value
 
 
 def seed_step(seed: int, step: int, pdims: ParallelDims) -> None:
@@ -148,60 +152,35 @@ class StepSetup:
     faults: FaultPlan
 
 
-class NonFinitePolicy:
-    """--on-nan: stop at a step whose loss or gradient norm is not finite, or skip its optimizer
-    step (``skip``), stopping after ``MAX_CONSECUTIVE_SKIPS`` skipped steps in a row."""
+def train_step(setup: StepSetup, step: int, ledger: StepLedger, stop=None, sync: bool = True) -> PendingStep:
+    """Optimizer step ``step`` (0-based) on this rank, a collective; returns its pending numbers.
 
-    def __init__(self, on_nan: str):
-        self.on_nan = on_nan
-        self.skipped_in_a_row = 0
-
-    def check(self, step: int, loss: float, grad_norm: float, lr: float) -> str | None:
-        """None for a finite step; "loss" or "gradient norm" for one to skip; raises PlaitError to stop."""
-        bad = None if math.isfinite(loss) else "loss"
-        if bad is None and not math.isfinite(grad_norm):
-            bad = "gradient norm"
-        if bad is None:
-            self.skipped_in_a_row = 0
-            return None
-        self.skipped_in_a_row += 1
-        if self.on_nan == "stop" or self.skipped_in_a_row > MAX_CONSECUTIVE_SKIPS:
-            value = loss if bad == "loss" else grad_norm
-            text = (f"{bad} is {value} at step {step} (loss {loss:.4g}, lr {lr:.3g}); stopping before the optimizer "
-                    "step. Lower the learning rate, check the data, or pass --on-nan skip")
-            if self.on_nan == "skip":
-                text = f"{MAX_CONSECUTIVE_SKIPS + 1} steps in a row skipped; " + text
-            raise PlaitError(text)
-        return bad
-
-
-def train_step(setup: StepSetup, step: int, policy: NonFinitePolicy) -> tuple[StepRecord, str | None]:
-    """Optimizer step ``step`` (0-based) on this rank, a collective; returns its record and, when
-    its optimizer step was skipped (--on-nan skip), what was not finite ("loss" or "gradient norm")."""
+    ``stop`` (the SIGTERM request) is polled once and rides in the loss all-reduce. ``sync``:
+    read this step's numbers (and every step still pending in ``ledger``) on the host before the
+    optimizer step and apply --on-nan to them; otherwise nothing is read on the host here.
+    """
     config, pdims, device = setup.config, setup.pdims, setup.device
     job = config.job
-    start = time.perf_counter()
+    pending = PendingStep(step=step, lr=lr_at(step, job.steps, config.optim), values=None,
+                          start=ledger.timer.mark())
     setup.faults.at(step, "before-step")
     seed_step(job.seed, step, pdims)
     inputs, labels = local_batch(setup.source, job, pdims, step, device)
-    lr = lr_at(step, job.steps, config.optim)
-    set_lr(setup.optimizer, lr)
+    set_lr(setup.optimizer, pending.lr)
     local = forward_backward(setup.parts, pdims, inputs, labels, setup.n_micro)
     local = setup.faults.at(step, "after-backward", local)
-    loss = global_mean_loss(local, pdims, device)
-    params = setup.parts.parameters()
-    grad_norm = clip_grad_norm(params, config.optim.grad_clip, pdims) if math.isfinite(loss) else loss
-    skipped = policy.check(step, loss, grad_norm, lr)
-    if skipped is None:
+    loss_and_stop = reduce_loss_and_stop(local, pdims, device, stop is not None and stop.is_set())
+    grad_norm = clip_grad_norm(setup.parts.parameters(), config.optim.grad_clip, pdims)
+    pending.values = torch.cat([loss_and_stop, grad_norm.reshape(1).float()])
+    if sync:
+        ledger.read(step, pending)
+    if pending.skipped is None:
         setup.optimizer.step()
     setup.optimizer.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - start
-    tokens_per_s = job.tokens_per_step / elapsed
+    pending.end = ledger.timer.mark()
+    pending.wall_time = time.time()
     offloader = setup.parts.offloader
-    record = StepRecord(step=step, loss=loss, lr=lr, grad_norm=grad_norm, step_time_s=elapsed,
-                        tokens_per_s=tokens_per_s,
-                        mfu=mfu(job.model, job.seq_len, tokens_per_s, job.layout.world_size, setup.peak_flops),
-                        offload=offloader.step_stats().to_dict() if offloader else None)
-    return record, skipped
+    if offloader is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)  # its counters are CUDA events on its own streams (a sync step anyway)
+    pending.offload = offloader.step_stats().to_dict() if offloader else None
+    return pending

@@ -3,8 +3,10 @@
 ``run_training`` sets up (model parts, optimizer, the checkpoint to resume, the Checkpointer,
 the log), runs ``train`` and writes the summary. ``train`` is the loop: per step,
 ``plait.run.step.train_step`` (seed, batch, forward and backward, global loss, clipping, the
---on-nan policy, the optimizer step), the step's metrics, then the Checkpointer's schedule
-(``Checkpointer.after_step``), which also saves when a SIGTERM asks the run to stop.
+--on-nan policy, the optimizer step); on sync steps (``plait.run.pending``: logging steps,
+checkpoint steps, the last step) the metrics of the steps since the last sync step, then the
+Checkpointer's schedule (``Checkpointer.after_step``), which also saves when a SIGTERM asks
+the run to stop.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ from plait.run.metrics import (
     steady_state,
 )
 from plait.run.memory.host_gc import ScheduledGC
-from plait.run.optim import build_optimizer
+from plait.run.optim import build_optimizer, place_step_counters
 from plait.run.parallel.mesh import ParallelDims, build_parallel_dims
 from plait.run.parallel.parallelize import ModelParts, build_model_parts
-from plait.run.step import NonFinitePolicy, StepSetup, train_step
+from plait.run.pending import StepLedger
+from plait.run.step import StepSetup, train_step
 from plait.spec.hardware import get_gpu
 
 if TYPE_CHECKING:  # torch.distributed.checkpoint is imported only by runs that save or resume
@@ -65,13 +68,6 @@ class TrainResult:
     parts: ModelParts = field(repr=False)
     pdims: ParallelDims = field(repr=False)
     optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
-
-
-def _stop_requested(stop, device: torch.device) -> bool:
-    """True on every rank when any rank was asked to stop (SIGTERM); one tiny all-reduce."""
-    flag = torch.tensor([1 if stop.is_set() else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
 
 
 def offload_directory(config: RunConfig, rank: int) -> str | None:
@@ -124,6 +120,7 @@ def resume(setup: StepSetup, env: RankEnv) -> tuple[int, list[dict]]:
     from plait.run.checkpoint.dcp import load_checkpoint
 
     load_checkpoint(path, setup.parts, setup.optimizer)
+    place_step_counters(setup.optimizer)
     return start_step, [{"event": "resume", "step": start_step, "checkpoint": path,
                          "layout": str(job.layout), "world_size": job.layout.world_size,
                          "restart": env.restart_count, "load_s": time.perf_counter() - load_start,
@@ -150,7 +147,7 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     returns the same records.
 
     ``stop`` (the worker's SIGTERM request, polled once per step) ends the run after the current
-    step, with a checkpoint when ``config.checkpoint.dir`` is set. ``env`` and ``faults`` are the
+    step (after the next one when the current one is not a sync step: ``train``), with a checkpoint when ``config.checkpoint.dir`` is set. ``env`` and ``faults`` are the
     worker's; a direct caller (tests, benchmarks) may leave them out, and they are then read from
     this process's environment. ``device`` defaults to ``rank_device``'s choice for ``config.runtime.device``.
     """
@@ -194,32 +191,38 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
 def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, log: JsonlLog, display: Display,
           stop=None, collector: ScheduledGC | None = None) -> tuple[list[StepRecord], int | None]:
     """Steps ``start_step`` .. ``config.job.steps - 1``; (their records, the step count at which a
-    stop request ended the run, or None when it ran to the end)."""
-    config = setup.config
-    steps = config.job.steps
-    policy = NonFinitePolicy(config.runtime.on_nan)
-    records: list[StepRecord] = []
+    stop request ended the run, or None when it ran to the end).
+
+    Only sync steps (``StepLedger.syncs_at``: logging steps, the step before a checkpoint save,
+    the last step) read the loss, gradient norm and stop flag on the host and run the
+    Checkpointer's schedule; other steps queue their numbers and read the previous step's stop
+    flag from a host buffer (``plait.run.pending``), so a stop request seen in a non-sync step
+    ends the run one step later, on every rank alike.
+    """
+    steps = setup.config.job.steps
+    ledger = StepLedger(setup, log, display)
     for step in range(start_step, steps):
-        record, skipped = train_step(setup, step, policy)
-        if collector is not None:
-            collector.after_step(step + 1)
-        if skipped:
-            display.message(f"step {step}: {skipped} is not finite; optimizer step skipped (--on-nan skip)")
-        records.append(record)
-        log.write({**record.to_dict(), "time": time.time(), **({"skipped": True} if skipped else {})})
-        display.step(record)
         steps_done = step + 1
-        stopping = stop is not None and _stop_requested(stop, setup.device)
+        save_due = checkpointer is not None and checkpointer.every > 0 and steps_done % checkpointer.every == 0
+        sync = ledger.syncs_at(step, save_due)
+        pending = train_step(setup, step, ledger, stop, sync)
+        ledger.add(pending)
+        if collector is not None:
+            collector.after_step(steps_done)
+        stopping = pending.stop_requested if sync else ledger.flags.requested(step - 1)
+        if not (sync or stopping):
+            continue
+        ledger.materialize(step)  # --on-nan checks every step read here: before any checkpoint save
         if checkpointer is not None:
             event = checkpointer.after_step(steps_done, last_step=steps_done == steps, stop=stopping)
             if event:
                 log.write(event)
         if stopping:
             display.message(f"stopped by SIGTERM after step {step}" + (
-                f"; checkpoint {config.checkpoint.dir}/step_{steps_done:08d} saved" if checkpointer
+                f"; checkpoint {setup.config.checkpoint.dir}/step_{steps_done:08d} saved" if checkpointer
                 else " (no --checkpoint-dir: nothing saved)"))
-            return records, steps_done
-    return records, None
+            return ledger.records, steps_done
+    return ledger.records, None
 
 
 def _summarize(config: RunConfig, records: list[StepRecord], pdims: ParallelDims, device: torch.device,
