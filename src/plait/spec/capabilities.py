@@ -9,6 +9,9 @@ checks that need the machine, e.g. the offload directory).
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.validate import Violation
@@ -17,7 +20,6 @@ from plait.spec.validate import Violation
 NOT_RUN_YET = {
     "cp": "context parallelism with pipeline parallelism (cp > 1 with pp > 1)",
     "opt_offload": "optimizer offload (opt_offload=1)",
-    "fp8": "precision=fp8",
 }
 
 RUNTIME_RULES = (
@@ -37,14 +39,23 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
                     f"{model.name} uses dropout; use cp=1 or a model without dropout"))
     if lay.opt_offload:
         out.append(("runtime-opt-offload", f"{NOT_RUN_YET['opt_offload']} is planned but not run yet"))
-    if lay.precision == "fp8":
-        out.append(("runtime-fp8", f"{NOT_RUN_YET['fp8']} is planned but not run yet; use precision=bf16"))
+    if lay.precision == "fp8" and not torchao_installed():
+        out.append(("runtime-fp8", "precision=fp8 trains through torchao's float8 layers, and torchao is not "
+                    "installed; install torchao (pip install torchao, or plait[cpu] / plait[gpu]) or use "
+                    "precision=bf16"))
     if lay.pp > 1 and model.tied_embeddings:
         out.append(("runtime-tied-embeddings-pp", f"model {model.name} ties its embeddings, which needs the first "
                     "and last pipeline stage on one GPU; use pp=1"))
     if job.seq_len > model.max_seq_len:
         out.append(("runtime-seq-len", f"seq_len={job.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"))
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def torchao_installed() -> bool:
+    """Whether torchao (fp8 training, ``plait.run.parallel.float8``) is installed here; found
+    without importing it (importing torchao imports torch)."""
+    return importlib.util.find_spec("torchao") is not None
 
 
 def _compile_rules(lay: Layout) -> list[tuple[str, str]]:

@@ -119,8 +119,9 @@ class Layout:
     offload_target: str = layout_key("cpu", "choice", "where offloaded activations go", choices=OFFLOAD_TARGETS,
                                      own_key=False, printed_by="offload", label="offload target")
     opt_offload: bool = layout_key(False, "bool", "optimizer states and step on the host", runtime=False)
-    precision: str = layout_key("bf16", "choice", "GEMM precision (`fp8`: fp8 GEMMs, bf16 elsewhere; "
-                                "planner only)", choices=PRECISIONS)
+    precision: str = layout_key("bf16", "choice", "GEMM precision (`fp8`: the blocks' linear layers in fp8 "
+                                "through torchao, tensor-wise scaling; embedding, LM head and the rest bf16; "
+                                "emulated off fp8 GPUs)", choices=PRECISIONS)
     attn: str = layout_key("flash", "choice", "attention kernel (`eager` materializes the s×s scores)",
                            choices=ATTENTION_KERNELS)
     order: str = layout_key("tp-cp-dp-pp", "special", "rank order, innermost dimension first: decides which "
