@@ -1,4 +1,5 @@
-"""precision=fp8: torchao's Float8Linear in the blocks, emulated on CPU, against fp32 and across ranks.
+"""precision=fp8 (torchao's Float8Linear in the blocks) and mxfp8 (MXFP8 weights), emulated on
+CPU, against fp32 and across ranks.
 
 The tolerance, from fp8 arithmetic (tests/run/fp8_tasks.py computes it):
 
@@ -20,6 +21,8 @@ The tolerance, from fp8 arithmetic (tests/run/fp8_tasks.py computes it):
   (seen: ≤ 1.5e-3 at step 2 of 3, bound 3.6e-2). Parameters after n AdamW steps differ by at most
   2·lr·n whatever the gradients (seen: 4e-3 of 6e-3 after 3 steps), and by more than fp32's own
   bound (tolerances.param_atol), which shows that the fp8 arithmetic ran.
+* mxfp8 rounds the same e4m3 elements with one power-of-2 scale per 32 elements (its gradients
+  in e4m3 too, backward only): the same bound holds.
 * Ranks: the scales are powers of 2, so the fp8 mantissas do not depend on how the batch is
   split; a dp=2 (DDP or FSDP2) or tp=2 run's first step matches the one-process fp8 run to fp32
   rounding (tolerances.LOSS_RTOL; seen: 0 for dp, 6e-7 relative for tp's gradient norm). After
@@ -56,8 +59,16 @@ def bound():
 
 
 @pytest.fixture(scope="module")
-def fp8_reference():
-    return fp8_tasks.one_process("dp=1,precision=fp8", steps=STEPS)
+def fp8_references():
+    """Factory: the one-process run in ``precision`` (fp8 or mxfp8), once per module."""
+    cache: dict[str, dict] = {}
+
+    def get(precision: str = "fp8") -> dict:
+        if precision not in cache:
+            cache[precision] = fp8_tasks.one_process(f"dp=1,precision={precision}", steps=STEPS)
+        return cache[precision]
+
+    return get
 
 
 def block_linears(spec) -> list[str]:
@@ -80,11 +91,23 @@ def test_block_linears_become_float8_and_the_head_stays(model):
     assert net.layers["0"].attention.wq.config.emulate  # no fp8 GEMMs on a CPU
 
 
+def test_mxfp8_wraps_the_block_linear_weights():
+    spec = get_model("tiny")
+    net = build_model(spec)
+    names_before = set(net.state_dict())
+    assert sorted(convert_to_float8(net, torch.device("cpu"), tp=1, precision="mxfp8")) == block_linears(spec)
+    wrapped = sorted(name.removesuffix(".weight") for name, p in net.named_parameters()
+                     if type(p).__name__ == "MXFP8TrainingWeightWrapperTensor")
+    assert wrapped == block_linears(spec) and set(net.state_dict()) == names_before
+    assert type(net.output.weight) is nn.Parameter
+
+
 def test_only_dimensions_that_fp8_gemms_take_are_converted():
     assert converts("layers.0.attention.wk", nn.Linear(128, 48), tp=1)
     assert not converts("layers.0.attention.wk", nn.Linear(128, 48), tp=2)  # 24 columns per rank
     assert not converts("layers.0.attention.wk", nn.Linear(120, 64), tp=1)
     assert not converts("output", nn.Linear(128, 512), tp=1)  # the LM head
+    assert not converts("layers.0.attention.wk", nn.Linear(128, 48), tp=1, precision="mxfp8")  # 32-blocks
 
 
 def test_the_emulated_gemm_multiplies_fp8_rounded_operands():
@@ -105,8 +128,9 @@ def test_the_emulated_gemm_multiplies_fp8_rounded_operands():
     assert (got - exact).abs().max() > 10 * tolerances.reduction_rtol(64) * exact.abs().max()
 
 
-def test_fp8_trains_like_fp32_within_the_rounding_bound(references, bound, fp8_reference):
-    ref, fp8 = references(), fp8_reference
+@pytest.mark.parametrize("precision", ["fp8", "mxfp8"])
+def test_fp8_trains_like_fp32_within_the_rounding_bound(references, bound, fp8_references, precision):
+    ref, fp8 = references(), fp8_references(precision)
     assert sorted(fp8["fp8"]) == bound["layers"] == block_linears(get_model("tiny"))
     assert fp8["losses"][0] != ref["losses"][0] or fp8["grad_norms"][0] != ref["grad_norms"][0]
     assert abs(ref["losses"][0] - bound["loss"]) <= tolerances.LOSS_RTOL * bound["loss"]  # the bound's batch
@@ -117,10 +141,12 @@ def test_fp8_trains_like_fp32_within_the_rounding_bound(references, bound, fp8_r
     assert tolerances.param_atol(STEPS) < worst <= fp8_tasks.adamw_drift(STEPS)
 
 
-@pytest.mark.parametrize("layout", ["dp=2", "dp=2,zero=3", "tp=2"])
-def test_two_ranks_in_fp8_match_one_process_in_fp8(dist_pool, bound, fp8_reference, layout):
-    out = dist_pool(2).run(fp8_tasks.train, f"{layout},precision=fp8", steps=STEPS, timeout=240)
-    got, want = out[0], fp8_reference
+@pytest.mark.parametrize("layout", ["dp=2", "dp=2,zero=3", "tp=2", "dp=2,zero=3,precision=mxfp8"])
+def test_two_ranks_in_fp8_match_one_process_in_fp8(dist_pool, bound, fp8_references, layout):
+    precision = "mxfp8" if "mxfp8" in layout else "fp8"
+    layout = layout if "precision" in layout else f"{layout},precision=fp8"
+    out = dist_pool(2).run(fp8_tasks.train, layout, steps=STEPS, timeout=240)
+    got, want = out[0], fp8_references(precision)
     assert all(sorted(rank["fp8"]) == bound["layers"] for rank in out)
     # first step: the same fp8 roundings, summed in another order
     assert abs(got["losses"][0] - want["losses"][0]) <= tolerances.LOSS_RTOL * want["losses"][0]

@@ -65,6 +65,7 @@ def test_runnable_search_keeps_only_what_plait_train_runs(problem):
     (TINY, "cp=2", 64, True, "runtime-compile-cp"),
     (TINY, "offload=0.5", 64, True, "runtime-compile-offload"),
     (TINY, "opt_offload=1", 64, False, "runtime-opt-offload"),
+    (TINY, "tp=2,precision=mxfp8", 64, False, "runtime-mxfp8-tp"),
     (TINY, "tp=2", 64, True, "runtime-compile-tp"),
     (dataclasses.replace(TINY, tied_embeddings=True), "pp=2", 64, False, "runtime-tied-embeddings-pp"),
     (TINY, "dp=1", TINY.max_seq_len * 2, False, "runtime-seq-len"),

@@ -1,7 +1,7 @@
 """Turn a ModelSpec and a Layout into this rank's trainable model parts.
 
 The order is fixed (each step changes what the next one sees):
-  build on meta → fp8 linear layers (precision=fp8) → tensor parallel → context parallel → activation
+  build on meta → fp8 linear layers (precision=fp8/mxfp8) → tensor parallel → context parallel → activation
   checkpointing → activation offload hooks → torch.compile per block → FSDP2 → materialize on the device and initialize → DDP (zero=0) → pipeline schedule.
 """
 
@@ -86,8 +86,8 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         if layout.attn == "eager":
             for block in chunk.layers.values():
                 block.attention.kernel = eager_attention
-        if layout.precision == "fp8":
-            fp8 += convert_to_float8(chunk, device, layout.tp)
+        if layout.precision != "bf16":
+            fp8 += convert_to_float8(chunk, device, layout.tp, layout.precision)
         if layout.tp > 1:
             apply_tensor_parallel(chunk, pdims.mesh["tp"], layout.sequence_parallel)
         if layout.cp > 1:
