@@ -47,7 +47,15 @@ import tolerances  # noqa: E402
 from torch import nn  # noqa: E402
 
 from plait.run.model import build_model  # noqa: E402
-from plait.run.parallel.float8 import convert_to_float8, converts, float8_config, import_float8  # noqa: E402
+from plait.errors import PlaitError  # noqa: E402
+from plait.run.parallel.float8 import (  # noqa: E402
+    convert_to_float8,
+    converts,
+    float8_config,
+    has_fp8_gemms,
+    import_float8,
+    mxfp8_config,
+)
 from plait.spec.models import get_model  # noqa: E402
 
 STEPS = 3  # runtime_tasks.make_config's default, as the session's fp32 references
@@ -100,6 +108,20 @@ def test_mxfp8_wraps_the_block_linear_weights():
                      if type(p).__name__ == "MXFP8TrainingWeightWrapperTensor")
     assert wrapped == block_linears(spec) and set(net.state_dict()) == names_before
     assert type(net.output.weight) is nn.Parameter
+
+
+@pytest.mark.parametrize("capability,fp8,mx", [((8, 0), False, False), ((9, 0), True, False), ((10, 0), True, True)])
+def test_which_gpus_multiply_in_fp8_and_mxfp8(monkeypatch, capability, fp8, mx):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"gpu sm{capability[0]}{capability[1]}")
+    cuda = torch.device("cuda", 0)
+    assert has_fp8_gemms(cuda) is fp8 and float8_config(cuda).emulate is not fp8
+    if mx:
+        assert mxfp8_config(cuda).kernel_preference.name == "AUTO"
+    else:
+        with pytest.raises(PlaitError, match=r"precision=mxfp8 needs MX tensor cores .* use precision=fp8"):
+            mxfp8_config(cuda)
+    assert mxfp8_config(torch.device("cpu")).kernel_preference.name == "EMULATED"
 
 
 def test_only_dimensions_that_fp8_gemms_take_are_converted():

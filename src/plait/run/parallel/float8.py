@@ -46,6 +46,8 @@ import logging
 import torch
 from torch import nn
 
+from plait.errors import PlaitError
+
 FP8_ALIGNMENT = 16  # torch._scaled_mm: both dimensions of an fp8 operand are multiples of 16
 FP8_MIN_CAPABILITY = (8, 9)  # CUDA compute capability with fp8 tensor cores (Ada, Hopper, Blackwell)
 MX_BLOCK = 32  # mxfp8: one power-of-2 (e8m0) scale per 32 consecutive elements of the reduction dimension
@@ -132,8 +134,6 @@ def mxfp8_config(device: torch.device):
     which routes ``linear``/``mm`` to MXFP8 GEMMs. Not with tensor parallelism (the wrapper does
     not survive DTensor sharding: rule ``runtime-mxfp8-tp``).
     """
-    from plait.errors import PlaitError
-
     with quiet_import():
         from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
         from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
