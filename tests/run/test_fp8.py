@@ -97,7 +97,7 @@ def test_block_linears_become_float8_and_the_head_stays(model):
     assert sorted(converted) == block_linears(spec)
     assert sorted(n for n, m in net.named_modules() if isinstance(m, float8_linear)) == block_linears(spec)
     assert type(net.output) is nn.Linear and type(net.tok_embeddings) is nn.Embedding
-    assert set(net.state_dict()) == names_before  # checkpoints load across precisions
+    assert set(net.state_dict()) == names_before  # a checkpoint holds the same keys
     assert net.layers["0"].attention.wq.config.emulate  # no fp8 GEMMs on a CPU
 
 
