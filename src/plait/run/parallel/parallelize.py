@@ -1,8 +1,9 @@
 """Turn a ModelSpec and a Layout into this rank's trainable model parts.
 
 The order is fixed (each step changes what the next one sees):
-  build on meta → fp8 linear layers (precision=fp8/mxfp8) → tensor parallel → context parallel → activation
-  checkpointing → activation offload hooks → torch.compile per block → FSDP2 → materialize on the device and initialize → DDP (zero=0) → pipeline schedule.
+  build on meta → fp8 linear layers (precision=fp8/mxfp8) → tensor parallel → context parallel →
+  activation checkpointing → activation offload hooks → torch.compile per block → FSDP2 →
+  materialize on the device and initialize → DDP (zero=0) → pipeline schedule.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ModelParts:
     stage_ids: list[int]
     schedule: object | None = None
     checkpointed: list[str] = field(default_factory=list)
-    fp8: list[str] = field(default_factory=list)  # names of the linear layers converted to fp8 (precision=fp8)
+    fp8: list[str] = field(default_factory=list)  # linear layers converted to fp8 (precision=fp8/mxfp8)
     fsdp: bool = False
     offloader: ActivationOffloader | None = None  # activation offload (plait.run.memory.offload)
     offloaded: list[str] = field(default_factory=list)  # ids of the blocks whose activations move
