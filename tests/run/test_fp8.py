@@ -185,3 +185,21 @@ def test_importing_torchao_prints_nothing_on_cpu():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == "", done.stderr
+
+
+def test_an_fp8_checkpoint_resumes_exactly_and_in_bf16(dist_pool, tmp_path, bound):
+    import checkpoint_tasks
+    from plait.run.checkpoint import store
+
+    pool, layout = dist_pool(2), "dp=2,zero=3,precision=fp8"
+    full = pool.run(checkpoint_tasks.train, layout, steps=STEPS, with_params=False)[0]
+    stopped = pool.run(checkpoint_tasks.train, layout, stop_after=2, steps=STEPS, with_params=False,
+                       checkpoint_dir=str(tmp_path))[0]
+    checkpoint = str(store.verify(tmp_path / store.final_name(2)).path)
+    resumed = pool.run(checkpoint_tasks.train, layout, steps=STEPS, resume_from=checkpoint, with_params=False)[0]
+    assert stopped["losses"] == full["losses"][:2] and resumed["losses"] == full["losses"][2:]  # the same kernels
+    in_bf16 = pool.run(checkpoint_tasks.train, "dp=2,zero=3", steps=STEPS, resume_from=checkpoint,
+                       with_params=False)[0]
+    assert in_bf16["steps"] == [2] and in_bf16["summary"]["start_step"] == 2
+    # the same weights, forward in fp32 instead of fp8: within the rounding bound (the first step's c)
+    assert abs(in_bf16["losses"][0] - full["losses"][2]) <= bound["bound"]

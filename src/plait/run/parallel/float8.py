@@ -112,7 +112,7 @@ def convert_to_float8(model: nn.Module, device: torch.device, tp: int, precision
     """Swap the block linears of ``model`` (built on the meta device; before tensor parallelism and
     FSDP) for ``Float8Linear`` (``precision`` fp8) or give them MXFP8 weights (mxfp8), in place;
     returns the names of the converted layers. Parameter names and values are unchanged
-    (a checkpoint holds the same keys; resuming in another precision is not tested)."""
+    (an fp8 checkpoint resumes exactly in fp8, and in bf16)."""
     converted = [name for name, module in model.named_modules() if converts(name, module, tp, precision)]
     chosen = set(converted)
     if precision == "mxfp8":
