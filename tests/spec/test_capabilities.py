@@ -13,6 +13,7 @@ from plait.errors import PlaitError
 from plait.plan.plan import Plan, evaluate, read_plan
 from plait.plan.search import SearchConstraints, require_plans, search
 from plait.run.config import RunConfig, RuntimeConfig, TrainJob, plan_parts
+from plait.spec import capabilities
 from plait.spec.capabilities import RUNTIME_RULES, runtime_violations
 from plait.spec.hardware import CLUSTERS, get_cluster
 from plait.spec.layout import JobSpec, Layout
@@ -64,7 +65,7 @@ def test_runnable_search_keeps_only_what_plait_train_runs(problem):
     (TINY, "cp=2", 64, True, "runtime-compile-cp"),
     (TINY, "offload=0.5", 64, True, "runtime-compile-offload"),
     (TINY, "opt_offload=1", 64, False, "runtime-opt-offload"),
-    (TINY, "precision=fp8", 64, False, "runtime-fp8"),
+    (TINY, "tp=2,precision=mxfp8", 64, False, "runtime-mxfp8-tp"),
     (dataclasses.replace(TINY, tied_embeddings=True), "pp=2", 64, False, "runtime-tied-embeddings-pp"),
     (TINY, "dp=1", TINY.max_seq_len * 2, False, "runtime-seq-len"),
     (TINY, "pp=2,schedule=zero-bubble", 64, True, "runtime-compile-zero-bubble"),
@@ -80,6 +81,17 @@ def test_each_rule_has_an_id_and_the_runtime_message(model, layout, seq_len, com
         assert runtime_violations(model, lay, JobSpec(8, seq_len)) == []
 
 
+def test_fp8_runs_with_torchao_and_is_refused_without(monkeypatch):
+    lay = Layout.parse("precision=fp8")
+    monkeypatch.setattr(capabilities, "torchao_installed", lambda: True)
+    assert runtime_violations(TINY, lay, JOB) == []
+    monkeypatch.setattr(capabilities, "torchao_installed", lambda: False)
+    found = runtime_violations(TINY, lay, JOB)
+    assert [v.rule for v in found] == ["runtime-fp8"] and "install torchao" in found[0].message
+    config = RunConfig(job=TrainJob(model=TINY, layout=lay, global_batch=8, seq_len=64))
+    assert config.runtime_problems() == [found[0].message]
+
+
 def test_messages_that_the_cli_tests_grep():
     messages = [v.message for v in runtime_violations(TINY, Layout.parse("dp=2,pp=2,cp=2,opt_offload=1"), JOB)]
     assert messages[0] == ("context parallelism with pipeline parallelism (cp > 1 with pp > 1) is planned but not "
@@ -89,7 +101,7 @@ def test_messages_that_the_cli_tests_grep():
 
 def test_require_plans_explains_when_no_fitting_layout_is_runnable():
     cluster = get_cluster("dgx-h100").with_gpus(8)
-    constraints = SearchConstraints(fixed=(("precision", "fp8"),), max_pp=2, max_mbs=2)
+    constraints = SearchConstraints(fixed=(("cp", 2), ("pp", 2)), max_pp=2, max_mbs=2)
     job = JobSpec(global_batch=16, seq_len=1024)
     result = search(get_model("llama-125m"), cluster, job, constraints, runnable=True)
     assert result.plans == [] and result.all_fitting()
@@ -97,7 +109,7 @@ def test_require_plans_explains_when_no_fitting_layout_is_runnable():
     with pytest.raises(PlaitError) as info:
         require_plans(get_model("llama-125m"), cluster, job, result, constraints)
     text = str(info.value)
-    assert "\n" not in text and "is one plait train runs yet" in text and "precision=fp8 is planned" in text
+    assert "\n" not in text and "is one plait train runs yet" in text and "(cp > 1 with pp > 1) is planned" in text
     assert require_plans(get_model("llama-125m"), cluster, job,
                          search(get_model("llama-125m"), cluster, job, constraints), constraints)
 

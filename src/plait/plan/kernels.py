@@ -17,6 +17,7 @@ from functools import lru_cache
 
 from plait.plan.params import CostParams
 from plait.spec.hardware import GpuSpec
+from plait.spec.layout import FP8_PRECISIONS
 from plait.spec.model import ModelSpec
 
 BF16 = 2
@@ -25,7 +26,7 @@ BF16 = 2
 def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, precision: str = "bf16") -> float:
     """Time of an (m×k)·(k×n) GEMM, seconds."""
     flops = 2.0 * m * k * n
-    if precision == "fp8":
+    if precision in FP8_PRECISIONS:
         peak = gpu.peak_flops("fp8") * params.fp8_gemm_efficiency
         operand_bytes = 1.0
     else:

@@ -12,7 +12,10 @@ checks that need the machine, e.g. the offload directory).
 
 from __future__ import annotations
 
-from plait.spec.layout import JobSpec, Layout
+import functools
+import importlib.util
+
+from plait.spec.layout import FP8_PRECISIONS, JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.validate import Violation
 
@@ -20,12 +23,11 @@ from plait.spec.validate import Violation
 NOT_RUN_YET = {
     "cp": "context parallelism with pipeline parallelism (cp > 1 with pp > 1)",
     "opt_offload": "optimizer offload (opt_offload=1)",
-    "fp8": "precision=fp8",
 }
 
 RUNTIME_RULES = (
     "runtime-cp-with-pp", "runtime-cp-dropout", "runtime-compile-cp", "runtime-compile-offload",
-    "runtime-opt-offload", "runtime-compile-tp-ckpt", "runtime-fp8", "runtime-tied-embeddings-pp",
+    "runtime-opt-offload", "runtime-compile-tp-ckpt", "runtime-fp8", "runtime-mxfp8-tp", "runtime-tied-embeddings-pp",
     "runtime-seq-len", "runtime-compile-zero-bubble", "runtime-async-tp-device", "runtime-async-tp-compile",
     "runtime-async-tp-sp",
 )
@@ -41,14 +43,27 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
                     f"{model.name} uses dropout; use cp=1 or a model without dropout"))
     if lay.opt_offload:
         out.append(("runtime-opt-offload", f"{NOT_RUN_YET['opt_offload']} is planned but not run yet"))
-    if lay.precision == "fp8":
-        out.append(("runtime-fp8", f"{NOT_RUN_YET['fp8']} is planned but not run yet; use precision=bf16"))
+    if lay.precision in FP8_PRECISIONS and not torchao_installed():
+        out.append(("runtime-fp8", f"precision={lay.precision} trains through torchao's float8 layers, and "
+                    "torchao is not installed; install torchao (pip install torchao, or plait[cpu] / plait[gpu]) "
+                    "or use precision=bf16"))
+    if lay.precision == "mxfp8" and lay.tp > 1:
+        out.append(("runtime-mxfp8-tp", f"precision=mxfp8 with tp={lay.tp}: torchao's MXFP8 weights lose their "
+                    "fp8 wrapper when tensor parallelism shards them (the layers would run in bf16); use "
+                    "precision=fp8 or tp=1"))
     if lay.pp > 1 and model.tied_embeddings:
         out.append(("runtime-tied-embeddings-pp", f"model {model.name} ties its embeddings, which needs the first "
                     "and last pipeline stage on one GPU; use pp=1"))
     if job.seq_len > model.max_seq_len:
         out.append(("runtime-seq-len", f"seq_len={job.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"))
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def torchao_installed() -> bool:
+    """Whether torchao (fp8 training, ``plait.run.parallel.float8``) is installed here; found
+    without importing it (importing torchao imports torch)."""
+    return importlib.util.find_spec("torchao") is not None
 
 
 def _compile_rules(lay: Layout) -> list[tuple[str, str]]:

@@ -34,7 +34,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 SCHEDULE_ALIASES = {"interleaved": "interleaved-1f1b", "zb": "zero-bubble", "zbh1": "zero-bubble",
                     "zero_bubble": "zero-bubble", "interleaved_1f1b": "interleaved-1f1b"}
 OFFLOAD_TARGETS = ("cpu", "disk")
-PRECISIONS = ("bf16", "fp8")
+PRECISIONS = ("bf16", "fp8", "mxfp8")
+FP8_PRECISIONS = ("fp8", "mxfp8")  # GEMMs in fp8: the planner times both at the fp8 peak
 ATTENTION_KERNELS = ("flash", "eager")
 CP_IMPLS = ("ring", "allgather", "torch", "ulysses")
 PARALLEL_DIMS = ("tp", "cp", "dp", "pp")
@@ -119,8 +120,10 @@ class Layout:
     offload_target: str = layout_key("cpu", "choice", "where offloaded activations go", choices=OFFLOAD_TARGETS,
                                      own_key=False, printed_by="offload", label="offload target")
     opt_offload: bool = layout_key(False, "bool", "optimizer states and step on the host", runtime=False)
-    precision: str = layout_key("bf16", "choice", "GEMM precision (`fp8`: fp8 GEMMs, bf16 elsewhere; "
-                                "planner only)", choices=PRECISIONS)
+    precision: str = layout_key("bf16", "choice", "GEMM precision (`fp8`: the blocks' linear layers in fp8 "
+                                "through torchao, tensor-wise scaling; `mxfp8`: the same with a scale per 32 "
+                                "elements, MX tensor cores (B200); embedding, LM head and the rest bf16; "
+                                "emulated on CPU)", choices=PRECISIONS)
     attn: str = layout_key("flash", "choice", "attention kernel (`eager` materializes the s×s scores)",
                            choices=ATTENTION_KERNELS)
     order: str = layout_key("tp-cp-dp-pp", "special", "rank order, innermost dimension first: decides which "

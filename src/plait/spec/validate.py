@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from plait.errors import PlaitError
 from plait.spec.hardware import ClusterSpec
-from plait.spec.layout import JobSpec, Layout, placement
+from plait.spec.layout import FP8_PRECISIONS, JobSpec, Layout, placement
 from plait.spec.model import ModelSpec
 from plait.spec.units import divisors
 
@@ -131,8 +131,8 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
         error("ckpt-layers", f"ckpt on {lay.ckpt_layers} layers but a pipeline stage has only {per_stage}")
     if lay.ckpt_layers and lay.ckpt == "none":
         error("ckpt-layers-policy", "ckpt_layers is set but ckpt=none: give a policy, e.g. ckpt=full:4")
-    if lay.precision == "fp8" and cluster.gpu.fp8_flops <= 0:
-        error("fp8-hardware", f"precision=fp8 but {cluster.gpu.name} has no fp8 tensor cores")
+    if lay.precision in FP8_PRECISIONS and cluster.gpu.fp8_flops <= 0:
+        error("fp8-hardware", f"precision={lay.precision} but {cluster.gpu.name} has no fp8 tensor cores")
     # ---- placement warnings
     groups = placement(lay, cluster.gpus_per_node)
     if groups["tp"].spans_nodes:

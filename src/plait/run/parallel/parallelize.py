@@ -1,8 +1,9 @@
 """Turn a ModelSpec and a Layout into this rank's trainable model parts.
 
 The order is fixed (each step changes what the next one sees):
-  build on meta → tensor parallel → context parallel → activation checkpointing → activation offload hooks →
-  torch.compile per block → FSDP2 → materialize on the device and initialize → DDP (zero=0) → pipeline schedule.
+  build on meta → fp8 linear layers (precision=fp8/mxfp8) → tensor parallel → context parallel →
+  activation checkpointing → activation offload hooks → torch.compile per block → FSDP2 →
+  materialize on the device and initialize → DDP (zero=0) → pipeline schedule.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from plait.run.parallel.compile import compile_blocks as compile_blocks_of, enab
 from plait.run.parallel.context.ring import apply_context_parallel
 from plait.run.parallel.context.shard import SequenceShard
 from plait.run.parallel.data import apply_ddp, apply_fsdp, uses_fsdp
+from plait.run.parallel.float8 import convert_to_float8
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.model import Transformer, build_model, eager_attention, init_weights
 from plait.run.memory.offload import ActivationOffloader, apply_activation_offload
@@ -46,6 +48,7 @@ class ModelParts:
     stage_ids: list[int]
     schedule: object | None = None
     checkpointed: list[str] = field(default_factory=list)
+    fp8: list[str] = field(default_factory=list)  # linear layers converted to fp8 (precision=fp8/mxfp8)
     fsdp: bool = False
     offloader: ActivationOffloader | None = None  # activation offload (plait.run.memory.offload)
     offloaded: list[str] = field(default_factory=list)  # ids of the blocks whose activations move
@@ -92,12 +95,15 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         stage_ids = [0]
         chunks = [build_model(spec)]
     sequence_shard = None
+    fp8: list[str] = []
     for chunk in chunks:
         if layout.attn == "eager":
             for block in chunk.layers.values():
                 block.attention.kernel = eager_attention
         for block in chunk.layers.values():
             block.attention.fused_qkv = fused_qkv
+        if layout.precision != "bf16":
+            fp8 += convert_to_float8(chunk, device, layout.tp, layout.precision)
         if layout.tp > 1:
             apply_tensor_parallel(chunk, pdims.mesh["tp"], layout.sequence_parallel)
         if layout.cp > 1:
@@ -120,5 +126,5 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
     if layout.pp > 1:
         schedule = build_schedule(trained, stage_ids, pdims, n_microbatches, loss_fn, device)
     return ModelParts(chunks=trained, stage_ids=stage_ids, schedule=schedule,
-                      checkpointed=checkpointed, fsdp=fsdp, offloader=offloader, offloaded=offloaded,
+                      checkpointed=checkpointed, fp8=fp8, fsdp=fsdp, offloader=offloader, offloaded=offloaded,
                       sequence_shard=sequence_shard)

@@ -1,0 +1,144 @@
+"""fp8 training (``Layout.precision`` = ``fp8`` or ``mxfp8``) with torchao's float8 converters.
+
+``convert_to_float8(model, device, tp)`` swaps the ``nn.Linear`` layers of the transformer
+blocks (attention wq/wk/wv/wo, MLP w1/w2/w3) for torchao's ``Float8Linear``; the token
+embedding and the LM head stay in high precision, as in torchtitan. A layer is converted only
+when both of its dimensions, divided by tp, are multiples of 16 (what ``torch._scaled_mm``
+needs of an fp8 operand).
+
+The recipe is torchao's tensor-wise dynamic scaling: each of a layer's three GEMMs (output,
+input gradient, weight gradient) casts its operands to fp8 - activations and weights to e4m3,
+the incoming gradient to e5m2 - with one scale per tensor from its current max-abs value.
+plait rounds the scales down to powers of 2 (``round_scales_to_power_of_2``): an fp8 value's
+mantissa then does not depend on its scale, so how a batch is split over data-parallel ranks
+(each computes the max-abs of its own share) does not change the rounding, and a dp=2 run's
+first step equals the one-process run's to fp32 rounding. Weights, gradients, optimizer states
+and their reductions stay as without fp8 (fp32 masters; bf16 or fp32 elsewhere).
+
+On a GPU with fp8 tensor cores (compute capability 8.9 or newer: L4, L40, H100, H200, B200)
+the GEMMs run in fp8 (``torch._scaled_mm``). Elsewhere - CPU, older GPUs - torchao emulates
+them: the operands are rounded to fp8 exactly as on the GPU, then multiplied in fp32 (so a CPU
+run shows fp8's numerics, not its speed).
+
+Order (``parallelize.py``): convert right after building on the meta device, before tensor
+parallelism and FSDP2, as torchao requires. Tensor parallelism keeps torch's plain
+``ColwiseParallel``/``RowwiseParallel`` styles: a sharded ``Float8Linear`` weight is a DTensor
+whose max-abs is taken over the whole tensor, so the scales are those of one process.
+Left out on purpose: torchao's ``Float8ColwiseParallel``/``Float8RowwiseParallel`` (they
+all-gather fp8 activations, which gloo cannot move - "Invalid scalar type" - and compute scales
+that are not powers of 2) and FSDP2's fp8 all-gather (``enable_fsdp_float8_all_gather``; in
+torchao 0.18 its weight scales ignore ``round_scales_to_power_of_2``, and the planner charges
+bf16 all-gathers). Both only save communication on GPU.
+
+``precision=mxfp8`` converts the same layers with torchao's prototype MXFP8 recipe (one scale
+per 32 elements; ``mxfp8_config``): MX GEMMs on B200, emulated on CPU, refused on GPUs without
+MX tensor cores and, by rule ``runtime-mxfp8-tp``, with tensor parallelism.
+
+torchao is optional (the ``cpu`` and ``gpu`` extras install it); without it the runtime rule
+``runtime-fp8`` refuses ``precision=fp8`` and ``mxfp8`` before launching.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+from torch import nn
+
+from plait.errors import PlaitError
+
+FP8_ALIGNMENT = 16  # torch._scaled_mm: both dimensions of an fp8 operand are multiples of 16
+FP8_MIN_CAPABILITY = (8, 9)  # CUDA compute capability with fp8 tensor cores (Ada, Hopper, Blackwell)
+MX_BLOCK = 32  # mxfp8: one power-of-2 (e8m0) scale per 32 consecutive elements of the reduction dimension
+MX_MIN_CAPABILITY = (10, 0)  # MX tensor cores (Blackwell: B200)
+# What importing torchao logs on a machine without its CUDA kernels (harmless: float8 training
+# uses torch._scaled_mm, not these libraries), and a torch deprecation notice it triggers.
+IMPORT_NOISE = {"torchao": "Failed to load", "torch.utils._pytree": "Enum subclass"}
+
+
+class _DropMessages(logging.Filter):
+    """A logger filter that drops the records whose message contains ``fragment``."""
+
+    def __init__(self, fragment: str):
+        super().__init__()
+        self.fragment = fragment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.fragment not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_import():
+    """While active, drop torchao's import-time warnings (``IMPORT_NOISE``), nothing else."""
+    filters = [(logging.getLogger(name), _DropMessages(fragment)) for name, fragment in IMPORT_NOISE.items()]
+    for logger, drop in filters:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        for logger, drop in filters:
+            logger.removeFilter(drop)
+
+
+def import_float8():
+    """The ``torchao.float8`` module, imported without its CPU-machine warnings."""
+    with quiet_import():
+        import torchao.float8
+    return torchao.float8
+
+
+def has_fp8_gemms(device: torch.device) -> bool:
+    """Whether ``device`` multiplies in fp8 (else torchao emulates the fp8 GEMMs in fp32)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= FP8_MIN_CAPABILITY
+
+
+def float8_config(device: torch.device):
+    """torchao's ``Float8LinearConfig`` for ``device``: tensor-wise dynamic scaling with power-of-2
+    scales, emulated where the device has no fp8 GEMMs."""
+    return import_float8().Float8LinearConfig(emulate=not has_fp8_gemms(device), round_scales_to_power_of_2=True)
+
+
+def converts(name: str, module: nn.Module, tp: int, precision: str = "fp8") -> bool:
+    """Whether layer ``name`` of a (stage) model becomes fp8: a linear layer of a block whose two
+    dimensions, each divided by ``tp``, are multiples of 16 (of 32, the MX block, for mxfp8)."""
+    if not name.startswith("layers.") or not isinstance(module, nn.Linear):
+        return False
+    alignment = MX_BLOCK if precision == "mxfp8" else FP8_ALIGNMENT
+    return all(dim % (alignment * tp) == 0 for dim in (module.in_features, module.out_features))
+
+
+def convert_to_float8(model: nn.Module, device: torch.device, tp: int, precision: str = "fp8") -> list[str]:
+    """Swap the block linears of ``model`` (built on the meta device; before tensor parallelism and
+    FSDP) for ``Float8Linear`` (``precision`` fp8) or give them MXFP8 weights (mxfp8), in place;
+    returns the names of the converted layers. Parameter names and values are unchanged
+    (an fp8 checkpoint resumes exactly in fp8, and in bf16)."""
+    converted = [name for name, module in model.named_modules() if converts(name, module, tp, precision)]
+    chosen = set(converted)
+    if precision == "mxfp8":
+        with quiet_import():
+            from torchao.quantization import quantize_
+        quantize_(model, mxfp8_config(device), filter_fn=lambda module, name: name in chosen)
+    else:
+        import_float8().convert_to_float8_training(model, config=float8_config(device),
+                                                   module_filter_fn=lambda module, name: name in chosen)
+    return converted
+
+
+def mxfp8_config(device: torch.device):
+    """torchao's MXFP8 training config: MX kernels on a GPU with MX tensor cores, emulated on CPU.
+
+    MXFP8 (``precision=mxfp8``, torchao's prototype ``MXFP8TrainingOpConfig``) casts every GEMM
+    operand, gradients included, to e4m3 with one power-of-2 scale per 32 elements. A linear
+    layer keeps its class; its weight becomes torchao's ``MXFP8TrainingWeightWrapperTensor``,
+    which routes ``linear``/``mm`` to MXFP8 GEMMs. Not with tensor parallelism (the wrapper does
+    not survive DTensor sharding: rule ``runtime-mxfp8-tp``).
+    """
+    with quiet_import():
+        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
+        from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < MX_MIN_CAPABILITY:
+        raise PlaitError(f"precision=mxfp8 needs MX tensor cores (compute capability 10.0, B200); "
+                         f"{torch.cuda.get_device_name(device)} has none; use precision=fp8")
+    emulated = device.type != "cuda"
+    return MXFP8TrainingOpConfig(kernel_preference=KernelPreference.EMULATED if emulated else KernelPreference.AUTO)
