@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_flatten
 
 from plait.run.memory.recompute import apply_activation_checkpointing
-from plait.run.model import build_model, canonical_name, eager_attention, rope_tables
+from plait.run.model import apply_kernels, build_model, canonical_name, rope_tables
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
 
@@ -126,8 +126,7 @@ def build_layer(spec: ModelSpec, layout: Layout, seed: int = 0):
         model = build_model(spec1)
     finally:
         torch.set_default_dtype(previous)
-    if layout.attn == "eager":
-        model.layers["0"].attention.kernel = eager_attention
+    apply_kernels(model, layout.attn, layout.norm)  # as plait.run.parallel.parallelize does
     if layout.tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -247,7 +246,9 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
       block wrapper ("", full checkpoint)   -> attn_norm_input (the checkpoint's input)
       attention_norm / ffn_norm             -> attn/mlp_norm_input (compute dtype, width h),
                                                norm_stats (one value per token),
-                                               cpu_rmsnorm_fp32 (fp32, width h: CPU composite RMSNorm)
+                                               cpu_rmsnorm_fp32 (fp32, width h: CPU composite RMSNorm);
+                                               norm=unfused: attn/mlp_norm_fp32_input (fp32, width h),
+                                               attn/mlp_norm_normalized (compute dtype, width h)
       attention.wq/wk/wv, feed_forward.w1/w3 -> attn_norm_output, mlp_norm_output (GEMM inputs)
       attention.wo, feed_forward.w2          -> attn_out, mlp_act_out
       attention (kernel, RoPE, checkpoint)   -> attn_causal_mask (bool), attn_lse (fp32),
@@ -285,6 +286,8 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
             part = "attn" if m == "attention_norm" else "mlp"
             if last == 1 or len(r.shape) < 2:
                 add("norm_stats", r.nbytes)
+            elif layout.norm == "unfused":  # the op chain: fp32 (centred) input, normalized value
+                add(f"{part}_norm_fp32_input" if r.dtype == "float32" else f"{part}_norm_normalized", r.nbytes)
             elif r.dtype == "bfloat16":
                 add(f"{part}_norm_input", r.nbytes)
             else:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from plait.run.memory.recompute import apply_activation_checkpointing
@@ -19,20 +18,12 @@ from plait.run.parallel.context.ring import apply_context_parallel
 from plait.run.parallel.context.shard import SequenceShard
 from plait.run.parallel.data import apply_ddp, apply_fsdp, uses_fsdp
 from plait.run.parallel.mesh import ParallelDims
-from plait.run.model import Transformer, build_model, eager_attention, init_weights
+from plait.run.loss import loss_function, token_loss
+from plait.run.model import Transformer, apply_kernels, build_model, init_weights
 from plait.run.memory.offload import ActivationOffloader, apply_activation_offload
 from plait.run.parallel.pipeline import build_schedule, build_stage_module, stage_ids_of_rank
 from plait.run.parallel.tensor import apply_tensor_parallel
 from plait.spec.model import ModelSpec
-
-
-def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy over the tokens of a (micro-)batch, in fp32.
-
-    ``logits`` may be a vocabulary-sharded DTensor: inside ``loss_parallel()`` the cross
-    entropy is computed without gathering the full logits.
-    """
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
 @dataclass
@@ -47,6 +38,7 @@ class ModelParts:
     offloader: ActivationOffloader | None = None  # activation offload (plait.run.memory.offload)
     offloaded: list[str] = field(default_factory=list)  # ids of the blocks whose activations move
     sequence_shard: SequenceShard | None = None  # context parallelism: this rank's tokens of each sequence
+    loss_fn: Callable = token_loss  # (model output, labels) -> mean token loss (Layout.loss, plait.run.loss)
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for chunk in self.chunks for p in chunk.parameters()]
@@ -80,9 +72,7 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         chunks = [build_model(spec)]
     sequence_shard = None
     for chunk in chunks:
-        if layout.attn == "eager":
-            for block in chunk.layers.values():
-                block.attention.kernel = eager_attention
+        apply_kernels(chunk, layout.attn, layout.norm, layout.loss)
         if layout.tp > 1:
             apply_tensor_parallel(chunk, pdims.mesh["tp"], layout.sequence_parallel)
         if layout.cp > 1:
@@ -103,9 +93,11 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         init_weights(chunk, spec, seed, device)
     ddp = pdims.grad_sync_size > 1 and not fsdp
     trained: list[nn.Module] = [apply_ddp(chunk, pdims) for chunk in chunks] if ddp else list(chunks)
+    last = [chunk for chunk in chunks if chunk.output is not None]  # the chunk with the LM head (last stage)
+    loss_fn = loss_function(layout.loss, last[0].output if last else None, loss_fn, last[0] if last else None)
     schedule = None
     if layout.pp > 1:
         schedule = build_schedule(trained, stage_ids, pdims, n_microbatches, loss_fn, device)
     return ModelParts(chunks=trained, stage_ids=stage_ids, schedule=schedule,
                       checkpointed=checkpointed, fsdp=fsdp, offloader=offloader, offloaded=offloaded,
-                      sequence_shard=sequence_shard)
+                      sequence_shard=sequence_shard, loss_fn=loss_fn)
