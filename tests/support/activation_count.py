@@ -252,7 +252,7 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
       attention.wq/wk/wv, feed_forward.w1/w3 -> attn_norm_output, mlp_norm_output (GEMM inputs)
       attention.wo, feed_forward.w2          -> attn_out, mlp_act_out
       attention (kernel, RoPE, checkpoint)   -> attn_causal_mask (bool), attn_lse (fp32),
-                                               attn_scores / attn_dropout_mask / attn_dropout_out
+                                               attn_scores / attn_probs / attn_dropout_mask / attn_dropout_out
                                                (the s×s tensors), attn_out (SDPA's output), q+kv
       feed_forward                           -> mlp_act_out (silu / gelu output), mlp_up
       dropout (1st, 2nd call)                -> attn_resid_dropout_mask, mlp_dropout_mask
@@ -308,15 +308,17 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
         elif m == "attention":
             if r.dtype == "bool":
                 add("attn_causal_mask", r.nbytes)
-            elif r.dtype == "float32":
-                add("attn_lse", r.nbytes)
             elif math.prod(r.shape) == scores_numel:
                 if r.grad_fn.startswith("Softmax"):
                     add("attn_scores", r.nbytes)
+                elif r.grad_fn.startswith("ToCopy"):  # the bf16 copy of the fp32 softmax
+                    add("attn_probs", r.nbytes)
                 elif r.grad_fn == "":
                     add("attn_dropout_mask", r.nbytes)
                 else:
                     add("attn_dropout_out", r.nbytes)
+            elif r.dtype == "float32":
+                add("attn_lse", r.nbytes)
             elif r.grad_fn.startswith("ScaledDotProduct"):
                 add("attn_out", r.nbytes)
             else:

@@ -278,7 +278,7 @@ def _fastest_split(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, model_p
             continue
         if not estimate_memory(model, cluster, job, layout, runtime=runtime).fits:
             continue
-        tokens = estimate_step(model, cluster, job, layout).tokens_per_s_per_gpu
+        tokens = estimate_step(model, cluster, job, layout, runtime=runtime).tokens_per_s_per_gpu
         if best is None or tokens > best[0]:
             best = (tokens, layout)
     if best is None:
@@ -328,7 +328,7 @@ def predict_row(row: dict, params: CostParams = DEFAULT_PARAMS) -> RunResult:
     except PlaitError as exc:
         result.status = f"unsupported: {exc}"
         return result
-    step = estimate_step(model, cluster, job, layout, params)
+    step = estimate_step(model, cluster, job, layout, params, runtime=_runtime(row))
     memory = estimate_memory(model, cluster, job, layout, params, runtime=_runtime(row))
     result.seq_len = job.seq_len
     result.predicted_step_time_s = step.step_time

@@ -45,6 +45,10 @@ Runtimes (``runtime=``): what a layer saves depends on the implementation, not o
       - eager attention builds its s×s boolean causal mask in every layer and ``masked_fill``
         saves it (item ``attn_causal_mask``, 1 byte per query-key pair, the same on every
         tensor-parallel rank); Megatron passes one mask to all layers.
+      - eager attention's softmax runs in fp32 (as Hugging Face's and Megatron's unfused paths):
+        it saves its fp32 output (``attn_scores``, 4 bytes per pair) and the P·V GEMM the bf16
+        copy (``attn_probs``, or ``attn_dropout_out`` with dropout); Megatron's fused
+        scale-mask-softmax kernel saves one bf16 output.
 Both runtimes: eager attention with grouped-query attention repeats K and V to all a heads
 before the batched GEMMs, which save the repeated copies (item ``attn_kv_repeat``: the
 2·2·s·b·(h - kv)/t bytes beyond ``kv``; zero for multi-head attention; recomputed under
@@ -90,7 +94,7 @@ FP32 = 4
 
 RUNTIMES = ("megatron", "torch")
 
-SELECTIVE_DROPS = {"attn_scores", "attn_dropout_mask", "attn_dropout_out", "attn_lse", "attn_kv_repeat",
+SELECTIVE_DROPS = {"attn_scores", "attn_probs", "attn_dropout_mask", "attn_dropout_out", "attn_lse", "attn_kv_repeat",
                    "attn_causal_mask"}
 BALANCED_KEEPS = {"attn_norm_input", "mlp_norm_input", "q", "kv", "attn_out", "mlp_up"}
 
@@ -129,10 +133,16 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
         if runtime == "torch":  # built per layer (s local queries × seq_len keys, bool)
             items["attn_causal_mask"] = MASK * s * seq_len
         # probabilities after softmax: s local queries × seq_len keys per head
-        items["attn_scores"] = BF16 * a / t * b * s * seq_len
+        scores = a / t * b * s * seq_len
+        if runtime == "torch":  # fp32 softmax output, and its bf16 copy that P·V saves
+            items["attn_scores"] = FP32 * scores
+            if not model.dropout:
+                items["attn_probs"] = BF16 * scores
+        else:  # Megatron's fused scale-mask-softmax kernel writes bf16
+            items["attn_scores"] = BF16 * scores
         if model.dropout:
-            items["attn_dropout_mask"] = items["attn_scores"] / BF16 * MASK
-            items["attn_dropout_out"] = items["attn_scores"]
+            items["attn_dropout_mask"] = MASK * scores
+            items["attn_dropout_out"] = BF16 * scores
     else:
         items["attn_lse"] = FP32 * sb * a / t
     items["attn_out"] = BF16 * sb * h / t  # input of the output projection

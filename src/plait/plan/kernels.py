@@ -40,6 +40,17 @@ UNFUSED_NORM_BYTES = {"llama": 36.0, "gpt": 48.0}
 # Kernels of that chain (the per-token ops included): RMSNorm float, pow, mean, add, rsqrt, mul,
 # cast, mul = 8; LayerNorm also mean, sub, add (bias) = 11.
 UNFUSED_NORM_KERNELS = {"llama": 8, "gpt": 11}
+# Eager attention, bytes per element of the s×s scores beyond the two batched GEMMs (whose own
+# reads and writes gemm_time counts), (forward, backward), by runtime:
+#   torch (plait.run.model.eager_attention: bf16 scores, fp32 softmax, as Hugging Face's eager
+#     path): forward scale 2+2, masked_fill 2+1 (mask)+2, cast to fp32 2+4, softmax 4+4, cast
+#     to bf16 4+2 = 29; backward cast 2+4, softmax 4 (out)+4 (grad)+4, cast 4+2, masked_fill
+#     2+1+2, scale 2+2 = 33.
+#   megatron (fused scale-mask-softmax kernel, bf16): scores read 2, probabilities written 2,
+#     plus 2 for the mask = 6 forward; twice that backward (the published runs without
+#     FlashAttention, tests/measure).
+EAGER_SOFTMAX_BYTES = {"torch": (29.0, 33.0), "megatron": (6.0, 12.0)}
+EAGER_DROPOUT_BYTES = 5.0
 
 
 def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, precision: str = "bf16") -> float:
@@ -78,8 +89,9 @@ class LayerTimes:
 @lru_cache(maxsize=65536)
 def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, seq_len: int,
                 tp: int, cp: int, sequence_parallel: bool, attn: str, precision: str,
-                norm: str = "fused") -> LayerTimes:
-    """Times for ``tokens`` = (seq_len / cp) · micro-batch tokens on this rank."""
+                norm: str = "fused", runtime: str = "torch") -> LayerTimes:
+    """Times for ``tokens`` = (seq_len / cp) · micro-batch tokens on this rank; ``runtime``: whose
+    eager attention (``EAGER_SOFTMAX_BYTES``)."""
     h, f, t = model.hidden, model.ffn_hidden, tp
     kv = model.kv_hidden
     gemm = gemm_time(gpu, params, tokens, h, (h + 2 * kv) / t, precision)
@@ -101,13 +113,14 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
         attn_bwd = params.flash_backward_factor * attn_fwd
         scores_gemm = 0.0
     else:
-        # eager: the full s×s square is computed and masked; softmax (+ dropout) in HBM
+        # eager: the full s×s square is computed and masked; scale, mask, softmax (+ dropout) in HBM
         one = gemm_time(gpu, params, batch * heads * s_q, model.head_dim, seq_len)
         elements = batch * heads * s_q * seq_len
-        softmax_bytes = elements * (6.0 + (5.0 if model.dropout else 0.0))
-        softmax = softmax_bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency)
-        attn_fwd = 2 * one + softmax
-        attn_bwd = 4 * one + 2 * softmax
+        bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
+        dropout = EAGER_DROPOUT_BYTES if model.dropout else 0.0
+        fwd_bytes, bwd_bytes = EAGER_SOFTMAX_BYTES[runtime]
+        attn_fwd = 2 * one + elements * (fwd_bytes + dropout) / bandwidth
+        attn_bwd = 4 * one + elements * (bwd_bytes + 2 * dropout) / bandwidth
         scores_gemm = one
     rep = t if sequence_parallel else 1
     passes = params.elementwise_passes

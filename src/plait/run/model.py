@@ -112,14 +112,19 @@ def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p:
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
-    """The same as ``core_attention`` with the (seq × seq) probabilities materialized (attn=eager)."""
+    """The same as ``core_attention`` with the (seq × seq) probabilities materialized (attn=eager).
+
+    Plain PyTorch attention as Hugging Face's and Megatron's unfused paths write it: the softmax
+    in fp32 (for bf16 stability), cast back to the input dtype for the P·V GEMM.
+    """
     if k.shape[1] != q.shape[1]:
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     seq = q.shape[2]
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-    probs = F.dropout(scores.masked_fill(mask, float("-inf")).softmax(dim=-1), p=dropout_p)
+    probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+    probs = F.dropout(probs, p=dropout_p)
     return probs @ v
 
 
