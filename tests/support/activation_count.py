@@ -311,12 +311,10 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
             elif math.prod(r.shape) == scores_numel:
                 if r.grad_fn.startswith("Softmax"):
                     add("attn_scores", r.nbytes)
-                elif r.grad_fn.startswith("ToCopy"):  # the bf16 copy of the fp32 softmax
-                    add("attn_probs", r.nbytes)
                 elif r.grad_fn == "":
                     add("attn_dropout_mask", r.nbytes)
-                else:
-                    add("attn_dropout_out", r.nbytes)
+                else:  # what P·V saves: the bf16 copy of the fp32 softmax, or the dropout output
+                    add("attn_dropout_out" if spec.dropout else "attn_probs", r.nbytes)
             elif r.dtype == "float32":
                 add("attn_lse", r.nbytes)
             elif r.grad_fn.startswith("ScaledDotProduct"):
