@@ -27,6 +27,7 @@ TWO_RANKS = [
     ("tp=2,sp=0,loss=fused", "TP without SP, chunked loss"),
     ("pp=2,loss=fused", "PP 1F1B: the last stage's loss_fn chunks"),
     ("pp=2,vpp=2,loss=fused", "PP interleaved: the head on the last virtual stage"),
+    ("pp=2,schedule=zero-bubble,mbs=2,loss=fused", "PP zero-bubble: input and weight gradients split"),
 ]
 
 
