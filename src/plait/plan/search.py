@@ -12,7 +12,7 @@ are never slower nor larger than the alternatives in the model (``sdpa`` is time
 so trying the others would only multiply the candidates; they are evaluated when pinned
 (``--fix attn=eager``). The chunked loss (``loss=fused``) costs one more LM-head GEMM and
 saves memory, so, like offload, it is tried for a layout that does not fit with ``unfused``
-(before offload), unless ``loss`` is pinned.
+(before offload, and kept only if it makes the layout fit), unless ``loss`` is pinned.
 
 Every plan carries the runtime rules it breaks (``plait.spec.capabilities``); with
 ``runnable=True`` only the layouts that ``plait train`` runs are kept.
@@ -188,10 +188,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
             continue
         memory = estimate_memory(model, cluster, job, layout, params)
         evaluated += 1
-        if not memory.fits and layout.loss == "unfused" and constraints.fixed_value("loss") is None:
+        # the chunked loss shrinks the logits term: it helps only where that stage is the peak
+        if (not memory.fits and memory.logits > 0 and layout.loss == "unfused"
+                and constraints.fixed_value("loss") is None):
             chunked = replace(layout, loss="fused")
             chunked_memory = estimate_memory(model, cluster, job, chunked, params)
-            if chunked_memory.fits or chunked_memory.total < memory.total:
+            if chunked_memory.fits:
                 layout, memory = chunked, chunked_memory
         if not memory.fits and constraints.allow_offload and layout.ckpt != "none":
             layout, memory = _with_offload(model, cluster, job, layout, memory, params)
