@@ -1,6 +1,7 @@
 """Memory truth: the bytes one runtime layer saves for its backward, measured, against the planner.
 
-For each checkpoint policy (none, selective, balanced, full), attention kernel (SDPA "flash", eager) and
+For each checkpoint policy (none, selective, balanced, full), attention kernel (SDPA "flash" and "sdpa",
+eager), norm kernel (fused, unfused: the eager fp32 op chain, the same on CPU and GPU) and
 tensor-parallel layout (tp=1; tp=2 with and without sequence parallelism, on two gloo ranks),
 ``tests/support/activation_count.py`` builds one bf16 layer of the runtime's model on the CPU and counts,
 for one micro-batch, the distinct storages that autograd saves (``saved_tensors_hooks``; DTensors
@@ -45,16 +46,17 @@ def measurable(spec, attn: str, policy: str) -> bool:
     return not (spec.dropout and attn == "flash" and policy in ("none", "balanced"))
 
 
-def cases(specs, tp: int, sp: bool) -> list[tuple]:
-    return [(spec, Layout(tp=tp, sp=sp, mbs=MBS, ckpt=policy, attn=attn), SEQ, MBS)
-            for spec in specs for policy in POLICIES for attn in ATTN if measurable(spec, attn, policy)]
+def cases(specs, tp: int, sp: bool, attns=ATTN, norm: str = "fused") -> list[tuple]:
+    return [(spec, Layout(tp=tp, sp=sp, mbs=MBS, ckpt=policy, attn=attn, norm=norm), SEQ, MBS)
+            for spec in specs for policy in POLICIES for attn in attns if measurable(spec, attn, policy)]
 
 
 def case_id(case) -> str:
     spec, layout = case[0], case[1]
     name = spec.name + ("+dropout" if spec.dropout else "")
     tp = f"-tp{layout.tp}{'-sp' if layout.sequence_parallel else ''}" if layout.tp > 1 else ""
-    return f"{name}-{layout.ckpt}-{layout.attn}{tp}"
+    norm = "-unfused-norm" if layout.norm == "unfused" else ""
+    return f"{name}-{layout.ckpt}-{layout.attn}{norm}{tp}"
 
 
 def planner_items(spec, layout: Layout, runtime: str) -> dict[str, float]:
@@ -72,6 +74,8 @@ def cpu_kernel_deltas(spec, items: dict[str, float]) -> dict[str, float]:
     """
     deltas: dict[str, float] = {}
     norms_run = "norm_stats" in items  # false under full recomputation
+    if "attn_norm_fp32_input" in items:  # norm=unfused: the same op chain on every device
+        norms_run = False
     if spec.arch == "llama" and norms_run:
         for item in ("attn_norm_input", "mlp_norm_input"):
             deltas[item] = -items[item]
@@ -131,7 +135,9 @@ def check(spec, layout: Layout, result: dict) -> None:
 
 
 # ------------------------------------------------------------------ one rank (tp=1)
-SINGLE = cases([LLAMA, GPT, GPT_NO_DROPOUT], tp=1, sp=False)
+SINGLE = (cases([LLAMA, GPT, GPT_NO_DROPOUT], tp=1, sp=False)
+          + cases([LLAMA, GPT_NO_DROPOUT], tp=1, sp=False, attns=("flash", "sdpa"), norm="unfused")
+          + cases([LLAMA], tp=1, sp=False, attns=("sdpa",)))
 
 
 @pytest.mark.parametrize("case", SINGLE, ids=[case_id(c) for c in SINGLE])
@@ -140,7 +146,8 @@ def test_saved_bytes_match_planner(case):
 
 
 # ------------------------------------------------------------------ tensor parallel (tp=2, gloo)
-PARALLEL = cases([LLAMA, GPT], tp=2, sp=False) + cases([LLAMA, GPT], tp=2, sp=True)
+PARALLEL = (cases([LLAMA, GPT], tp=2, sp=False) + cases([LLAMA, GPT], tp=2, sp=True)
+            + cases([LLAMA], tp=2, sp=True, attns=("flash",), norm="unfused"))
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_flatten
 
 from plait.run.memory.recompute import apply_activation_checkpointing
-from plait.run.model import build_model, canonical_name, eager_attention, rope_tables
+from plait.run.model import apply_kernels, build_model, canonical_name, rope_tables
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
 
@@ -126,8 +126,7 @@ def build_layer(spec: ModelSpec, layout: Layout, seed: int = 0):
         model = build_model(spec1)
     finally:
         torch.set_default_dtype(previous)
-    if layout.attn == "eager":
-        model.layers["0"].attention.kernel = eager_attention
+    apply_kernels(model, layout.attn, layout.norm)  # as plait.run.parallel.parallelize does
     if layout.tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -247,11 +246,13 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
       block wrapper ("", full checkpoint)   -> attn_norm_input (the checkpoint's input)
       attention_norm / ffn_norm             -> attn/mlp_norm_input (compute dtype, width h),
                                                norm_stats (one value per token),
-                                               cpu_rmsnorm_fp32 (fp32, width h: CPU composite RMSNorm)
+                                               cpu_rmsnorm_fp32 (fp32, width h: CPU composite RMSNorm);
+                                               norm=unfused: attn/mlp_norm_fp32_input (fp32, width h),
+                                               attn/mlp_norm_normalized (compute dtype, width h)
       attention.wq/wk/wv, feed_forward.w1/w3 -> attn_norm_output, mlp_norm_output (GEMM inputs)
       attention.wo, feed_forward.w2          -> attn_out, mlp_act_out
       attention (kernel, RoPE, checkpoint)   -> attn_causal_mask (bool), attn_lse (fp32),
-                                               attn_scores / attn_dropout_mask / attn_dropout_out
+                                               attn_scores / attn_probs / attn_dropout_mask / attn_dropout_out
                                                (the s×s tensors), attn_out (SDPA's output), q+kv
       feed_forward                           -> mlp_act_out (silu / gelu output), mlp_up
       dropout (1st, 2nd call)                -> attn_resid_dropout_mask, mlp_dropout_mask
@@ -285,6 +286,8 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
             part = "attn" if m == "attention_norm" else "mlp"
             if last == 1 or len(r.shape) < 2:
                 add("norm_stats", r.nbytes)
+            elif layout.norm == "unfused":  # the op chain: fp32 (centred) input, normalized value
+                add(f"{part}_norm_fp32_input" if r.dtype == "float32" else f"{part}_norm_normalized", r.nbytes)
             elif r.dtype == "bfloat16":
                 add(f"{part}_norm_input", r.nbytes)
             else:
@@ -305,15 +308,15 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
         elif m == "attention":
             if r.dtype == "bool":
                 add("attn_causal_mask", r.nbytes)
-            elif r.dtype == "float32":
-                add("attn_lse", r.nbytes)
             elif math.prod(r.shape) == scores_numel:
                 if r.grad_fn.startswith("Softmax"):
                     add("attn_scores", r.nbytes)
                 elif r.grad_fn == "":
                     add("attn_dropout_mask", r.nbytes)
-                else:
-                    add("attn_dropout_out", r.nbytes)
+                else:  # what P·V saves: the bf16 copy of the fp32 softmax, or the dropout output
+                    add("attn_dropout_out" if spec.dropout else "attn_probs", r.nbytes)
+            elif r.dtype == "float32":
+                add("attn_lse", r.nbytes)
             elif r.grad_fn.startswith("ScaledDotProduct"):
                 add("attn_out", r.nbytes)
             else:

@@ -160,7 +160,7 @@ def predict_row(row: dict, params: CostParams = DEFAULT_PARAMS) -> RunResult:
         result.status = f"unsupported: {exc}"
         return result
     model, cluster, job, layout = specs.model, specs.cluster, specs.job, specs.layout
-    step = estimate_step(model, cluster, job, layout, params)
+    step = estimate_step(model, cluster, job, layout, params, runtime=specs.runtime)
     memory = estimate_memory(model, cluster, job, layout, params, runtime=specs.runtime)
     if specs.memory_of is not None:
         memory = specs.memory_of(layout, memory)

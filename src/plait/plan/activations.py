@@ -45,6 +45,10 @@ Runtimes (``runtime=``): what a layer saves depends on the implementation, not o
       - eager attention builds its s×s boolean causal mask in every layer and ``masked_fill``
         saves it (item ``attn_causal_mask``, 1 byte per query-key pair, the same on every
         tensor-parallel rank); Megatron passes one mask to all layers.
+      - eager attention's softmax runs in fp32 (as Hugging Face's and Megatron's unfused paths):
+        it saves its fp32 output (``attn_scores``, 4 bytes per pair) and the P·V GEMM the bf16
+        copy (``attn_probs``, or ``attn_dropout_out`` with dropout); Megatron's fused
+        scale-mask-softmax kernel saves one bf16 output.
 Both runtimes: eager attention with grouped-query attention repeats K and V to all a heads
 before the batched GEMMs, which save the repeated copies (item ``attn_kv_repeat``: the
 2·2·s·b·(h - kv)/t bytes beyond ``kv``; zero for multi-head attention; recomputed under
@@ -60,6 +64,19 @@ up to CPU kernel choices that the GPU runtime does not make (the test adds them 
     bf16); CUDA's ``native_dropout`` saves a 1-byte bool mask, as Megatron does.
   * SDPA with dropout has no fused CPU kernel and runs the fp32 math fallback (not modeled;
     the GPU flash kernel with dropout saves the same tensors as without, plus an RNG state).
+Normalization kernel (``Layout.norm``):
+  * ``fused`` (default): one kernel per norm that saves its bf16 input and fp32 statistics
+    (RMSNorm: rstd; LayerNorm: mean and rstd) - items ``*_norm_input`` and ``norm_stats``.
+  * ``unfused``: the eager op chain (``plait.run.model.unfused_norm``: upcast to fp32, [centre],
+    mean of squares, rsqrt, scale, cast back, times the weight) saves, per norm, the fp32 input
+    (``*_norm_fp32_input``, 4 bytes per element; LayerNorm: the centred input), the bf16
+    normalized value that the weight multiplies (``*_norm_normalized``, 2 bytes per element) and
+    one fp32 rstd per token (``norm_stats``), the same on CPU and GPU. The bf16 layer input is
+    then saved by nothing inside the layer; a checkpoint that keeps it (``full``, ``balanced``)
+    keeps its 2 bytes per element (``residual_bytes``).
+Attention kernel ``sdpa`` saves what ``flash`` saves: on the GPUs plait plans for, torch's SDPA
+picks the FlashAttention-2 kernel, and where it cannot (head_dim > 256) the memory-efficient
+kernel, which saves the same output and fp32 log-sum-exp.
 Not counted anywhere: constant tensors shared by all layers (RoPE cos/sin tables) and a few
 bytes per layer (the flash kernel's RNG state).
 """
@@ -77,7 +94,7 @@ FP32 = 4
 
 RUNTIMES = ("megatron", "torch")
 
-SELECTIVE_DROPS = {"attn_scores", "attn_dropout_mask", "attn_dropout_out", "attn_lse", "attn_kv_repeat",
+SELECTIVE_DROPS = {"attn_scores", "attn_probs", "attn_dropout_mask", "attn_dropout_out", "attn_lse", "attn_kv_repeat",
                    "attn_causal_mask"}
 BALANCED_KEEPS = {"attn_norm_input", "mlp_norm_input", "q", "kv", "attn_out", "mlp_up"}
 
@@ -100,7 +117,12 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
     sb = s * b
     items: dict[str, float] = {}
     # ---- attention block
-    items["attn_norm_input"] = BF16 * sb * h / rep
+    unfused = layout.norm == "unfused"
+    if unfused:
+        items["attn_norm_fp32_input"] = FP32 * sb * h / rep
+        items["attn_norm_normalized"] = BF16 * sb * h / rep
+    else:
+        items["attn_norm_input"] = BF16 * sb * h / rep
     # input of the QKV GEMM: saved sharded (Megatron) or all-gathered (DTensor)
     items["attn_norm_output"] = BF16 * sb * h / (1 if torch_sp else rep)
     items["q"] = BF16 * sb * h / t
@@ -111,17 +133,27 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
         if runtime == "torch":  # built per layer (s local queries × seq_len keys, bool)
             items["attn_causal_mask"] = MASK * s * seq_len
         # probabilities after softmax: s local queries × seq_len keys per head
-        items["attn_scores"] = BF16 * a / t * b * s * seq_len
+        scores = a / t * b * s * seq_len
+        if runtime == "torch":  # fp32 softmax output, and its bf16 copy that P·V saves
+            items["attn_scores"] = FP32 * scores
+            if not model.dropout:
+                items["attn_probs"] = BF16 * scores
+        else:  # Megatron's fused scale-mask-softmax kernel writes bf16
+            items["attn_scores"] = BF16 * scores
         if model.dropout:
-            items["attn_dropout_mask"] = items["attn_scores"] / BF16 * MASK
-            items["attn_dropout_out"] = items["attn_scores"]
+            items["attn_dropout_mask"] = MASK * scores
+            items["attn_dropout_out"] = BF16 * scores
     else:
         items["attn_lse"] = FP32 * sb * a / t
     items["attn_out"] = BF16 * sb * h / t  # input of the output projection
     if model.dropout:
         items["attn_resid_dropout_mask"] = MASK * sb * h / rep
     # ---- MLP block
-    items["mlp_norm_input"] = BF16 * sb * h / rep
+    if unfused:
+        items["mlp_norm_fp32_input"] = FP32 * sb * h / rep
+        items["mlp_norm_normalized"] = BF16 * sb * h / rep
+    else:
+        items["mlp_norm_input"] = BF16 * sb * h / rep
     items["mlp_norm_output"] = BF16 * sb * h / (1 if torch_sp else rep)  # input of the up-projection GEMM
     if model.arch == "llama":
         items["mlp_up"] = 2 * BF16 * sb * f / t  # gate and up outputs
@@ -131,21 +163,34 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
         items["mlp_act_out"] = BF16 * sb * f / t  # GELU output = input of fc2
     if model.dropout:
         items["mlp_dropout_mask"] = MASK * sb * h / rep
-    stats_per_norm = 2 if model.arch == "gpt" else 1  # LayerNorm: mean and rstd; RMSNorm: rstd
+    # fused LayerNorm: mean and rstd; RMSNorm and every unfused chain: rstd
+    stats_per_norm = 2 if model.arch == "gpt" and not unfused else 1
     items["norm_stats"] = 2 * stats_per_norm * FP32 * sb / rep
     return items
 
 
-def checkpointed_items(items: dict[str, float], policy: str) -> dict[str, float]:
-    """The items a checkpointed layer keeps under ``policy``."""
+def residual_bytes(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None = None) -> float:
+    """Bytes of one norm's bf16 input (the residual stream: the layer input, the MLP's residual
+    input), sharded by t with sequence parallelism: what a checkpoint keeps as its input."""
+    b = layout.mbs if mbs is None else mbs
+    rep = layout.tp if layout.sequence_parallel else 1
+    return BF16 * seq_len / layout.cp * b * model.hidden / rep
+
+
+def checkpointed_items(items: dict[str, float], policy: str, residual: float | None = None) -> dict[str, float]:
+    """The items a checkpointed layer keeps under ``policy``; ``residual``: bytes of a norm's bf16
+    input (``residual_bytes``; needed when the norm itself saves something else, ``norm=unfused``)."""
+    residual = items["attn_norm_input"] if residual is None else residual
     if policy == "none":
         return dict(items)
     if policy == "selective":
         return {k: v for k, v in items.items() if k not in SELECTIVE_DROPS}
     if policy == "balanced":
-        return {k: v for k, v in items.items() if k in BALANCED_KEEPS}
+        kept = {k: v for k, v in items.items() if k in BALANCED_KEEPS}
+        kept.update(attn_norm_input=residual, mlp_norm_input=residual)
+        return kept
     if policy == "full":
-        return {"attn_norm_input": items["attn_norm_input"]}
+        return {"attn_norm_input": residual}
     raise ValueError(f"unknown checkpoint policy {policy!r}")
 
 
@@ -155,7 +200,8 @@ def torch_balanced_items(items: dict[str, float], model: ModelSpec, layout: Layo
     ``runtime="torch"`` items of ``layer_items``."""
     s = seq_len / layout.cp
     b = layout.mbs if mbs is None else mbs
-    kept = {k: items[k] for k in ("attn_norm_input", "q", "kv", "mlp_up")}
+    kept = {k: items[k] for k in ("q", "kv", "mlp_up")}
+    kept["attn_norm_input"] = residual_bytes(model, layout, seq_len, mbs)
     if layout.attn != "eager":
         kept["attn_out"] = items["attn_out"]
         kept["attn_lse"] = items["attn_lse"]
@@ -171,7 +217,7 @@ def kept_items(model: ModelSpec, layout: Layout, seq_len: int, policy: str | Non
     policy = layout.ckpt if policy is None else policy
     if policy == "balanced" and runtime == "torch":
         return torch_balanced_items(items, model, layout, seq_len, mbs)
-    return checkpointed_items(items, policy)
+    return checkpointed_items(items, policy, residual_bytes(model, layout, seq_len, mbs))
 
 
 def layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, policy: str | None = None, *,

@@ -156,13 +156,16 @@ def _groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
 
 
 def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
-                  params: CostParams = DEFAULT_PARAMS) -> StepBreakdown:
-    """Predicted time of one optimizer step of ``job`` under ``layout`` (assumed valid)."""
+                  params: CostParams = DEFAULT_PARAMS, runtime: str = "torch") -> StepBreakdown:
+    """Predicted time of one optimizer step of ``job`` under ``layout`` (assumed valid).
+
+    ``runtime``: whose kernels (``plait.plan.kernels``): ``torch`` (plait's runtime) or
+    ``megatron`` (Megatron-LM: its fused softmax under ``attn=eager``)."""
     gpu, lay = cluster.gpu, layout
     m = lay.micro_batches(job.global_batch)
     tokens = job.seq_len / lay.cp * lay.mbs  # tokens of one micro-batch on one rank
     times = layer_times(model, gpu, params, tokens, job.seq_len, lay.tp, lay.cp,
-                        lay.sequence_parallel, lay.attn, lay.precision)
+                        lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime)
     groups = _groups(lay, cluster.gpus_per_node)
     layers = stage_layers(model, lay) * lay.vpp  # layers on the most loaded GPU
     n_ckpt = checkpointed_layer_count(model, lay, layers)
@@ -214,7 +217,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
 
     kernels_mb = layers * (times.gemm_fwd * 3 + times.attn_fwd + times.attn_bwd)
     elementwise_mb = layers * 3 * times.elementwise_fwd
-    head_mb = head_time(model, gpu, params, tokens, lay.tp, lay.precision)
+    head_mb = head_time(model, gpu, params, tokens, lay.tp, lay.precision, lay.loss)
     recompute_mb = n_ckpt * recompute_layer
     tp_mb, cp_mb = layers * tp_layer, layers * cp_layer
     overhead_mb = params.microbatch_overhead_s * lay.vpp

@@ -8,6 +8,17 @@ operands can be streamed from HBM (roofline), plus a fixed launch overhead per k
 FlashAttention uses ``GpuSpec.attention_efficiency`` on the same curve; its backward takes
 ``CostParams.flash_backward_factor`` times the forward. Element-wise kernels are bound by HBM
 bandwidth at ``GpuSpec.memory_efficiency``.
+
+Kernel knobs (``Layout.attn``, ``norm``, ``loss``), each priced by the bytes it moves:
+  * ``attn=sdpa`` is timed as ``flash``: on the GPUs plait plans for (sm80+ and MI300X, bf16,
+    head_dim ≤ 256) torch's SDPA dispatches to the FlashAttention-2 kernel.
+  * ``norm=unfused``: the eager fp32 op chain of one norm moves ``UNFUSED_NORM_BYTES`` bytes
+    per element of its input in the forward instead of the fused kernel's ``FUSED_NORM_BYTES``
+    (read bf16, write bf16), in ``UNFUSED_NORM_KERNELS`` kernels instead of one; the backward
+    moves twice the forward's bytes, like every element-wise kernel here.
+  * ``loss=fused``: the chunked cross entropy runs the LM head GEMM per chunk of
+    ``LOSS_CHUNK_TOKENS`` tokens and again in the backward (recomputation: 4 GEMMs of the head's
+    forward size instead of 3), and its forward cross-entropy pass twice.
 """
 
 from __future__ import annotations
@@ -17,10 +28,29 @@ from functools import lru_cache
 
 from plait.plan.params import CostParams
 from plait.spec.hardware import GpuSpec
-from plait.spec.layout import FP8_PRECISIONS
+from plait.spec.layout import FP8_PRECISIONS, LOSS_CHUNK_TOKENS
 from plait.spec.model import ModelSpec
 
 BF16 = 2
+# Bytes one norm's forward moves per element of its (bf16) input, read + write (HBM traffic).
+FUSED_NORM_BYTES = 4.0  # one kernel: read x (2), write y (2); the per-token statistics are negligible
+# The eager chain (plait.run.model.unfused_norm). RMSNorm: x.float() 2+4, pow 4+4, mean 4,
+# x32·rstd 4+4, cast 4+2, ·weight 2+2 = 36. LayerNorm adds mean 4 and x32 - mean 4+4 = 48.
+UNFUSED_NORM_BYTES = {"llama": 36.0, "gpt": 48.0}
+# Kernels of that chain (the per-token ops included): RMSNorm float, pow, mean, add, rsqrt, mul,
+# cast, mul = 8; LayerNorm also mean, sub, add (bias) = 11.
+UNFUSED_NORM_KERNELS = {"llama": 8, "gpt": 11}
+# Eager attention, bytes per element of the s×s scores beyond the two batched GEMMs (whose own
+# reads and writes gemm_time counts), (forward, backward), by runtime:
+#   torch (plait.run.model.eager_attention: bf16 scores, fp32 softmax, as Hugging Face's eager
+#     path): forward scale 2+2, masked_fill 2+1 (mask)+2, cast to fp32 2+4, softmax 4+4, cast
+#     to bf16 4+2 = 29; backward cast 2+4, softmax 4 (out)+4 (grad)+4, cast 4+2, masked_fill
+#     2+1+2, scale 2+2 = 33.
+#   megatron (fused scale-mask-softmax kernel, bf16): scores read 2, probabilities written 2,
+#     plus 2 for the mask = 6 forward; twice that backward (the published runs without
+#     FlashAttention, tests/measure).
+EAGER_SOFTMAX_BYTES = {"torch": (29.0, 33.0), "megatron": (6.0, 12.0)}
+EAGER_DROPOUT_BYTES = 5.0
 
 
 def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, precision: str = "bf16") -> float:
@@ -58,8 +88,10 @@ class LayerTimes:
 
 @lru_cache(maxsize=65536)
 def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, seq_len: int,
-                tp: int, cp: int, sequence_parallel: bool, attn: str, precision: str) -> LayerTimes:
-    """Times for ``tokens`` = (seq_len / cp) · micro-batch tokens on this rank."""
+                tp: int, cp: int, sequence_parallel: bool, attn: str, precision: str,
+                norm: str = "fused", runtime: str = "torch") -> LayerTimes:
+    """Times for ``tokens`` = (seq_len / cp) · micro-batch tokens on this rank; ``runtime``: whose
+    eager attention (``EAGER_SOFTMAX_BYTES``)."""
     h, f, t = model.hidden, model.ffn_hidden, tp
     kv = model.kv_hidden
     gemm = gemm_time(gpu, params, tokens, h, (h + 2 * kv) / t, precision)
@@ -73,7 +105,7 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
     batch = tokens / (seq_len / cp)  # sequences in the micro-batch
     heads = model.n_heads / t
     s_q = seq_len / cp
-    if attn == "flash":
+    if attn != "eager":  # flash, and sdpa (FlashAttention-2 on these GPUs)
         # causal: each rank's (load-balanced) queries see on average half of the keys
         flops = 4.0 * batch * heads * model.head_dim * s_q * seq_len * (seq_len + 1) / (2.0 * seq_len)
         peak = gpu.bf16_flops * gpu.attention_efficiency
@@ -81,24 +113,37 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
         attn_bwd = params.flash_backward_factor * attn_fwd
         scores_gemm = 0.0
     else:
-        # eager: the full s×s square is computed and masked; softmax (+ dropout) in HBM
+        # eager: the full s×s square is computed and masked; scale, mask, softmax (+ dropout) in HBM
         one = gemm_time(gpu, params, batch * heads * s_q, model.head_dim, seq_len)
         elements = batch * heads * s_q * seq_len
-        softmax_bytes = elements * (6.0 + (5.0 if model.dropout else 0.0))
-        softmax = softmax_bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency)
-        attn_fwd = 2 * one + softmax
-        attn_bwd = 4 * one + 2 * softmax
+        bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
+        dropout = EAGER_DROPOUT_BYTES if model.dropout else 0.0
+        fwd_bytes, bwd_bytes = EAGER_SOFTMAX_BYTES[runtime]
+        attn_fwd = 2 * one + elements * (fwd_bytes + dropout) / bandwidth
+        attn_bwd = 4 * one + elements * (bwd_bytes + 2 * dropout) / bandwidth
         scores_gemm = one
     rep = t if sequence_parallel else 1
     passes = params.elementwise_passes
     elementwise_bytes = BF16 * tokens * h * (passes / 2 / rep + passes / 2 / t)
-    elementwise = elementwise_bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency) + 8 * gpu.kernel_overhead
+    kernels = 8
+    if norm == "unfused":  # two norms per layer, on the sequence-parallel shard
+        elementwise_bytes += 2 * (UNFUSED_NORM_BYTES[model.arch] - FUSED_NORM_BYTES) * tokens * h / rep
+        kernels += 2 * (UNFUSED_NORM_KERNELS[model.arch] - 1)
+    elementwise = elementwise_bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency) + kernels * gpu.kernel_overhead
     return LayerTimes(gemm, attn_fwd, attn_bwd, elementwise, scores_gemm)
 
 
 @lru_cache(maxsize=16384)
-def head_time(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, tp: int, precision: str) -> float:
-    """LM head forward + backward and the cross-entropy for one micro-batch, seconds."""
-    fwd = gemm_time(gpu, params, tokens, model.hidden, model.vocab / tp, precision)
+def head_time(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, tp: int, precision: str,
+              loss: str = "unfused") -> float:
+    """LM head forward + backward and the cross-entropy for one micro-batch, seconds
+    (``loss=fused``: in chunks, the head's forward GEMM and cross entropy recomputed)."""
     loss_bytes = tokens * model.vocab / tp * params.logits_bytes_per_element * 2
-    return 3 * fwd + loss_bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency)
+    bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
+    if loss != "fused":
+        fwd = gemm_time(gpu, params, tokens, model.hidden, model.vocab / tp, precision)
+        return 3 * fwd + loss_bytes / bandwidth
+    chunk = min(tokens, LOSS_CHUNK_TOKENS)
+    chunks = tokens / chunk
+    fwd = chunks * gemm_time(gpu, params, chunk, model.hidden, model.vocab / tp, precision)
+    return 4 * fwd + 1.5 * loss_bytes / bandwidth

@@ -14,7 +14,10 @@ for 1F1B and zero-bubble (ZB-H1 keeps 1F1B's memory), and for interleaved 1F1B t
 factor (1 + (p-1)/(p·v)) of Korthikanti et al. 2022. Checkpointing adds the tensors that one
 layer dropped, live again while it is recomputed for its backward. The first stage adds the
 embedding output, the last stage the logits (bf16 logits, their fp32 log-softmax and its
-gradient, one micro-batch).
+gradient, one micro-batch; ``loss_tokens``): all of the micro-batch's tokens with
+``loss=unfused``, one chunk of ``LOSS_CHUNK_TOKENS`` with ``loss=fused`` (the chunked cross
+entropy keeps only the final hidden state, which the LM head's GEMM saves in both cases, and
+recomputes one chunk's logits at a time in the backward).
 Activation offload (``plait.run.memory.offload``): the first ``offloaded_layer_count`` layers of a
 stage (Kwai's fraction α, pipeline-stage aware) move what autograd saves to host memory or disk;
 the GPU keeps a double buffer of two such layers (the one being copied, the one prefetched).
@@ -46,7 +49,7 @@ from plait.plan.activations import (
 )
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.spec.hardware import ClusterSpec
-from plait.spec.layout import JobSpec, Layout
+from plait.spec.layout import LOSS_CHUNK_TOKENS, JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.validate import stage_layers
 
@@ -107,6 +110,12 @@ class MemoryBreakdown:
         for key in ("capacity", "stage", "host_bytes"):
             out.pop(key)
         return out
+
+
+def loss_tokens(layout: Layout, seq_len: int) -> float:
+    """Tokens whose logits are alive at once on the last stage (one micro-batch on this rank)."""
+    tokens = seq_len / layout.cp * layout.mbs
+    return min(tokens, LOSS_CHUNK_TOKENS) if layout.loss == "fused" else tokens
 
 
 def zero_shard_degree(layout: Layout) -> int:
@@ -192,7 +201,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
     rep = layout.tp if layout.sequence_parallel else 1
     in_flight = in_flight_microbatches(layout, layout.micro_batches(job.global_batch))
     embed_per_mb = BF16 * sb * model.hidden / rep * (1.5 if model.dropout else 1.0)
-    logits = params.logits_bytes_per_element * sb * model.vocab / layout.tp
+    logits = params.logits_bytes_per_element * loss_tokens(layout, job.seq_len) * model.vocab / layout.tp
     candidates = []
     local = stage_params(model, layout)
     for stage in ("first", "last"):

@@ -7,6 +7,13 @@ node, checkpoint policy none/selective/balanced/full, schedules 1F1B, interleave
 virtual stages) and zero-bubble. Offload (activations to host, then the optimizer) is tried only
 for layouts that do not fit otherwise. ``fixed`` pins any layout key (``--fix tp=8``).
 
+Kernel knobs (``attn``, ``norm``, ``loss``) are not enumerated: ``attn=flash`` and ``norm=fused``
+are never slower nor larger than the alternatives in the model (``sdpa`` is timed as ``flash``),
+so trying the others would only multiply the candidates; they are evaluated when pinned
+(``--fix attn=eager``). The chunked loss (``loss=fused``) costs one more LM-head GEMM and
+saves memory, so, like offload, it is tried for a layout that does not fit with ``unfused``
+(before offload, and kept only if it makes the layout fit), unless ``loss`` is pinned.
+
 Every plan carries the runtime rules it breaks (``plait.spec.capabilities``); with
 ``runnable=True`` only the layouts that ``plait train`` runs are kept.
 """
@@ -29,6 +36,8 @@ from plait.spec.units import GIB, divisors
 from plait.spec.validate import errors_of, validate
 
 CKPT_ORDER = CKPT_POLICIES  # tried in this order: cheapest recompute first
+# keys the enumeration does not vary (see the module docstring), with the value it uses unless pinned
+KERNEL_DEFAULTS = {"precision": "bf16", "attn": "flash", "norm": "fused", "loss": "unfused"}
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                                          and (c == 1 or job.seq_len // c >= 4096)])
     zeros = _options(constraints, "zero", [0, 1, 2, 3])
     ckpts = _options(constraints, "ckpt", list(CKPT_ORDER))
+    kernels = {key: _options(constraints, key, [default])[0] for key, default in KERNEL_DEFAULTS.items()}
     for tp in tps:
         for cp in cps:
             if n % (tp * cp):
@@ -117,8 +127,7 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                             for hsdp in _hsdp_options(zero, dp, tp * cp, cluster.gpus_per_node, constraints):
                                 for ckpt in ckpts:
                                     yield Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, zero=zero, hsdp=hsdp,
-                                                 ckpt=ckpt, schedule=schedule, split=split,
-                                                 precision=constraints.fixed_value("precision") or "bf16")
+                                                 ckpt=ckpt, schedule=schedule, split=split, **kernels)
 
 
 def _gcd(*values: int) -> int:
@@ -179,6 +188,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
             continue
         memory = estimate_memory(model, cluster, job, layout, params)
         evaluated += 1
+        # the chunked loss shrinks the logits term: it helps only where that stage is the peak
+        if (not memory.fits and memory.logits > 0 and layout.loss == "unfused"
+                and constraints.fixed_value("loss") is None):
+            chunked = replace(layout, loss="fused")
+            chunked_memory = estimate_memory(model, cluster, job, chunked, params)
+            if chunked_memory.fits:
+                layout, memory = chunked, chunked_memory
         if not memory.fits and constraints.allow_offload and layout.ckpt != "none":
             layout, memory = _with_offload(model, cluster, job, layout, memory, params)
         if smallest is None or memory.total < smallest[1].total:

@@ -41,23 +41,53 @@ NORM_EPS = 1e-5
 DROPOUT = 0.1  # used only when ModelSpec.dropout is set
 
 
+def unfused_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+                 center: bool) -> torch.Tensor:
+    """RMSNorm (``center=False``) or LayerNorm as the eager chain of ops (``Layout.norm=unfused``).
+
+    In fp32: [x - mean(x)], rstd = rsqrt(mean(x²) + eps), (x·rstd) cast back to x's dtype, times
+    the weight [+ bias]. Autograd saves the fp32 (centred) input, the fp32 rstd per token and the
+    normalized value in x's dtype (``plait.plan.activations``), on every device.
+    """
+    x32 = x.float()
+    if center:
+        x32 = x32 - x32.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    out = (x32 * rstd).type_as(x) * weight
+    return out + bias if bias is not None else out
+
+
 class RMSNorm(nn.Module):
-    """Root-mean-square norm with a weight (Llama)."""
+    """Root-mean-square norm with a weight (Llama); ``fused`` False runs ``unfused_norm``."""
 
     def __init__(self, dim: int, eps: float = NORM_EPS):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim))
+        self.fused = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return unfused_norm(x, self.weight, None, self.eps, center=False)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
 
 
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (GPT); ``fused`` False runs ``unfused_norm``."""
+
+    fused = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return unfused_norm(x, self.weight, self.bias, self.eps, center=True)
+        return super().forward(x)
+
+
 def make_norm(spec: ModelSpec) -> nn.Module:
-    return RMSNorm(spec.hidden) if spec.arch == "llama" else nn.LayerNorm(spec.hidden, eps=NORM_EPS)
+    return RMSNorm(spec.hidden) if spec.arch == "llama" else LayerNorm(spec.hidden, eps=NORM_EPS)
 
 
 def rope_tables(head_dim: int, max_seq_len: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,15 +146,40 @@ def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p:
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
-    """The same as ``core_attention`` with the (seq × seq) probabilities materialized (attn=eager)."""
+    """The same as ``core_attention`` with the (seq × seq) probabilities materialized (attn=eager).
+
+    Plain PyTorch attention as Hugging Face's and Megatron's unfused paths write it: the softmax
+    in fp32 (for bf16 stability), cast back to the input dtype for the P·V GEMM.
+    """
     if k.shape[1] != q.shape[1]:
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     seq = q.shape[2]
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-    probs = F.dropout(scores.masked_fill(mask, float("-inf")).softmax(dim=-1), p=dropout_p)
+    probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+    probs = F.dropout(probs, p=dropout_p)
     return probs @ v
+
+
+def apply_kernels(model: nn.Module, attn: str, norm: str, loss: str = "unfused") -> None:
+    """Select the layout's kernels (``Layout.attn``, ``norm``, ``loss``) in a (stage) model, in place.
+
+    ``attn``: ``flash`` and ``sdpa`` both call ``F.scaled_dot_product_attention`` and let its
+    dispatcher choose (FlashAttention-2 on sm80+ CUDA GPUs in bf16/fp16 with head_dim <= 256,
+    else the memory-efficient or math kernel; on the CPU its flash kernel, or the fp32 math
+    fallback with dropout); ``eager`` runs ``eager_attention``. ``norm``: ``fused`` is
+    ``F.rms_norm`` / ``nn.LayerNorm`` (one kernel on CUDA), ``unfused`` the op chain
+    ``unfused_norm``. ``loss=fused``: the model returns the final hidden state instead of the
+    logits and the chunked cross entropy (``plait.run.loss``) applies the LM head itself.
+    """
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.kernel = eager_attention if attn == "eager" else core_attention
+        if isinstance(module, (RMSNorm, LayerNorm)):
+            module.fused = norm == "fused"
+        if isinstance(module, Transformer):
+            module.returns_hidden = loss == "fused"
 
 
 class Attention(nn.Module):
@@ -205,6 +260,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.n_layers)})
         self.norm: nn.Module | None = make_norm(spec)
         self.output: nn.Module | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self.returns_hidden = False  # loss=fused: forward stops before the LM head (plait.run.loss)
         self.tie_embeddings()
         # RoPE tables are recomputed by init_weights (they cannot live on the meta device)
         cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, "meta")
@@ -240,7 +296,7 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
-        if self.output is not None:
+        if self.output is not None and not self.returns_hidden:
             h = self.output(h)
         return h
 

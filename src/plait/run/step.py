@@ -29,7 +29,7 @@ from plait.run.faults import FaultPlan
 from plait.run.optim import clip_grad_norm, lr_at, set_lr
 from plait.run.parallel.context.shard import sequence_shard_of
 from plait.run.parallel.mesh import ParallelDims
-from plait.run.parallel.parallelize import ModelParts, token_loss
+from plait.run.parallel.parallelize import ModelParts
 from plait.run.pending import MAX_CONSECUTIVE_SKIPS, NonFinitePolicy, PendingStep, StepLedger  # noqa: F401 (re-exported)
 
 
@@ -72,7 +72,7 @@ def forward_backward(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tenso
     with loss_context(pdims), compute_context(parts, inputs.device):
         for index, (x, y) in enumerate(zip(inputs.chunk(n_microbatches), labels.chunk(n_microbatches))):
             with _gradient_sync(model, index == n_microbatches - 1):
-                loss = token_loss(model(x, positions=positions), y) / n_microbatches
+                loss = parts.loss_fn(model(x, positions=positions), y) / n_microbatches
                 loss.backward()
             total += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
     return total

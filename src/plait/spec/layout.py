@@ -36,7 +36,10 @@ SCHEDULE_ALIASES = {"interleaved": "interleaved-1f1b", "zb": "zero-bubble", "zbh
 OFFLOAD_TARGETS = ("cpu", "disk")
 PRECISIONS = ("bf16", "fp8", "mxfp8")
 FP8_PRECISIONS = ("fp8", "mxfp8")  # GEMMs in fp8: the planner times both at the fp8 peak
-ATTENTION_KERNELS = ("flash", "eager")
+ATTENTION_KERNELS = ("flash", "sdpa", "eager")
+NORM_KERNELS = ("fused", "unfused")
+LOSS_KERNELS = ("fused", "unfused")
+LOSS_CHUNK_TOKENS = 1024  # loss=fused: tokens per cross-entropy chunk (runtime and planner)
 CP_IMPLS = ("ring", "allgather", "torch", "ulysses")
 PARALLEL_DIMS = ("tp", "cp", "dp", "pp")
 SPLITS = ("even", "uneven")
@@ -124,8 +127,14 @@ class Layout:
                                 "through torchao, tensor-wise scaling; `mxfp8`: the same with a scale per 32 "
                                 "elements, MX tensor cores (B200); embedding, LM head and the rest bf16; "
                                 "emulated on CPU)", choices=PRECISIONS)
-    attn: str = layout_key("flash", "choice", "attention kernel (`eager` materializes the s×s scores)",
-                           choices=ATTENTION_KERNELS)
+    attn: str = layout_key("flash", "choice", "attention kernel: `flash` (FlashAttention-2), `sdpa` (what torch's "
+                           "scaled_dot_product_attention picks on the device), `eager` (materializes the s×s "
+                           "scores); see README, kernel knobs", choices=ATTENTION_KERNELS)
+    norm: str = layout_key("fused", "choice", "RMSNorm/LayerNorm kernel: `fused` (one kernel, saves input + "
+                           "statistics) or `unfused` (the eager fp32 op chain)", choices=NORM_KERNELS)
+    loss: str = layout_key("unfused", "choice", "cross entropy: `unfused` (full fp32 logits) or `fused` (chunks "
+                           f"of {LOSS_CHUNK_TOKENS} tokens, logits recomputed in the backward)",
+                           choices=LOSS_KERNELS)
     order: str = layout_key("tp-cp-dp-pp", "special", "rank order, innermost dimension first: decides which "
                             "groups stay inside a node", check=_check_order,
                             values_doc="the four of tp, cp, dp, pp joined by `-`")

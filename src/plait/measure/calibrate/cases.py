@@ -16,6 +16,7 @@ class FitCase:
     source: str
     specs: tuple  # (ModelSpec, ClusterSpec, JobSpec, Layout), as plait.measure.published.build_specs returns them
     reported_mfu: float
+    runtime: str = "torch"  # whose kernels ran it (plait.plan.cost.estimate_step)
 
     def predicted_mfu(self, params: CostParams) -> float:
-        return estimate_step(*self.specs, params).mfu
+        return estimate_step(*self.specs, params, runtime=self.runtime).mfu

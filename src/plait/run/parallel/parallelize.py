@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from plait.errors import PlaitError
@@ -23,21 +22,13 @@ from plait.run.parallel.context.shard import SequenceShard
 from plait.run.parallel.data import apply_ddp, apply_fsdp, uses_fsdp
 from plait.run.parallel.float8 import convert_to_float8
 from plait.run.parallel.mesh import ParallelDims
-from plait.run.model import Transformer, build_model, eager_attention, init_weights
+from plait.run.loss import loss_function, token_loss
+from plait.run.model import Transformer, apply_kernels, build_model, init_weights
 from plait.run.memory.offload import ActivationOffloader, apply_activation_offload
 from plait.run.parallel.pipeline import build_schedule, build_stage_module, stage_ids_of_rank
 from plait.run.parallel.tensor import apply_tensor_parallel
 from plait.spec.capabilities import async_tp_violations, compile_enabled
 from plait.spec.model import ModelSpec
-
-
-def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy over the tokens of a (micro-)batch, in fp32.
-
-    ``logits`` may be a vocabulary-sharded DTensor: inside ``loss_parallel()`` the cross
-    entropy is computed without gathering the full logits.
-    """
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
 @dataclass
@@ -53,6 +44,7 @@ class ModelParts:
     offloader: ActivationOffloader | None = None  # activation offload (plait.run.memory.offload)
     offloaded: list[str] = field(default_factory=list)  # ids of the blocks whose activations move
     sequence_shard: SequenceShard | None = None  # context parallelism: this rank's tokens of each sequence
+    loss_fn: Callable = token_loss  # (model output, labels) -> mean token loss (Layout.loss, plait.run.loss)
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for chunk in self.chunks for p in chunk.parameters()]
@@ -97,9 +89,7 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
     sequence_shard = None
     fp8: list[str] = []
     for chunk in chunks:
-        if layout.attn == "eager":
-            for block in chunk.layers.values():
-                block.attention.kernel = eager_attention
+        apply_kernels(chunk, layout.attn, layout.norm, layout.loss)
         for block in chunk.layers.values():
             block.attention.fused_qkv = fused_qkv
         if layout.precision != "bf16":
@@ -122,9 +112,11 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         init_weights(chunk, spec, seed, device)
     ddp = pdims.grad_sync_size > 1 and not fsdp
     trained: list[nn.Module] = [apply_ddp(chunk, pdims) for chunk in chunks] if ddp else list(chunks)
+    last = [chunk for chunk in chunks if chunk.output is not None]  # the chunk with the LM head (last stage)
+    loss_fn = loss_function(layout.loss, last[0].output if last else None, loss_fn, last[0] if last else None)
     schedule = None
     if layout.pp > 1:
         schedule = build_schedule(trained, stage_ids, pdims, n_microbatches, loss_fn, device)
     return ModelParts(chunks=trained, stage_ids=stage_ids, schedule=schedule,
                       checkpointed=checkpointed, fp8=fp8, fsdp=fsdp, offloader=offloader, offloaded=offloaded,
-                      sequence_shard=sequence_shard)
+                      sequence_shard=sequence_shard, loss_fn=loss_fn)
