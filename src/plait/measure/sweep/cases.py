@@ -170,15 +170,18 @@ def make_cases(spec: SweepSpec, entries: list[tuple[str, bool]]) -> list[SweepCa
 
 
 def rank_cases(cases: list[SweepCase]) -> list[SweepCase]:
-    """The cases with ``planner_rank`` set: 1, 2, ... by predicted step time over the distinct
-    layouts the planner predicts fit; the same layout with and without compile shares its rank;
-    non-fitting and invalid cases get None."""
+    """The cases with ``planner_rank`` set: 1, 2, ... in the planner's order over the distinct
+    layouts it predicts fit (by predicted step time, then ``rank_with_headroom``'s preference for
+    memory headroom, as ``plait plan`` ranks them); the same layout with and without compile
+    shares its rank; non-fitting and invalid cases get None."""
+    from plait.plan.search import rank_with_headroom
+
     fitting = {}
     for case in cases:
         if case.plan is not None and case.plan.fits:
-            fitting.setdefault(str(case.layout), case.plan.step.step_time)
-    order = sorted(fitting, key=lambda text: fitting[text])
-    rank_of = {text: rank for rank, text in enumerate(order, 1)}
+            fitting.setdefault(str(case.layout), case.plan)
+    order = rank_with_headroom(sorted(fitting.values(), key=lambda plan: plan.step.step_time))
+    rank_of = {str(plan.layout): rank for rank, plan in enumerate(order, 1)}
     return [replace(c, planner_rank=rank_of.get(str(c.layout)) if c.predicted_fits else None) for c in cases]
 
 
