@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from plait.run.config import CheckpointConfig, OptimConfig, TrainJob
+from plait.run.config import GPU_LOG_EVERY, CheckpointConfig, OptimConfig, TrainJob
 from plait.run.launcher.request import TrainRequest
 
 HELP = "train a layout with torchrun (CPU: gloo, GPU: NCCL)"
@@ -78,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             f"(default {DEFAULTS.timeout:g})")
     where.add_argument("--allow-oom", action="store_true", help="run even if the planner predicts out-of-memory")
     where.add_argument("--log-every", type=int, default=DEFAULTS.log_every,
-                       help="print every N steps when not on a terminal")
+                       help="read loss and gradient norm on the host (no device sync on the steps between) and "
+                            f"print every N steps (default {GPU_LOG_EVERY} on GPU, 1 on CPU)")
     where.add_argument("--run-dir", help="keep the run's config and error files here (default: a temporary dir)")
     where.add_argument("--dry-run", action="store_true", help="check everything, print the torchrun command, do not run")
     ckpt = parser.add_argument_group("checkpoints, resume, failures")

@@ -133,15 +133,27 @@ class RuntimeConfig:
         _refuse(problems)
 
 
+GPU_LOG_EVERY = 10  # default --log-every on GPU (torchtitan's log_freq)
+
+
 @dataclass(frozen=True)
 class LogConfig:
     """What the run reports (not part of what defines it: ranks may differ here)."""
 
     log: str | None = None  # path of the JSONL metrics file rank 0 writes (None: none)
-    log_every: int = 1  # print a line every N optimizer steps when stdout is not a terminal
+    log_every: int | None = None  # read loss/grad norm on the host and print every N optimizer steps; None: auto
 
     def __post_init__(self) -> None:
-        _refuse(_positive_int_problems({"log_every": self.log_every}))
+        if self.log_every is not None:
+            _refuse(_positive_int_problems({"log_every": self.log_every}))
+
+    def log_every_on(self, device_type: str) -> int:
+        """Steps between the host's reads of loss and gradient norm (and printed lines): ``log_every``,
+        or by default ``GPU_LOG_EVERY`` on a GPU (no device sync on the steps between) and 1 on CPU
+        (where reading costs nothing)."""
+        if self.log_every is not None:
+            return self.log_every
+        return GPU_LOG_EVERY if device_type == "cuda" else 1
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,7 @@ class StepLedger:
         self.policy = NonFinitePolicy(config.runtime.on_nan)
         self.flags = StopFlags(setup.device)
         self.timer = StepTimer(setup.device)
-        self.log_every = config.observe.log_every
+        self.log_every = config.observe.log_every_on(setup.device.type)
         self.steps = config.job.steps
         self.offload_events = setup.parts.offloader is not None and setup.device.type == "cuda"
         self.pending: list[PendingStep] = []

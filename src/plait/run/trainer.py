@@ -162,7 +162,7 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     log = JsonlLog(config.observe.log if is_rank0 else None, append=start_step > 0 or env.restart_count > 0)
     for event in events:
         log.write(event)
-    display = Display(config.job.steps, is_rank0, config.observe.log_every, start_step)
+    display = Display(config.job.steps, is_rank0, config.observe.log_every_on(device.type), start_step)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:

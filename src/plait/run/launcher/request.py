@@ -53,7 +53,7 @@ class TrainRequest:
     gc_every: int = RuntimeConfig.gc_every  # Python GC every N steps (0: automatic)
     timeout: float = RuntimeConfig.timeout_s  # collective timeout, seconds
     allow_oom: bool = False  # run even if the planner predicts out-of-memory
-    log_every: int = LogConfig.log_every  # print every N steps when not on a terminal
+    log_every: int | None = LogConfig.log_every  # host reads and printed lines every N steps (None: 10 on GPU, 1 on CPU)
     run_dir: str | None = None  # keep the run's config and error files here (None: a temporary directory)
     dry_run: bool = False  # check everything, print the torchrun command, do not run
     # checkpoints, resume, failures
