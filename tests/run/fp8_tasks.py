@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from runtime_tasks import OPTIM, full_parameters, in_one_process, make_config
+from runtime_tasks import OPTIM, in_one_process, train_layout
 
 from plait.run.data.tokens import SyntheticTokens
 from plait.run.model import build_model, init_weights
@@ -21,15 +20,7 @@ LAMBDA = 8.0  # as tests/support/tolerances.py: P(|sum| > λ·u·‖c‖₂) ≤
 
 def train(layout: str, **kwargs) -> dict:
     """Train on this rank with ``layout``; {'losses', 'grad_norms', 'fp8'} (+ 'params' on rank 0)."""
-    from plait.run.trainer import run_training
-
-    result = run_training(make_config(layout, **kwargs), device=torch.device("cpu"))
-    params = full_parameters(result.parts)
-    out = {"losses": [r.loss for r in result.records], "grad_norms": [r.grad_norm for r in result.records],
-           "fp8": result.parts.fp8}
-    if dist.get_rank() == 0:
-        out["params"] = params
-    return out
+    return train_layout(layout, part_fields=("fp8",), **kwargs)
 
 
 def one_process(layout: str, **kwargs) -> dict:

@@ -54,14 +54,15 @@ def full_parameters(parts) -> dict[str, torch.Tensor]:
     return merged
 
 
-def train_layout(layout: str, **kwargs) -> dict:
-    """Train and return {'losses', 'params', 'grad_norms'} (the same on every rank)."""
+def train_layout(layout: str, part_fields: tuple[str, ...] = ("checkpointed",), **kwargs) -> dict:
+    """Train and return {'losses', 'params', 'grad_norms'} (the same on every rank) and the
+    ``ModelParts`` attributes named in ``part_fields``."""
     from plait.run.trainer import run_training
 
     result = run_training(make_config(layout, **kwargs), device=torch.device("cpu"))
     params = full_parameters(result.parts)
     out = {"losses": [r.loss for r in result.records], "grad_norms": [r.grad_norm for r in result.records],
-           "checkpointed": result.parts.checkpointed}
+           **{name: getattr(result.parts, name) for name in part_fields}}
     # one rank returns the (large) parameter dict; the others only their losses
     if dist.get_rank() == 0:
         out["params"] = params
