@@ -217,7 +217,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
 
     kernels_mb = layers * (times.gemm_fwd * 3 + times.attn_fwd + times.attn_bwd)
     elementwise_mb = layers * 3 * times.elementwise_fwd
-    head_mb = head_time(model, gpu, params, tokens, lay.tp, lay.precision, lay.loss)
+    # the LM head stays bf16 under fp8/mxfp8: plait's runtime (torchao) converts only the blocks' linears
+    head_mb = head_time(model, gpu, params, tokens, lay.tp, "bf16", lay.loss)
     recompute_mb = n_ckpt * recompute_layer
     tp_mb, cp_mb = layers * tp_layer, layers * cp_layer
     overhead_mb = params.microbatch_overhead_s * lay.vpp
