@@ -85,6 +85,17 @@ def test_plan_complete_cli_reports_the_completed_knobs(capsys):
     assert "completed: " in out and "mbs=" in out and "fastest that fits" in out
 
 
+def test_plan_complete_json_keeps_stdout_json_and_names_the_completion_on_stderr(capsys):
+    import json
+
+    code = main(["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--seq-len", "4096",
+                 "--layout", "dp=8", "--complete", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0
+    plans = json.loads(captured.out)
+    assert f"mbs={plans[0]['layout']['mbs']}" in captured.err and "completed: " in captured.err
+
+
 def test_plan_memory_headroom_marks_risky(capsys):
     args = ["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--seq-len", "4096",
             "--layout", "dp=8,mbs=1,zero=1"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from plait.cli.common import console, cost_params
 from plait.errors import PlaitError
@@ -105,8 +106,10 @@ def run(args) -> int:
                              + "; ".join(v.message for v in best.runtime_violations)
                              + "); pass --any-runtime to save it anyway")
         best.save(args.save)
-    if args.json:
+    if args.json:  # stdout stays one JSON document; what was completed goes to stderr
         print(json.dumps([p.to_dict() for p in plans[: args.top]], indent=2))
+        if completed:
+            print(completed, file=sys.stderr)
         return 0
     out.print(report.plans_table(plans[: args.top], title, headroom))
     if stats:
