@@ -17,7 +17,6 @@ kernel per parameter group), with one group per (mesh, decay).
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import torch
 import torch.distributed as dist
@@ -103,10 +102,9 @@ def _grad_groups(params: list[torch.nn.Parameter]) -> dict[tuple, list[torch.Ten
     return groups
 
 
-@lru_cache(maxsize=64)
 def _process_group(mesh, name: str) -> dist.ProcessGroup:
-    """The process group of ``mesh``'s dimension ``name`` (slicing a mesh builds a new one: cache it)."""
-    return mesh[name].get_group()
+    """The process group of ``mesh``'s dimension ``name`` (looked up by name: no mesh slicing)."""
+    return mesh.get_group(name)
 
 
 def _sum_of_squares(key: tuple, pieces: list[torch.Tensor]) -> torch.Tensor:

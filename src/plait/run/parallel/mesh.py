@@ -56,14 +56,16 @@ class ParallelDims:
     layout: Layout
     mesh: DeviceMesh
 
+    # Looked up by dimension name on the full mesh: slicing (``mesh[name]``) builds a new
+    # DeviceMesh each time, which the training step would pay for on every step.
     def group(self, name: str) -> dist.ProcessGroup:
-        return self.mesh[name].get_group()
+        return self.mesh.get_group(name)
 
     def rank_in(self, name: str) -> int:
-        return self.mesh[name].get_local_rank()
+        return self.mesh.get_local_rank(name)
 
     def size(self, name: str) -> int:
-        return self.mesh[name].size()
+        return self.mesh.shape[self.mesh.mesh_dim_names.index(name)]
 
     @property
     def dp_rank(self) -> int:
