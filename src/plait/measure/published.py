@@ -20,11 +20,12 @@ import csv
 import json
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.measure.published_specs import IncompleteRow, UnsupportedRow, num, row_problem, row_specs
+from plait.measure.published_specs import (IncompleteRow, UnsupportedRow, implementation_params, num, row_problem,
+                                           row_specs)
 from plait.plan.cost import estimate_step
 from plait.plan.memory import estimate_memory
 from plait.plan.params import DEFAULT_PARAMS, CostParams
@@ -148,6 +149,11 @@ def predict_row(row: dict, params: CostParams = DEFAULT_PARAMS) -> RunResult:
     if problem:
         result.status = f"invalid: {problem}"
         return result
+    software = implementation_params(row)
+    if software:
+        params = replace(params, **software)
+        result.notes.append("software: " + ", ".join(f"{k}={v:.3g}" for k, v in software.items())
+                            + " (DeepSpeed 0.3 ZeRO-3, plait.measure.published_specs)")
     try:
         specs = row_specs(row, result.notes, params)
     except IncompleteRow as exc:

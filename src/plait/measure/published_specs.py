@@ -193,6 +193,25 @@ def model_for_row(row: dict, seq_len: int, notes: list[str]) -> ModelSpec:
                      tied_embeddings=(arch == "gpt"), **dims)
 
 
+# DeepSpeed 0.3's ZeRO-3 (2021), as Narayanan et al. 2021 Table 2 ran it, fetched parameters
+# submodule by submodule with a torch.cuda.synchronize() after every all-gather (DeepSpeed PR
+# #1188, June 2021: "the async version is not async at all") and copied them out in Python. Its
+# measured rate, on one 8x A100 NVLink node (DeepSpeed issue #1174, v0.3.16 + PyTorch 1.8): a
+# 5.1B-parameter model's forward took 480 ms under ZeRO-3 against 60 ms under ZeRO-2, so 420 ms
+# gathered 7/8 of 10.2 GB of fp16 parameters per GPU: 21 GB/s, a tenth of NVLink's bus bandwidth.
+# Not fitted to Table 2; applied to the rows whose source ran DeepSpeed ZeRO-3 in 2021.
+DEEPSPEED_2021_ZERO3_BANDWIDTH = 7 / 8 * 5.1e9 * 2 / 0.42  # bytes/s per GPU
+
+
+def implementation_params(row: dict) -> dict[str, float]:
+    """Cost parameters that describe the software a row ran, not the hardware ({field: value})."""
+    text = f"{row.get('notes', '')} {row.get('source', '')}".lower()
+    year = integer(row, "year") or 0
+    if integer(row, "zero_stage") == 3 and "deepspeed" in text and year <= 2021:
+        return {"zero3_collective_bandwidth": DEEPSPEED_2021_ZERO3_BANDWIDTH}
+    return {}
+
+
 def runtime_of(row: dict) -> str:
     """Megatron-LM saves the sharded sequence-parallel GEMM input; PyTorch runtimes save it gathered."""
     source = row.get("source", "").lower()

@@ -122,6 +122,16 @@ def _pipelined(comm_layer: float, compute_layer: float, layers: int, params: Cos
     return comm_layer + rest * _exposed(comm_layer, compute_layer, params)
 
 
+def _capped(seconds: float, group: GroupPlacement, nbytes: float, params: CostParams) -> float:
+    """``seconds`` of a ZeRO-3 collective of ``nbytes`` (full buffer) over ``group``, no faster than
+    the implementation's own rate cap (``CostParams.zero3_collective_bandwidth``) allows for the
+    (n-1)/n · nbytes one GPU sends."""
+    cap = params.zero3_collective_bandwidth
+    if cap <= 0 or group.size <= 1:
+        return seconds
+    return max(seconds, (group.size - 1) / group.size * nbytes / cap)
+
+
 def _zero3_exposed(cluster: ClusterSpec, shard: GroupPlacement, local: float, layers: int, times,
                    recompute_mb: float, reshard: bool, micro_batches: int, params: CostParams) -> float:
     """Exposed ZeRO-3 / FSDP communication of one step, seconds.
@@ -134,8 +144,9 @@ def _zero3_exposed(cluster: ClusterSpec, shard: GroupPlacement, local: float, la
     micro-batch and the last reduce-scatter of the step are exposed.
     """
     per_layer = local / max(1, layers)
-    gather = comm.all_gather(cluster, shard, 2.0 * per_layer)
-    scatter = comm.reduce_scatter(cluster, shard, params.grad_reduce_bytes * per_layer)
+    gather = _capped(comm.all_gather(cluster, shard, 2.0 * per_layer), shard, 2.0 * per_layer, params)
+    scatter_bytes = params.grad_reduce_bytes * per_layer
+    scatter = _capped(comm.reduce_scatter(cluster, shard, scatter_bytes), shard, scatter_bytes, params)
     backward = (gather if reshard else 0.0) + scatter
     backward_layer = times.bwd + recompute_mb / max(1, layers)
     forward_mb = _pipelined(gather, times.fwd, layers, params)

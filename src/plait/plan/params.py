@@ -44,6 +44,11 @@ class CostParams:
     fragmentation: caching-allocator reserve over the dynamic (activation) memory, as a fraction.
     logits_bytes_per_element: bf16 logits + fp32 log-softmax + fp32 gradient at the loss.
     fp8_gemm_efficiency: fraction of the fp8 peak that fp8 GEMMs reach (scaling overheads).
+    zero3_collective_bandwidth: bytes/s one GPU's ZeRO-3 parameter all-gathers and gradient
+        reduce-scatters reach at most, whatever the links allow; 0: no such cap (the links' bus
+        bandwidth, ``plait.plan.comm``: FSDP2's one collective per block does reach it). An
+        implementation that gathers parameter by parameter with a host sync after each
+        (DeepSpeed 0.3, 2021) runs far below its links: see ``plait.measure.published_specs``.
     """
 
     gemm_half_flops: float = 2.0e9
@@ -63,6 +68,7 @@ class CostParams:
     fragmentation: float = 0.08
     logits_bytes_per_element: float = 10.0
     fp8_gemm_efficiency: float = 0.50
+    zero3_collective_bandwidth: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -113,6 +119,7 @@ PARAM_RANGES: dict[str, Range] = {
     "elementwise_passes": NON_NEGATIVE,
     "tp_comm_overlap": FRACTION,
     "dp_overlap": FRACTION,
+    "zero3_collective_bandwidth": NON_NEGATIVE,
     "overlap_slowdown": Range(0.0, 1.0),
     "grad_reduce_bytes": POSITIVE,
     "optimizer_bytes_per_param": NON_NEGATIVE,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plait.plan.cost import estimate_step
 from plait.plan.params import CostParams
@@ -17,6 +17,9 @@ class FitCase:
     specs: tuple  # (ModelSpec, ClusterSpec, JobSpec, Layout), as plait.measure.published.build_specs returns them
     reported_mfu: float
     runtime: str = "torch"  # whose kernels ran it (plait.plan.cost.estimate_step)
+    software: tuple = ()  # (CostParams field, value) pairs the run's software fixes; never fitted
 
     def predicted_mfu(self, params: CostParams) -> float:
+        if self.software:
+            params = replace(params, **dict(self.software))
         return estimate_step(*self.specs, params, runtime=self.runtime).mfu

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.measure.calibrate.cases import FitCase
+from plait.measure.published_specs import implementation_params
 from plait.measure.published_specs import runtime_of as published_runtime
 from plait.measure.published import build_specs, predict_row, read_runs
 from plait.plan.params import DEFAULT_PARAMS, CostParams
@@ -128,7 +129,8 @@ def usable_cases(path: str | Path) -> tuple[list[FitCase], dict[str, int]]:
             reason = "no reported throughput"
         else:
             specs = build_specs(row)
-            cases.append(FitCase(result.id, result.source, specs, result.reported_mfu, published_runtime(row)))
+            cases.append(FitCase(result.id, result.source, specs, result.reported_mfu, published_runtime(row),
+                                 tuple(implementation_params(row).items())))
             continue
         skipped[reason] = skipped.get(reason, 0) + 1
     if not cases:
