@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from plait.errors import PlaitError
+from plait.run.data import token_format
 from plait.run.data import tokens as data
 from plait.run.data.tokens import (
     HEADER,
@@ -132,7 +133,7 @@ def test_prepare_is_atomic(tmp_path, monkeypatch, exc):
             raise exc
         f.write(array.tobytes())
 
-    monkeypatch.setattr(data, "_write_chunk", failing_write)
+    monkeypatch.setattr(token_format, "_write_chunk", failing_write)
     if isinstance(exc, OSError):
         assert "No space left" in error_of(prepare, [folder], out)
     else:

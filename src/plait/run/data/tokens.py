@@ -29,6 +29,9 @@ window is read exactly once per epoch.
         40   24  tokenizer name, ASCII, NUL-padded
         64       n_tokens * bytes-per-token bytes of tokens, nothing after them
 
+The writer is ``plait.run.data.token_format.TokenWriter``; ``prepare`` (``plait.run.data.prepare``)
+tokenizes documents into it, ``import_bin`` (``plait.run.data.import_bin``) copies raw token arrays.
+
 Opening checks the header and the file size; it also recomputes the checksum when the token
 data is smaller than ``VERIFY_ON_OPEN_BYTES`` (256 MiB) and skips that full read above it
 (call ``verify()`` to force it).
@@ -37,22 +40,20 @@ data is smaller than ``VERIFY_ON_OPEN_BYTES`` (256 MiB) and skips that full read
 from __future__ import annotations
 
 import os
-import struct
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from plait.atomic import atomic_output
 from plait.errors import PlaitError
+from plait.run.data.prepare import prepare
 from plait.run.data.synthetic import synthetic_rows
-from plait.run.data.tokenizer import ByteTokenizer, get_tokenizer
+from plait.run.data.token_format import HEADER, HEADER_SIZE, MAGIC, VERSION
 
-MAGIC = b"PLAITTOK"
-VERSION = 1
-HEADER = struct.Struct("<8sIIQQII24s")  # see the module docstring
-HEADER_SIZE = HEADER.size  # 64 bytes
+__all__ = ["HEADER", "HEADER_SIZE", "MAGIC", "VERSION", "SyntheticTokens", "TokenFile", "open_tokens", "prepare",
+           "sample_corpus_path"]  # the format names and prepare are re-exported from their own modules
+
 VERIFY_ON_OPEN_BYTES = 256 * 2**20  # token data below this size (bytes) is checksummed on open
 CHUNK_BYTES = 16 * 2**20  # read size (bytes) for checksums and scans; a multiple of 4
 PREPARE_HINT = "make one with `plait data prepare`"
@@ -234,77 +235,3 @@ def open_tokens(data: str | os.PathLike, vocab_size: int, seed: int = 0, seq_len
 def sample_corpus_path() -> Path:
     """The directory of the small English corpus shipped with plait (a few *.txt files)."""
     return Path(__file__).resolve().parents[2] / "data" / "sample_corpus"
-
-
-def _text_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
-    if not inputs:
-        raise PlaitError("no input given; pass text files or directories of *.txt files")
-    files: list[Path] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*.txt") if p.is_file())
-            if not found:
-                raise PlaitError(f"no *.txt files under directory {path}")
-            files.extend(found)
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise PlaitError(f"input {path} not found")
-    return files
-
-
-def _write_chunk(f, array: np.ndarray) -> None:
-    """Append one array's bytes to the open file (a hook the tests use to simulate a failed write)."""
-    f.write(array.tobytes())
-
-
-def prepare(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, tokenizer: str = "bytes") -> dict:
-    """Encode text files (a directory means every *.txt under it, sorted) into a token file.
-
-    Each non-empty file is one document: its tokens, then the end-of-text id. The file is written
-    to a temporary name beside ``out`` and renamed into place, so a failure never leaves a partial
-    file (an older ``out`` stays untouched); a device or FIFO (``/dev/null``) is written through, never
-    replaced (``plait.atomic``). Files are read whole (one at a time) and must be UTF-8.
-    Returns a summary: n_files, n_bytes_text (UTF-8 bytes read), n_tokens, dtype, path, ...
-    """
-    tok = get_tokenizer(tokenizer)
-    files = _text_files(inputs)
-    out = Path(out)
-    if out.is_dir():
-        raise PlaitError(f"output {out} is a directory; give a file name such as {out / 'tokens.bin'}")
-    dtype = np.dtype("<u2" if tok.vocab_size <= 2**16 else "<u4")
-    n_files = n_bytes = n_tokens = crc = 0
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_output(out, "wb") as f:  # renamed into place; written through into a device or FIFO
-            f.write(b"\0" * HEADER_SIZE)  # placeholder until the counts are known
-            for path in files:
-                try:
-                    raw = path.read_bytes()
-                    text = raw.decode("utf-8")
-                except OSError as e:
-                    raise PlaitError(f"cannot read input {path}: {e.strerror or e}") from None
-                except UnicodeDecodeError as e:
-                    raise PlaitError(f"input {path} is not UTF-8 text (byte {e.start})") from None
-                if not text:
-                    continue
-                if isinstance(tok, ByteTokenizer):  # fast path: the ids are the UTF-8 bytes themselves
-                    ids = np.append(np.frombuffer(raw, dtype=np.uint8).astype(dtype), dtype.type(tok.eot_id))
-                else:
-                    ids = np.array(tok.encode(text) + [tok.eot_id], dtype=dtype)
-                _write_chunk(f, ids)
-                crc = zlib.crc32(ids, crc)
-                n_files += 1
-                n_bytes += len(raw)
-                n_tokens += len(ids)
-            if n_tokens == 0:
-                names = ", ".join(str(p) for p in files[:3]) + (", ..." if len(files) > 3 else "")
-                raise PlaitError(f"no text found in {names}")
-            name = tok.name.encode("ascii")
-            f.seek(0)
-            f.write(HEADER.pack(MAGIC, VERSION, dtype.itemsize, tok.vocab_size, n_tokens, crc, 0, name))
-    except OSError as e:
-        raise PlaitError(f"cannot write token file {out}: {e.strerror or e}") from None
-    return {"path": str(out), "n_files": n_files, "n_bytes_text": n_bytes, "n_tokens": n_tokens,
-            "dtype": dtype.name, "vocab_size": tok.vocab_size, "tokenizer": tok.name, "checksum": f"{crc:08x}"}
