@@ -62,6 +62,7 @@ def _sweep_csv(target: Path) -> None:
 # writer name -> (file name inside the output directory, or None for any name; write to ``target``)
 WRITERS = {
     "plan --save": (None, lambda target: _cli(*PLAN, "--save", str(target))),
+    "plan --plot": ("plan.png", lambda target: _cli(*PLAN, "--plot", str(target))),
     "calibration file": (None, lambda target: write_calibration(target, {"params": {"dp_overlap": 0.5}})),
     "data prepare (API)": (None, lambda target: prepare([sample_corpus_path()], target)),
     "data prepare (CLI)": (None, lambda target: _cli("data", "prepare", "--out", str(target))),

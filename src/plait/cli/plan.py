@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-offload", action="store_true", help="never offload to make a layout fit")
     parser.add_argument("--explain", action="store_true",
                         help="itemized memory and time of the best (or given) layout")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="draw the best (or given) plan to FILE (.png, .svg or .pdf): memory per pipeline stage "
+                             "against capacity and a step-time waterfall (needs matplotlib)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--save", help="write the best (or given) plan to this file (for plait train --plan)")
     parser.add_argument("--any-runtime", action="store_true",
@@ -50,6 +53,10 @@ def run(args) -> int:
     from plait.spec.layout import JobSpec, Layout
     from plait.spec.models import get_model
 
+    if args.plot:  # a wrong suffix is refused before the search, not after --save has written
+        from plait.measure.report.plan_plots import picture_format
+
+        picture_format(args.plot)
     model = get_model(args.model)
     cluster = get_cluster(args.cluster)
     if args.gpus is not None and args.gpus < 1:
@@ -106,6 +113,10 @@ def run(args) -> int:
                              + "; ".join(v.message for v in best.runtime_violations)
                              + "); pass --any-runtime to save it anyway")
         best.save(args.save)
+    if args.plot:
+        _plot(best, params, args.plot)
+        if args.json:
+            print(f"wrote the plan's picture to {args.plot}", file=sys.stderr)
     if args.json:  # stdout stays one JSON document; what was completed goes to stderr
         print(json.dumps([p.to_dict() for p in plans[: args.top]], indent=2))
         if completed:
@@ -134,7 +145,17 @@ def run(args) -> int:
     report.confidence_note(out)
     if args.save:
         out.print(f"saved the plan to {args.save}")
+    if args.plot:
+        out.print(f"wrote the plan's picture to {args.plot}")
     return 0 if best.fits else 1
+
+
+def _plot(plan, params, path: str) -> None:
+    """Write ``plait plan --plot``'s picture (matplotlib is imported only here)."""
+    from plait.measure.report.plan_plots import plan_plot
+    from plait.measure.report.stage_memory import stage_memories
+
+    plan_plot(plan, stage_memories(plan.model, plan.cluster, plan.job, plan.layout, params), path)
 
 
 def _is_risky(plan, headroom: float) -> bool:

@@ -1,10 +1,14 @@
-"""``plait report``: a sweep (and optionally a plan and published runs) as report.html and report.md
-with PNG plots next to them. No torch.
+"""``plait report``: a sweep, a saved plan or a train log (any of them; and optionally published runs)
+as report.html and report.md with PNG plots next to them. No torch.
 
-Sections: settings and summary (rank correlation, errors, the planner's top-1), the per-layout
-table, predicted vs measured step time, MFU per layout, the planner's itemized memory per layout
-against the GPU's capacity (the layouts re-evaluated with ``plait.plan.plan.evaluate``), the
-pipeline schedule of a plan per rank (``plait.measure.report.timeline``), and, with ``--runs``,
+A plan alone: its prediction, memory per pipeline stage and step-time waterfall
+(``plan_sections``), its pipeline schedule. A train log (``--train-log``): the loss curve, eval
+loss and learning rate per step (``train_log``). A sweep: settings and summary (rank correlation,
+errors, the planner's top-1), the per-layout table, predicted vs measured step time (whiskers: the
+fastest and slowest steady-state step), MFU per layout, the planner's itemized memory per layout
+against the GPU's capacity (the layouts re-evaluated with ``plait.plan.plan.evaluate``; per CPU
+process, on an axis scaled to what is drawn, for a CPU sweep), with ``--plan`` the plan's memory
+per stage and waterfall, the pipeline schedule of a plan per rank (``plait.measure.report.timeline``), and, with ``--runs``,
 ``plait validate``'s per-source error table.
 
 The report reuses what the sweep recorded: the calibration file (its ``calibration`` column; a
@@ -31,7 +35,7 @@ from plait.spec.serialize import parse_json
 from plait.spec.units import DEFAULT_GPU
 
 DEFAULT_TOP1_TOLERANCE = 0.03  # when the sweep's summary JSON is missing (plait sweep's default)
-REPORT_IMAGES = ("step_time.png", "mfu.png", "memory.png", "timeline.png")
+REPORT_IMAGES = ("step_time.png", "mfu.png", "memory.png", "plan.png", "timeline.png", "loss.png")
 
 
 def saved_summary(csv_path: Path) -> dict:
@@ -117,48 +121,30 @@ def layout_plans(rows: list[SweepRow], cluster: ClusterSpec,
     return out
 
 
-def _timeline_plan(plan_path: str | None, plans: list[tuple[SweepRow, Plan]],
-                   params: CostParams = DEFAULT_PARAMS) -> tuple[Plan | None, str]:
-    if plan_path:
-        from plait.plan.plan import load_plan, plan_parts_of
-
-        model, cluster, job, layout = plan_parts_of(load_plan(plan_path), plan_path)
-        return evaluate(model, cluster, job, layout, params), f"the plan in {plan_path}"
-    for row, plan in plans:
-        if plan.layout.pp > 1:
-            return plan, "the first swept layout with pp > 1"
+def _timeline_plan(plan: Plan | None, plan_path: str | None, plans: list[tuple[SweepRow, Plan]]
+                   ) -> tuple[Plan | None, str]:
+    if plan is not None:
+        return plan, f"the plan in {plan_path}"
+    for row, swept in plans:
+        if swept.layout.pp > 1:
+            return swept, "the first swept layout with pp > 1"
     return None, "no swept layout has pp > 1 and no --plan was given: no pipeline to draw"
 
 
-def write_report(sweep_path: str, out_dir: str, plan_path: str | None = None,
-                 runs_path: str | None = None) -> list[Path]:
-    """Write report.html, report.md and the PNGs into ``out_dir``; returns the paths written."""
+def _require_matplotlib() -> None:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
         raise PlaitError("plait report draws its plots with matplotlib, which is not installed: "
                          "pip install matplotlib (or install plait with the [cpu] or [gpu] extra)")
-    from plait.measure.report import plots
-    from plait.measure.report.sections import (
-        memory_section,
-        rows_section,
-        summary_section,
-        timeline_section,
-        validation_section,
-    )
 
-    csv_path = Path(sweep_path)
-    rows = read_sweep(csv_path)
-    for flag, path in (("--plan", plan_path), ("--runs", runs_path)):
-        if path and not Path(path).is_file():
-            raise PlaitError(f"{flag} {path}: file not found")
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PlaitError(f"cannot create the report directory {out}: {exc}") from None
-    for name in REPORT_IMAGES:  # a reused --out directory must not show another sweep's plots
-        (out / name).unlink(missing_ok=True)
+
+def _sweep_sections(csv_path: Path, rows: list[SweepRow], out: Path, plan_path: str | None
+                    ) -> tuple[list[Section], str]:
+    """The sections of a sweep (and of the plan given beside it) and the report's title."""
+    from plait.measure.report import plots
+    from plait.measure.report.sections import memory_section, rows_section, summary_section, timeline_section
+
     saved = saved_summary(csv_path)
     cluster, cluster_note = prediction_cluster(rows, saved)
     params, cluster, calibration_note, warnings = sweep_calibration(rows, saved, cluster)
@@ -168,19 +154,81 @@ def write_report(sweep_path: str, out_dir: str, plan_path: str | None = None,
     summary = summarize(rows, saved.get("top1_tolerance", DEFAULT_TOP1_TOLERANCE))
     sections: list[Section] = [summary_section(rows, summary, csv_path, calibration_note, warnings),
                                rows_section(rows)]
-    step_png = plots.step_time_plot(rows, out / REPORT_IMAGES[0])
+    step_png = plots.step_time_plot(rows, out / "step_time.png")
     sections.append(Section("Step time: predicted vs measured", [], image=step_png,
-                            missing="no layout ran" if step_png is None else ""))
-    mfu_png = plots.mfu_plot(rows, out / REPORT_IMAGES[1])
+                            missing="no layout ran" if step_png is None else "",
+                            notes=["Whiskers: the fastest and the slowest steady-state step of a layout around "
+                                   "its median."] if step_png is not None and plots.spread_errors(rows) else []))
+    mfu_png = plots.mfu_plot(rows, out / "mfu.png")
     sections.append(Section("MFU per layout", [], image=mfu_png,
                             missing="no MFU known: CPU runs have no GPU peak and no predictions were recorded"
                             if mfu_png is None else ""))
-    sections.append(memory_section(plans, cluster, cluster_note, out / REPORT_IMAGES[2]))
-    timeline_plan, why = _timeline_plan(plan_path, plans, params)
-    sections.append(timeline_section(timeline_plan, why, out / REPORT_IMAGES[3]))
+    sections.append(memory_section(plans, cluster, cluster_note, out / "memory.png"))
+    plan = None
+    if plan_path:
+        from plait.measure.report.plan_sections import evaluate_saved_plan, plan_picture_section
+
+        plan, _ = evaluate_saved_plan(plan_path, params)
+        sections.append(plan_picture_section(plan, params, out / "plan.png"))
+    timeline_plan, why = _timeline_plan(plan, plan_path, plans)
+    sections.append(timeline_section(timeline_plan, why, out / "timeline.png"))
+    return sections, f"plait sweep report: {rows[0].model or 'model'} ({csv_path.name})"
+
+
+def _plan_sections(plan_path: str, out: Path) -> tuple[list[Section], str]:
+    """A report of one saved plan without a sweep: its prediction, memory per stage, waterfall, timeline."""
+    from plait.measure.report.plan_sections import evaluate_saved_plan, plan_picture_section, plan_summary_section
+    from plait.measure.report.sections import timeline_section
+
+    plan, notes = evaluate_saved_plan(plan_path)
+    sections = [plan_summary_section(plan, plan_path, "default cost parameters", notes),
+                plan_picture_section(plan, DEFAULT_PARAMS, out / "plan.png")]
+    why = f"the plan in {plan_path}" if plan.layout.pp > 1 else "the plan has no pipeline (pp = 1): nothing to draw"
+    sections.append(timeline_section(plan if plan.layout.pp > 1 else None, why, out / "timeline.png"))
+    return sections, f"plait plan report: {plan.model.name}, {plan.layout}"
+
+
+def write_report(sweep_path: str | None, out_dir: str, plan_path: str | None = None,
+                 runs_path: str | None = None, train_log: str | None = None) -> list[Path]:
+    """Write report.html, report.md and the PNGs into ``out_dir``; returns the paths written.
+
+    Any of a sweep CSV, a plan file and a train JSONL makes a report: a sweep's sections (with the
+    plan's beside them), or the plan's alone, then the loss curve of the train log."""
+    _require_matplotlib()
+    if not (sweep_path or plan_path or train_log):
+        raise PlaitError("plait report needs something to report: --sweep CSV, --plan FILE or --train-log JSONL")
+    for flag, path in (("--plan", plan_path), ("--runs", runs_path)):
+        if path and not Path(path).is_file():
+            raise PlaitError(f"{flag} {path}: file not found")
+    curves = None
+    if train_log:
+        from plait.measure.report.train_log import read_train_log
+
+        curves = read_train_log(train_log)
+    rows = read_sweep(sweep_path) if sweep_path else []  # a bad sweep is refused before the directory is made
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlaitError(f"cannot create the report directory {out}: {exc}") from None
+    for name in REPORT_IMAGES:  # a reused --out directory must not show another report's plots
+        (out / name).unlink(missing_ok=True)
+    sections: list[Section] = []
+    title = ""
+    if sweep_path:
+        sections, title = _sweep_sections(Path(sweep_path), rows, out, plan_path)
+    elif plan_path:
+        sections, title = _plan_sections(plan_path, out)
+    if curves is not None:
+        from plait.measure.report.train_log import loss_plot, loss_summary
+
+        image = loss_plot(curves, out / "loss.png", f"Loss per step: {Path(train_log).name}")
+        sections.append(Section("Training loss", [f"{Path(train_log).name}: {loss_summary(curves)}"], image=image))
+        title = title or f"plait training report: {Path(train_log).name}"
     if runs_path:
+        from plait.measure.report.sections import validation_section
+
         sections.append(validation_section(runs_path))
-    title = f"plait sweep report: {rows[0].model or 'model'} ({csv_path.name})"
     written = [out / "report.html", out / "report.md"]
     atomic_write_text(written[0], render_html(title, sections), "report")
     atomic_write_text(written[1], render_markdown(title, sections), "report")

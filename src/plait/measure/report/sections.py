@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from plait.measure.report.chart_data import duration
 from plait.measure.report.render import Section, Table
 from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.sweep.stats import top1_text
@@ -48,23 +49,28 @@ def summary_section(rows: list[SweepRow], summary: dict, csv_path: Path, calibra
 
 
 def rows_section(rows: list[SweepRow]) -> Section:
-    header = ("layout", "status", "planner rank", "pred s/step", "meas s/step", "step err", "pred mem GiB",
+    header = ("layout", "status", "planner rank", "pred s/step", "meas s/step", "meas range s", "step err",
+              "pred mem GiB",
               "meas mem GiB", "memory kind", "pred MFU", "meas MFU", "tokens/s", "reason")
     body = []
     for r in rows:
         body.append((
             r.layout + (" +compile" if r.compile else ""), r.status,
             "predicted OOM" if r.predicted_fits is False else _num(r.planner_rank, "d"),
-            _num(r.predicted_step_time_s, ".4f"), _num(r.measured_step_time_s, ".4f"), _pct(r.step_time_error),
+            _num(r.predicted_step_time_s, ".4f"), _num(r.measured_step_time_s, ".4f"),
+            f"{r.measured_step_time_min_s:.4f}-{r.measured_step_time_max_s:.4f}"
+            if r.measured_step_time_min_s is not None and r.measured_step_time_max_s is not None else "",
+            _pct(r.step_time_error),
             _num(r.predicted_memory_bytes / GIB if r.predicted_memory_bytes is not None else None, ".2f"),
             _num(r.measured_memory_bytes / GIB if r.measured_memory_bytes is not None else None, ".2f"),
             r.memory_kind, _pct(r.predicted_mfu, False), _pct(r.measured_mfu, False), _num(r.tokens_per_s, ",.0f"),
             r.reason))
-    return Section("Layouts", [("Errors are measured / predicted - 1. Planner ranks cover the layouts the "
+    return Section("Layouts", [("Errors are measured / predicted - 1; meas s/step is the median of the steady-state "
+                                "steps, meas range their fastest and slowest. Planner ranks cover the layouts the "
                                 "planner predicts fit (the same layout with and without compile shares its "
                                 "rank). Memory kind host_rss is a CPU process's peak resident memory, not "
                                 "comparable with the GPU prediction.")],
-                   Table(header, tuple(body), (0, 1, 8, 12)))
+                   Table(header, tuple(body), (0, 1, 9, 13)))
 
 
 def memory_section(plans: list[tuple[SweepRow, Plan]], cluster: ClusterSpec, cluster_note: str,
@@ -76,8 +82,15 @@ def memory_section(plans: list[tuple[SweepRow, Plan]], cluster: ClusterSpec, clu
         return Section(title, [], missing="no swept layout could be re-evaluated (unknown model or no valid layout)")
     entries = [(row.layout + (" +compile" if row.compile else ""), plan.memory.items(), plan.memory.capacity,
                 row.measured_memory_bytes, row.memory_kind) for row, plan in plans]
-    image = plots.memory_plot(entries, path, f"Planner's itemized memory on {cluster.gpu.name} "
-                                             f"({cluster.gpu.hbm_bytes / GIB:.0f} GiB)")
+    cpu = all(row.memory_kind == "host_rss" or row.device == "cpu" for row, _ in plans)
+    if cpu:  # host memory per process: no GPU capacity, no CUDA context or NCCL buffers on a CPU run
+        drawn = [(label, {k: v for k, v in items.items() if k not in OVERHEAD_ITEMS}, None, measured, kind)
+                 for label, items, _, measured, kind in entries]
+        image = plots.memory_plot(drawn, path, "CPU sweep: the planner's tensors per process (bf16 model states, "
+                                               "activations)\nand the measured peak host RSS", per="process")
+    else:
+        image = plots.memory_plot(entries, path, f"Planner's itemized memory on {cluster.gpu.name} "
+                                                 f"({cluster.gpu.hbm_bytes / GIB:.0f} GiB)")
     names = [n for n in entries[0][1] if any(e[1].get(n, 0) > 0 for e in entries)]
     body = tuple((label, *(f"{items[n] / GIB:.3f}" for n in names), f"{plan.memory.total / GIB:.3f}",
                   f"{allocated_bytes(items) / GIB:.3f}", "yes" if plan.fits else "NO")
@@ -91,6 +104,13 @@ def memory_section(plans: list[tuple[SweepRow, Plan]], cluster: ClusterSpec, clu
                 "the GPU prediction, shown for reference only." if kinds == {"host_rss"} else
                 "Measured: diamonds are torch.cuda.max_memory_allocated, circles a CPU process's host RSS."
                 if kinds else "Nothing measured is drawn (no layout ran).")
+    if cpu:
+        return Section(title, [f"{cluster_note}. The picture is per CPU process, on an axis scaled to what is "
+                               "drawn: the planner's tensors (its GPU items without the CUDA context, NCCL buffers "
+                               "and fragmentation, which a CPU run does not have) beside each process's measured "
+                               "peak resident memory, which also holds the Python interpreter and torch itself - "
+                               "compare how they change from layout to layout, not their values. The table has the "
+                               f"planner's full GPU items. {measured}"], table, image=image)
     caption = (f"{cluster_note}. GiB per GPU, most loaded stage. Solid items are what the allocator hands out; "
                f"the hatched items ({', '.join(n.replace('_', ' ') for n in OVERHEAD_ITEMS)}) are the rest of the "
                f"planner's total (not in max_memory_allocated); the black tick marks the predicted allocated "
@@ -101,7 +121,7 @@ def memory_section(plans: list[tuple[SweepRow, Plan]], cluster: ClusterSpec, clu
 def timeline_section(plan: Plan | None, why: str, path: Path) -> Section:
     from plait.errors import PlaitError
     from plait.measure.report import plots
-    from plait.measure.report.timeline import plan_timeline, timeline_bubble_fraction
+    from plait.measure.report.timeline import hidden_spans, plan_timeline, timeline_bubble_fraction, timeline_windows
 
     title = "Pipeline schedule per rank"
     if plan is None:
@@ -114,11 +134,21 @@ def timeline_section(plan: Plan | None, why: str, path: Path) -> Section:
     m = layout.micro_batches(plan.job.global_batch)
     fraction = timeline_bubble_fraction(intervals)
     schedule = layout.schedule if layout.pp > 1 else "no pipeline"
+    windows = timeline_windows(intervals)
     text = (f"{layout} ({why}): {schedule}, pp={layout.pp}, vpp={layout.vpp}, {m} micro-batches; per micro-batch "
             f"and stage times from the planner (forward:backward = 1:2, recomputation in backward). Bubble "
             f"{100 * fraction:.1f}% of the busy time; the planner's step time has "
-            f"{plan.step.bubble * 1e3:.2f} ms of bubble in {plan.step.step_time * 1e3:.2f} ms.")
-    image = plots.timeline_plot(intervals, path, f"{layout}: {schedule}, {m} micro-batches")
+            f"{duration(plan.step.bubble)} of bubble in {duration(plan.step.step_time)}.")
+    hidden = hidden_spans(windows)
+    if hidden:
+        left_out = sum(b - a for a, b in hidden)
+        makespan = windows[-1][1]
+        text += (f" Not drawn: {duration(left_out)} of the {duration(makespan)} schedule ("
+                 + ", ".join(f"{duration(a)} to {duration(b)}" for a, b in hidden)
+                 + "), where every rank is busy (steady state, no bubble); the picture shows the warm-up, "
+                 "the edges of the steady state and the cool-down, so its share of bubble is larger than the "
+                 "step's.")
+    image = plots.timeline_plot(intervals, path, f"{layout}: {schedule}, {m} micro-batches", windows)
     return Section(title, [text], image=image)
 
 

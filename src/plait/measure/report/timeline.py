@@ -174,3 +174,51 @@ def plan_timeline(plan) -> list[Interval]:
     schedule = layout.schedule if layout.pp > 1 else "1f1b"
     return pipeline_timeline(schedule, layout.pp, layout.micro_batches(plan.job.global_batch),
                              forward_s, backward_s, layout.vpp if layout.pp > 1 else 1)
+
+
+def busy_spans(intervals: list[Interval]) -> list[tuple[float, float]]:
+    """Maximal spans (seconds) in which no rank idles: the schedule's steady state, bubble-free."""
+    makespan = max(i.end for i in intervals)
+    spans, cursor = [], 0.0
+    for start, end in sorted((i.start, i.end) for i in intervals if i.kind == BUBBLE):
+        if start > cursor + 1e-12:
+            spans.append((cursor, start))
+        cursor = max(cursor, end)
+    if makespan > cursor + 1e-12:
+        spans.append((cursor, makespan))
+    return spans
+
+
+MAX_UNBROKEN_OPS = 48  # forward and backward operations per rank drawn without a break
+
+
+def timeline_windows(intervals: list[Interval], keep_cycles: float = 2.0,
+                     max_unbroken_ops: int = MAX_UNBROKEN_OPS) -> list[tuple[float, float]]:
+    """The parts of the step to draw (seconds from its start), in order: the whole step, or, when
+    a rank has more than ``max_unbroken_ops`` operations (many micro-batches) and a bubble-free
+    stretch is long, everything but the middle of that stretch.
+
+    Each busy span (``busy_spans``) keeps ``keep_cycles`` cycles (one forward and one backward of
+    the longest operations) after its start and before its end; what lies between is hidden when
+    it is longer than three such margins. 1F1B then shows warm-up, the start and end of the steady
+    state, and cool-down with one break; GPipe's forward and backward phases get one break each.
+    """
+    forward = max((i.end - i.start for i in intervals if i.kind == FORWARD), default=0.0)
+    backward = max((i.end - i.start for i in intervals if i.kind == BACKWARD), default=0.0)
+    margin = keep_cycles * (forward + backward)
+    makespan = max(i.end for i in intervals)
+    ops = max(sum(1 for i in intervals if i.rank == rank and i.kind != BUBBLE) for rank in {i.rank for i in intervals})
+    if ops <= max_unbroken_ops:
+        return [(0.0, makespan)]
+    windows, cursor = [], 0.0
+    for start, end in busy_spans(intervals):
+        if end - start - 2 * margin > 3 * margin > 0:
+            windows.append((cursor, start + margin))
+            cursor = end - margin
+    windows.append((cursor, makespan))
+    return windows
+
+
+def hidden_spans(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The breaks between consecutive windows (seconds)."""
+    return [(a[1], b[0]) for a, b in zip(windows, windows[1:])]

@@ -16,7 +16,9 @@ Columns (units in the names; empty = not known, never guessed):
   model (preset name or model file path), global_batch, seq_len, nproc_per_node, steps, device,
   gpu (the GPU spec the predictions are for; empty when none were recorded), calibration (the
   calibration file's absolute path; empty: default cost parameters), calibration_sha256 (the first
-  16 hex digits of its sha256 when the sweep ran), elapsed_s (wall time of the run).
+  16 hex digits of its sha256 when the sweep ran), elapsed_s (wall time of the run),
+  measured_step_time_min_s, measured_step_time_max_s (the fastest and slowest of the steady-state
+  steps whose median is measured_step_time_s; empty in sweeps written before they were recorded).
 Errors are relative: measured / predicted - 1.
 """
 
@@ -65,6 +67,8 @@ class SweepRow:
     calibration: str = ""
     calibration_sha256: str = ""
     elapsed_s: float | None = None
+    measured_step_time_min_s: float | None = None
+    measured_step_time_max_s: float | None = None
 
     def with_errors(self) -> SweepRow:
         """This row with the relative errors filled from its predicted and measured values."""

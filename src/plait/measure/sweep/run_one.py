@@ -117,6 +117,24 @@ def read_summary(log_path: Path) -> dict | None:
     return summary
 
 
+def step_time_range(log_path: Path) -> tuple[float | None, float | None]:
+    """(fastest, slowest) step time in seconds over the steady-state steps of a ``plait train --log``
+    file (the steps whose median the summary reports; ``plait.run.metrics.steady_state``)."""
+    from plait.run.metrics import steady_state
+
+    times = []
+    for line in log_path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "loss" in record and isinstance(record.get("step_time_s"), (int, float)) \
+                and not record.get("summary"):
+            times.append(float(record["step_time_s"]))
+    steady = steady_state(times)
+    return (min(steady), max(steady)) if steady else (None, None)
+
+
 def predicted_fields(spec: SweepSpec, case: SweepCase) -> dict:
     """The planner's step time, allocator peak and MFU for this layout, when they are recorded."""
     if case.plan is None or not spec.prediction_gpu:
@@ -178,8 +196,10 @@ def run_case(spec: SweepSpec, case: SweepCase, workdir: Path) -> SweepRow:
         return replace(row, status=status, reason=reason, elapsed_s=elapsed)
     on_gpu = summary.get("device") == "cuda"
     measured_memory = summary.get("peak_memory_bytes") if on_gpu else summary.get("peak_host_rss_bytes")
+    fastest, slowest = step_time_range(log_path)
     return replace(row, status="ok", reason="", elapsed_s=elapsed, device=summary.get("device", spec.device),
                    measured_step_time_s=summary.get("step_time_s"), tokens_per_s=summary.get("tokens_per_s"),
+                   measured_step_time_min_s=fastest, measured_step_time_max_s=slowest,
                    measured_mfu=summary.get("mfu") if on_gpu else None,
                    measured_memory_bytes=float(measured_memory) if measured_memory is not None else None,
                    memory_kind="cuda_allocated" if on_gpu else "host_rss").with_errors()
