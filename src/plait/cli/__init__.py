@@ -15,6 +15,7 @@ from plait.cli import (
     clusters,
     common,
     data,
+    export,
     models,
     plan,
     profile,
@@ -26,7 +27,7 @@ from plait.cli import (
 
 # name -> module, in the order of ``plait --help``
 COMMANDS = {"plan": plan, "validate": validate, "train": train, "profile": profile, "calibrate": calibrate,
-            "data": data, "models": models, "clusters": clusters, "sweep": sweep, "report": report}
+            "data": data, "export": export, "models": models, "clusters": clusters, "sweep": sweep, "report": report}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help=f"optimizer steps in all (default {TrainJob.steps}; resumed: the saved run's)")
     what.add_argument("--seed", type=int, help=f"seed of weights, data order and dropout (default {TrainJob.seed})")
     what.add_argument("--data", default=DEFAULTS.data, help="synthetic, or a token file (plait data prepare)")
+    what.add_argument("--init-from", metavar="DIR",
+                      help="start from the weights of a local Hugging Face model directory (config.json + "
+                           "safetensors, sharded or not) instead of random ones; --model defaults to DIR")
     what.add_argument("--log", help="JSONL metrics file: one line per step, then a summary line")
     opt = parser.add_argument_group("optimizer")
     opt.add_argument("--lr", type=float, help=f"peak learning rate (default {_shown(optim.lr)})")

@@ -73,6 +73,7 @@ class TrainJob:
     steps: int = 20  # optimizer steps in all, counted from step 0 (a resumed run may ask for more)
     seed: int = 0  # seed of the weights, the data order and dropout
     data: str = "synthetic"  # "synthetic" or a token file written by `plait data prepare`
+    init_from: str | None = None  # Hugging Face model directory whose weights start the run (None: random init)
 
     def __post_init__(self) -> None:
         _refuse(_positive_int_problems({"global_batch": self.global_batch, "seq_len": self.seq_len,

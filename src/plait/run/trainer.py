@@ -157,6 +157,10 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     setup = build_setup(config, device, faults)
     parts = setup.parts
     start_step, events = resume(setup, env)
+    if start_step == 0 and config.job.init_from:  # a resumed run starts from its checkpoint instead
+        from plait.run.checkpoint.hf_import import init_from_hf
+
+        events.append(init_from_hf(config.job, parts, device))
     checkpointer = make_checkpointer(setup)
     is_rank0 = dist.get_rank() == 0
     log = JsonlLog(config.observe.log if is_rank0 else None, append=start_step > 0 or env.restart_count > 0)

@@ -28,6 +28,7 @@ class TrainRequest:
     steps: int | None = None  # optimizer steps in all (None: TrainJob.steps, or the resumed run's)
     seed: int | None = None  # None: TrainJob.seed (resumed: the saved one)
     data: str = TrainJob.data  # "synthetic" or a token file
+    init_from: str | None = TrainJob.init_from  # Hugging Face model directory: its weights start the run
     log: str | None = None  # JSONL metrics file
     # optimizer (None: OptimConfig's defaults; warm-up: 10% of the steps)
     lr: float | None = None

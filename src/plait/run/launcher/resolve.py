@@ -79,6 +79,11 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
     from plait.spec.models import get_model
 
     gpu = request.gpu
+    init_from = None
+    if request.init_from:  # the weights' shapes are checked by the workers, against the model they build
+        from plait.run.checkpoint.hf_files import check_model_dir
+
+        init_from = str(check_model_dir(request.init_from))
     if request.plan:
         model, layout, job, plan_gpu = plan_parts(load_plan(request.plan), request.plan)
         if request.model and get_model(request.model) != model:
@@ -89,9 +94,9 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
         seq_len = request.seq_len or job.seq_len
         gpu = gpu or plan_gpu
     else:
-        if not request.model:
+        if not (request.model or init_from):
             raise PlaitError("plait train needs --plan FILE, or --model with --global-batch and --seq-len")
-        model = get_model(request.model)
+        model = get_model(request.model or init_from)
         layout = Layout.parse(request.layout) if request.layout else Layout(dp=options.world_size)
         if request.global_batch is None or request.seq_len is None:
             raise PlaitError("plait train --model needs --global-batch and --seq-len")
@@ -105,7 +110,7 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
     seed = _given(request.seed, TrainJob.seed)
     config = RunConfig(
         job=TrainJob(model=model, layout=layout, global_batch=global_batch, seq_len=seq_len, steps=steps, seed=seed,
-                     data=request.data),
+                     data=request.data, init_from=init_from),
         optim=optim,
         runtime=RuntimeConfig(device=request.device, gpu=gpu, compile=request.compile,
                               compile_backend=request.compile_backend, async_tp=request.async_tp,
@@ -268,7 +273,7 @@ def resolve(request: TrainRequest) -> Resolved:
     if request.fresh and request.resume:
         raise PlaitError("give either --fresh or --resume, not both")
     if request.resume:
-        if _holds_no_checkpoint(Path(request.resume)) and (request.plan or request.model):
+        if _holds_no_checkpoint(Path(request.resume)) and (request.plan or request.model or request.init_from):
             fresh = dataclasses.replace(request, resume=None, checkpoint_dir=request.checkpoint_dir or request.resume)
             resolved = fresh_config(fresh)
             return dataclasses.replace(resolved, notes=(

@@ -1,0 +1,263 @@
+"""Which Hugging Face tensor holds which plait parameter, per model family: one table each.
+
+A family's table is a list of ``Row``s. A row names one tensor of the Hugging Face checkpoint
+(``hf``, with ``{i}`` for the layer index), the plait parameters it holds (``plait``: one, or
+several for a fused Hugging Face tensor such as GPT-2's ``c_attn``) and the ``Codec`` that
+converts between the two. Import (``plait.run.checkpoint.hf_import``) asks for the row of each
+plait parameter a rank holds; export (``plait.run.checkpoint.hf_export``) walks the rows of the
+whole model. A plait parameter without a row, or a Hugging Face tensor that no row reads, is an
+error naming it: nothing is silently dropped.
+
+To support a new parameter (a bias, a qk-norm weight) or a new family, add rows (and, for a
+new conversion, a codec) here; nothing else changes. Rows whose plait parameter the model does
+not have are skipped, so a row may name an optional parameter (biases, qk-norm).
+
+Rotary positions: plait's runtime (``plait.run.model.apply_rope``) rotates adjacent pairs
+(x[2j], x[2j+1]) of each head; Hugging Face Llama-style models rotate the halves (x[j],
+x[j + d/2]) (``rotate_half``). The two are the same attention once the rows of Wq and Wk (and
+their biases, and a per-head q/k norm weight) are permuted within each head: plait row 2j + r
+is Hugging Face row r·d/2 + j (``RopeRows``). GPT-2 has no rotary positions; its ``Conv1D``
+layers store weights as (in, out), the transpose of ``nn.Linear``'s (``Conv1D``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from plait.errors import PlaitError
+from plait.spec.model import ModelSpec
+
+
+class Codec:
+    """Converts the plait tensors of a row to its Hugging Face tensor and back (one tensor each way
+    for a plain row; a fused Hugging Face tensor splits into several plait tensors)."""
+
+    def to_plait(self, hf: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def to_hf(self, plait: tuple[torch.Tensor, ...], spec: ModelSpec) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Copy(Codec):
+    """The same tensor in both (norms, embeddings, Llama's o/gate/up/down projections)."""
+
+    def to_plait(self, hf, spec):
+        return (hf,)
+
+    def to_hf(self, plait, spec):
+        return plait[0]
+
+
+def _pairs_to_halves(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of each of ``heads`` heads from plait's adjacent-pair order to Hugging Face's half order."""
+    d = t.shape[0] // heads
+    return t.reshape(heads, d // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
+
+
+def _halves_to_pairs(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """The inverse of ``_pairs_to_halves``: Hugging Face's half order to plait's adjacent pairs."""
+    d = t.shape[0] // heads
+    return t.reshape(heads, 2, d // 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
+
+
+@dataclass(frozen=True)
+class RopeRows(Codec):
+    """Wq or Wk (weight or bias), or a per-head q/k norm weight: rows permuted within each head.
+
+    ``heads``: "q" (``n_heads``), "kv" (``n_kv_heads``) or "one" (a single head_dim vector)."""
+
+    heads: str
+
+    def count(self, spec: ModelSpec) -> int:
+        return {"q": spec.n_heads, "kv": spec.n_kv_heads, "one": 1}[self.heads]
+
+    def to_plait(self, hf, spec):
+        return (_halves_to_pairs(hf, self.count(spec)),)
+
+    def to_hf(self, plait, spec):
+        return _pairs_to_halves(plait[0], self.count(spec))
+
+
+class Conv1D(Codec):
+    """GPT-2's Conv1D weight, (in, out): the transpose of plait's ``nn.Linear`` weight (out, in)."""
+
+    def to_plait(self, hf, spec):
+        return (hf.t().contiguous(),)
+
+    def to_hf(self, plait, spec):
+        return plait[0].t().contiguous()
+
+
+@dataclass(frozen=True)
+class Fused(Codec):
+    """A Hugging Face tensor that concatenates several plait tensors along their output rows:
+    GPT-2's ``c_attn`` (Q, K, V; ``conv1d``: stored transposed), Phi-3's ``qkv_proj`` (``rope``:
+    Q and K rows permuted as ``RopeRows``) and ``gate_up_proj``. ``parts`` names each part's
+    width: "h" (n_heads·head_dim), "kv" (n_kv_heads·head_dim) or "ffn"."""
+
+    parts: tuple[str, ...]
+    conv1d: bool = False
+    rope: bool = False
+
+    def widths(self, spec: ModelSpec) -> list[int]:
+        sizes = {"h": spec.n_heads * spec.head_dim, "kv": spec.kv_hidden, "ffn": spec.ffn_hidden}
+        return [sizes[part] for part in self.parts]
+
+    def to_plait(self, hf, spec):
+        rows = hf.t() if self.conv1d else hf
+        pieces = list(rows.split(self.widths(spec), dim=0))
+        if self.rope:
+            pieces[0] = _halves_to_pairs(pieces[0], spec.n_heads)
+            pieces[1] = _halves_to_pairs(pieces[1], spec.n_kv_heads)
+        return tuple(piece.contiguous() for piece in pieces)
+
+    def to_hf(self, plait, spec):
+        pieces = list(plait)
+        if self.rope:
+            pieces[0] = _pairs_to_halves(pieces[0], spec.n_heads)
+            pieces[1] = _pairs_to_halves(pieces[1], spec.n_kv_heads)
+        fused = torch.cat(pieces, dim=0)
+        return fused.t().contiguous() if self.conv1d else fused
+
+
+@dataclass(frozen=True)
+class Row:
+    """One Hugging Face tensor (``hf``; ``{i}``: layer index) and the plait parameters it holds."""
+
+    hf: str
+    plait: tuple[str, ...]
+    codec: Codec = Copy()
+
+
+def _row(hf: str, plait: str | tuple[str, ...], codec: Codec = Copy()) -> Row:
+    return Row(hf, (plait,) if isinstance(plait, str) else plait, codec)
+
+
+def _weight_and_bias(hf: str, plait: str, weight: Codec = Copy(), bias: Codec = Copy()) -> list[Row]:
+    return [_row(f"{hf}.weight", f"{plait}.weight", weight), _row(f"{hf}.bias", f"{plait}.bias", bias)]
+
+
+_L = "layers.{i}."  # plait's block prefix
+
+# Llama and the families laid out like it (Mistral, Qwen2, Qwen3): separate projections.
+LLAMA_ROWS = [
+    _row("model.embed_tokens.weight", "tok_embeddings.weight"),
+    *_weight_and_bias("model.layers.{i}.self_attn.q_proj", _L + "attention.wq", RopeRows("q"), RopeRows("q")),
+    *_weight_and_bias("model.layers.{i}.self_attn.k_proj", _L + "attention.wk", RopeRows("kv"), RopeRows("kv")),
+    *_weight_and_bias("model.layers.{i}.self_attn.v_proj", _L + "attention.wv"),
+    *_weight_and_bias("model.layers.{i}.self_attn.o_proj", _L + "attention.wo"),
+    # qk-norm (Qwen3, OLMo-2): one head_dim weight applied to every head, before the rotation
+    _row("model.layers.{i}.self_attn.q_norm.weight", _L + "attention.q_norm.weight", RopeRows("one")),
+    _row("model.layers.{i}.self_attn.k_norm.weight", _L + "attention.k_norm.weight", RopeRows("one")),
+    *_weight_and_bias("model.layers.{i}.mlp.gate_proj", _L + "feed_forward.w1"),
+    *_weight_and_bias("model.layers.{i}.mlp.up_proj", _L + "feed_forward.w3"),
+    *_weight_and_bias("model.layers.{i}.mlp.down_proj", _L + "feed_forward.w2"),
+    _row("model.layers.{i}.input_layernorm.weight", _L + "attention_norm.weight"),
+    _row("model.layers.{i}.post_attention_layernorm.weight", _L + "ffn_norm.weight"),
+    _row("model.norm.weight", "norm.weight"),
+    _row("lm_head.weight", "output.weight"),
+]
+
+# Phi-3: Llama's block with Q, K, V fused into qkv_proj and gate/up into gate_up_proj.
+PHI3_ROWS = [
+    _row("model.embed_tokens.weight", "tok_embeddings.weight"),
+    _row("model.layers.{i}.self_attn.qkv_proj.weight",
+         (_L + "attention.wq.weight", _L + "attention.wk.weight", _L + "attention.wv.weight"),
+         Fused(("h", "kv", "kv"), rope=True)),
+    _row("model.layers.{i}.self_attn.o_proj.weight", _L + "attention.wo.weight"),
+    _row("model.layers.{i}.mlp.gate_up_proj.weight", (_L + "feed_forward.w1.weight", _L + "feed_forward.w3.weight"),
+         Fused(("ffn", "ffn"))),
+    _row("model.layers.{i}.mlp.down_proj.weight", _L + "feed_forward.w2.weight"),
+    _row("model.layers.{i}.input_layernorm.weight", _L + "attention_norm.weight"),
+    _row("model.layers.{i}.post_attention_layernorm.weight", _L + "ffn_norm.weight"),
+    _row("model.norm.weight", "norm.weight"),
+    _row("lm_head.weight", "output.weight"),
+]
+
+# GPT-2: Conv1D layers (weights stored (in, out)), Q, K and V fused in c_attn, learned positions.
+GPT2_ROWS = [
+    _row("transformer.wte.weight", "tok_embeddings.weight"),
+    _row("transformer.wpe.weight", "pos_embeddings.weight"),
+    *_weight_and_bias("transformer.h.{i}.ln_1", _L + "attention_norm"),
+    _row("transformer.h.{i}.attn.c_attn.weight",
+         (_L + "attention.wq.weight", _L + "attention.wk.weight", _L + "attention.wv.weight"),
+         Fused(("h", "kv", "kv"), conv1d=True)),
+    _row("transformer.h.{i}.attn.c_attn.bias",
+         (_L + "attention.wq.bias", _L + "attention.wk.bias", _L + "attention.wv.bias"), Fused(("h", "kv", "kv"))),
+    *_weight_and_bias("transformer.h.{i}.attn.c_proj", _L + "attention.wo", Conv1D()),
+    *_weight_and_bias("transformer.h.{i}.ln_2", _L + "ffn_norm"),
+    *_weight_and_bias("transformer.h.{i}.mlp.c_fc", _L + "feed_forward.w1", Conv1D()),
+    *_weight_and_bias("transformer.h.{i}.mlp.c_proj", _L + "feed_forward.w2", Conv1D()),
+    *_weight_and_bias("transformer.ln_f", "norm"),
+    _row("lm_head.weight", "output.weight"),
+]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A table of rows, the Hugging Face ``model_type``s it reads, and what export writes."""
+
+    name: str
+    rows: tuple[Row, ...]
+    model_types: tuple[str, ...]  # Hugging Face config.json model_type values read with these rows
+    architecture: str  # config.json "architectures" entry written by export
+    strip_prefix: str  # checkpoints saved from the base model lack this prefix (GPT-2's own "h.0...")
+    ignored: tuple[str, ...] = ()  # regexes of Hugging Face tensors that are buffers, not weights
+
+
+LLAMA = Family("llama", tuple(LLAMA_ROWS), ("llama", "mistral", "qwen2", "qwen3"), "LlamaForCausalLM", "model.",
+               ignored=(r".*\.rotary_emb\.inv_freq$",))
+PHI3 = Family("phi3", tuple(PHI3_ROWS), ("phi3",), "Phi3ForCausalLM", "model.", ignored=(r".*\.rotary_emb\.inv_freq$",))
+GPT2 = Family("gpt2", tuple(GPT2_ROWS), ("gpt2",), "GPT2LMHeadModel", "transformer.",
+              ignored=(r".*\.attn\.(bias|masked_bias)$",))
+FAMILIES = (LLAMA, PHI3, GPT2)
+
+
+def family_of_model_type(model_type: str) -> Family:
+    """The table that reads a Hugging Face checkpoint of ``model_type`` (config.json); PlaitError otherwise."""
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    known = ", ".join(t for family in FAMILIES for t in family.model_types)
+    raise PlaitError(f"Hugging Face model_type {model_type!r} has no weight-name table in plait "
+                     f"(plait.run.checkpoint.hf_map; tables for: {known})")
+
+
+def family_of_spec(spec: ModelSpec) -> Family:
+    """The table export writes a ``spec`` with: Llama's for arch llama, GPT-2's for arch gpt."""
+    return LLAMA if spec.arch == "llama" else GPT2
+
+
+_LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
+def layer_pattern(name: str) -> tuple[str, str | None]:
+    """(``name`` with its layer index replaced by ``{i}``, the index) of a plait parameter name."""
+    match = _LAYER.match(name)
+    if not match:
+        return name, None
+    return _L + name[match.end():], match.group(1)
+
+
+def rows_by_plait(family: Family) -> dict[str, tuple[Row, int]]:
+    """{plait name pattern: (its row, its position among the row's plait tensors)}."""
+    return {plait: (row, k) for row in family.rows for k, plait in enumerate(row.plait)}
+
+
+def row_for(family: Family, name: str) -> tuple[Row, int, str | None]:
+    """(row, position in the row, layer index) of plait parameter ``name``; PlaitError when no row has it."""
+    pattern, layer = layer_pattern(name)
+    found = rows_by_plait(family).get(pattern)
+    if found is None:
+        raise PlaitError(f"plait parameter {name} has no Hugging Face name in the {family.name} table "
+                         "(add a row to plait.run.checkpoint.hf_map)")
+    return found[0], found[1], layer
+
+
+def concrete(pattern: str, layer: str | None) -> str:
+    """A row's name pattern for one layer (``{i}`` replaced; names outside the layers unchanged)."""
+    return pattern.replace("{i}", layer) if layer is not None else pattern
