@@ -30,6 +30,10 @@ def test_the_numbers_say_per_process_all_processes_and_available():
                                  "available")
     assert HostMemory(2 * GIB, 1, None).fits  # nothing to compare with: not refused
     assert "unknown" in HostMemory(2 * GIB, 1, None).describe()
+    small = HostMemory(per_process=12.5 * 2**20, processes=2, available=20 * GIB)
+    assert small.kill_note() == ("the planner predicted 12.5 MiB per process (× 2 = 25.0 MiB), this host has 20.0 GiB "
+                                 "available (that fits: other processes' memory, or the scheduler, may be the cause)")
+    assert KILLED.kill_note() == KILLED.describe()
 
 
 def test_a_worker_killed_by_the_os_names_the_memory_not_torchruns_banner(tmp_path):

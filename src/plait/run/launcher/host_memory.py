@@ -37,12 +37,23 @@ class HostMemory:
 
     def describe(self) -> str:
         """``the planner predicted 3.1 GiB per process (× 4 = 12.4 GiB), this host has 9.0 GiB available``."""
-        text = f"the planner predicted {self.per_process / GIB:.1f} GiB per process"
+        text = f"the planner predicted {_size(self.per_process)} per process"
         if self.processes > 1:
-            text += f" (× {self.processes} = {self.need / GIB:.1f} GiB)"
+            text += f" (× {self.processes} = {_size(self.need)})"
         if self.available is None:
             return text + "; this host's available memory is unknown (no MemAvailable in /proc/meminfo)"
-        return text + f", this host has {self.available / GIB:.1f} GiB available"
+        return text + f", this host has {_size(self.available)} available"
+
+    def kill_note(self) -> str:
+        """``describe`` for a worker the OS killed; when the prediction fits, it says so."""
+        if self.fits and self.available is not None:
+            return self.describe() + " (that fits: other processes' memory, or the scheduler, may be the cause)"
+        return self.describe()
+
+
+def _size(nbytes: float) -> str:
+    """GiB with one decimal, or MiB below 1 GiB (a tiny model is not "0.0 GiB")."""
+    return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.1f} MiB"
 
 
 def host_memory(config, processes: int, available: float | None = None) -> HostMemory:

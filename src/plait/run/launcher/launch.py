@@ -177,7 +177,7 @@ def workers_outcome(args: list[str], run_dir: Path, nproc_per_node: int, what: s
         died = f"rank {rank} ended with {signal_name or f'exit status {failure.exitcode}'}"
         exits = {r: f.exitcode for r, f in exc.failures.items() if f.exitcode is not None}
         return failed_run(run_dir, what, died=died, dead_rank=rank, signal=signal_name, exits=exits,
-                          memory_note=host_memory.describe() if host_memory is not None else None)
+                          memory_note=host_memory.kill_note() if host_memory is not None else None)
     except SignalException as exc:
         name = signal.Signals(exc.sigval).name
         message = (f"stopped by {name}: the workers were asked to finish their step and save a checkpoint "
