@@ -119,7 +119,7 @@ def recovery_drill(directory: Path) -> dict:
     before = [line for line in lines[:resume_at] if "loss" in line and "summary" not in line]
     after = [line for line in lines[resume_at:] if "loss" in line and "summary" not in line]
     return {"time_to_recovery_s": after[0]["time"] - before[-1]["time"], "load_s": lines[resume_at]["load_s"],
-            "resumed_at_step": lines[resume_at]["step"], "lost_steps": before[-1]["step"] + 1 - lines[resume_at]["step"],
+            "resumed_at_step": lines[resume_at]["step"], "lost_steps": before[-1]["step"] - lines[resume_at]["step"],
             "drill_wall_s": total}
 
 

@@ -66,9 +66,9 @@ def test_killed_rank_and_killed_checkpoint_write_recover_automatically(tmp_path,
         by_step.setdefault(line["step"], []).append(line["loss"])
     # a re-run step reproduces its first run bit for bit
     assert all(len(set(losses)) == 1 for losses in by_step.values()), by_step
-    assert sorted(by_step) == list(range(STEPS))
+    assert sorted(by_step) == list(range(1, STEPS + 1))  # JSONL steps count from 1
     # torchrun's ranks and the pool's run other thread counts: the BLAS sums in another order
-    assert [by_step[s][0] for s in range(STEPS)] == pytest.approx(uninterrupted["losses"], rel=tolerances.LOSS_RTOL)
+    assert [by_step[s + 1][0] for s in range(STEPS)] == pytest.approx(uninterrupted["losses"], rel=tolerances.LOSS_RTOL)
     assert [p.name for p in store.complete_dirs(ckpt)] == [store.final_name(s) for s in (2, 4, 6)]
     assert not [p for p in ckpt.iterdir() if ".tmp-" in p.name], "the killed write was not cleaned up"
     for path in store.complete_dirs(ckpt):
@@ -90,7 +90,7 @@ def test_corrupt_newest_checkpoint_is_refused_and_the_previous_one_used(dist_poo
     assert "step_00000004 is corrupt" in proc.stdout and "CRC-32" in proc.stdout and "set aside" in proc.stdout
     assert (ckpt / (store.final_name(4) + ".corrupt-0") / victim.name).is_file(), "the refused one must be kept"
     resumed = step_lines(log)
-    assert [line["step"] for line in resumed] == [2, 3, 4, 5]
+    assert [line["step"] for line in resumed] == [3, 4, 5, 6]  # resumed after 2 steps: the 3rd step on
     assert [line["loss"] for line in resumed] == pytest.approx(uninterrupted["losses"][2:], rel=tolerances.LOSS_RTOL)
     assert store.verify(ckpt / store.final_name(6)).step == 6
 
@@ -130,7 +130,7 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
     checkpoint = store.verify(saved[0])
     summary = read_jsonl(log)[-1]
     assert summary["summary"] and summary["stopped_early"] and summary["checkpoints"] == [checkpoint.step]
-    assert checkpoint.step == step_lines(log)[-1]["step"] + 1
+    assert checkpoint.step == step_lines(log)[-1]["step"]
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ def assert_no_syncs_off_logging_steps(counts: dict) -> None:
 
 
 def assert_one_line_per_step(lines: list[dict]) -> None:
-    assert [line["step"] for line in lines] == list(range(STEPS))
+    assert [line["step"] for line in lines] == list(range(1, STEPS + 1))  # JSONL steps count from 1
     for line in lines:
         assert STEP_FIELDS <= set(line)
         assert line["loss"] > 0 and line["grad_norm"] > 0 and line["step_time_s"] > 0

@@ -71,7 +71,7 @@ def test_the_flat_form_of_earlier_versions_loads_to_the_same_config():
 def test_to_dict_writes_the_nested_form_and_reads_it_back(tmp_path):
     config = nested_config()
     data = config.to_dict()
-    assert list(data) == ["job", "optim", "checkpoint", "runtime", "observe", "prediction"]
+    assert list(data) == ["job", "optim", "checkpoint", "runtime", "observe", "prediction", "job_file"]
     assert data["job"]["layout"] == "dp=2,tp=1,pp=1,cp=1,mbs=2" and data["checkpoint"]["dir"] == "/ckpt"
     assert data["prediction"]["allocated_bytes"] == 2.5e9
     assert RunConfig.from_dict(json.loads(json.dumps(data))) == config

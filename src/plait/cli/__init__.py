@@ -39,5 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return common.exit_status(COMMANDS[args.command].run, args)
+    return common.exit_status(_parse_and_run, argv)
+
+
+def _parse_and_run(argv: list[str] | None) -> int:
+    """Parse (a ``--config`` job file gives the command's defaults: ``plait.cli.jobfile``), then run."""
+    from plait.cli.jobfile.read import parse_args
+
+    args = parse_args(build_parser(), argv)
+    return COMMANDS[args.command].run(args)

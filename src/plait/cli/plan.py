@@ -7,6 +7,7 @@ import json
 import sys
 
 from plait.cli.common import console, cost_params
+from plait.cli.jobfile.read import add_config_flags
 from plait.errors import PlaitError
 
 HELP = "rank layouts by predicted throughput, or evaluate one"
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--any-runtime", action="store_true",
                         help="rank every layout the planner models, also those plait train does not run yet "
                              "(marked *); --save then writes such a layout too")
+    add_config_flags(parser)
 
 
 def run(args) -> int:

@@ -84,7 +84,8 @@ def confidence_note(console: Console) -> None:
         return
     console.print(f"[dim]How sure: on {record['runs_compared']} published runs the default cost model's median MFU "
                   f"error is {record['median_abs_error_points']:.1f} points ({100 * record['within_4_points']:.0f}% "
-                  "within 4 points; `plait validate --runs ...`). Calibrate on your hardware for better.[/dim]")
+                  "within 4 points; the record shipped in plait/data/validation.json). Calibrate on your hardware "
+                  "for better: plait profile, plait calibrate fit.[/dim]")
 
 
 def validation_table(results: list[RunResult]) -> Table:

@@ -208,6 +208,7 @@ class RunConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     observe: LogConfig = field(default_factory=LogConfig)
     prediction: Prediction | None = None  # the planner's step time and memory for this run, if known
+    job_file: str | None = None  # the plait train command line as a TOML job file (None: not recorded)
 
     # ------------------------------------------------------------ checks
     def runtime_problems(self) -> list[str]:

@@ -37,6 +37,7 @@ class StepRecord:
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
+        out["step"] = self.step + 1  # the JSONL counts optimizer steps from 1, as the console does
         out.update(out.pop("offload") or {})
         return out
 

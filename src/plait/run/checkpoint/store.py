@@ -6,7 +6,8 @@ A checkpoint directory ``--checkpoint-dir DIR`` holds one sub-directory per save
     DIR/step_00000060.tmp-<id>/   being written (or left by a crash): never read, removed later
 
 A save writes everything into the ``.tmp-`` directory, checksums the files, writes
-``manifest.json`` (sizes and CRC-32 of every file, the run config, the step) last, and only
+``manifest.json`` (sizes and CRC-32 of every file, the run config with the job file of the
+``plait train`` command line (``job_file``), the step) last, and only
 then renames the directory to its final name. A directory without a valid manifest is
 therefore never mistaken for a checkpoint, and nothing is ever written in place: a final
 name that already exists is an error, not an overwrite.
@@ -115,6 +116,15 @@ class Checkpoint:
         """The RunConfig (as a dict) of the run that saved it: ``RunConfig.to_dict``'s nested form, or
         the flat form of checkpoints written by earlier plait versions (``RunConfig.from_dict`` reads both)."""
         return self.manifest["run"]
+
+
+def job_file(manifest: dict) -> str | None:
+    """The resolved ``plait train`` job file (TOML text; ``plait train --config`` reads it) of the run
+    that saved a checkpoint: ``run.job_file`` in its manifest. None for a manifest of an earlier plait
+    version, or of a run started without one (a program calling the launcher itself)."""
+    run = manifest.get("run")
+    text = run.get("job_file") if isinstance(run, dict) else None
+    return text if isinstance(text, str) else None
 
 
 def manifest_checksum(body: dict) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError, RunStopped
 from plait.run.config import RunConfig
+from plait.run.launcher.host_memory import HostMemory
 from plait.run.launcher.outcome import (
     EXIT_ERROR,
     EXIT_OK,
@@ -84,12 +85,14 @@ class RunFailed(PlaitError):
     """A launched run whose workers failed (or could not start); RUN_DIR/outcome.json says how."""
 
 
-def launch(config: RunConfig, options: LaunchOptions, run_dir: str | None = None) -> dict:
+def launch(config: RunConfig, options: LaunchOptions, run_dir: str | None = None,
+           host_memory: HostMemory | None = None) -> dict:
     """Run the job to completion; returns rank 0's summary (a dict), or raises PlaitError.
 
     ``config`` must have passed ``plait.run.launcher.preflight.preflight`` for these ``options``.
     Every exit writes ``RUN_DIR/outcome.json`` (``plait.run.launcher.outcome``): ok, refused (a
     multi-node setup torchrun cannot take), failed or oom (RunFailed), stopped (RunStopped).
+    ``host_memory`` (CPU runs): the planner's host memory, quoted when the OS kills a worker.
     """
     owned = run_dir is None
     directory = Path(run_dir or tempfile.mkdtemp(prefix="plait-run-"))
@@ -100,7 +103,7 @@ def launch(config: RunConfig, options: LaunchOptions, run_dir: str | None = None
     try:
         try:
             outcome, message = workers_outcome(torchrun_args(options, str(directory)), directory,
-                                               options.nproc_per_node)
+                                               options.nproc_per_node, host_memory=host_memory)
         except PlaitError as exc:
             write_outcome(directory, refused(exc))
             raise
@@ -151,9 +154,12 @@ def raise_for(outcome: Outcome, message: str) -> None:
         raise RunFailed(message)
 
 
-def workers_outcome(args: list[str], run_dir: Path, nproc_per_node: int,
-                    what: str = "training") -> tuple[Outcome, str]:
-    """Run torchrun with ``args``; (how it ended, the error message with traceback, "" when ok)."""
+def workers_outcome(args: list[str], run_dir: Path, nproc_per_node: int, what: str = "training",
+                    host_memory: HostMemory | None = None) -> tuple[Outcome, str]:
+    """Run torchrun with ``args``; (how it ended, the error message with traceback, "" when ok).
+
+    ``host_memory``: a CPU run's predicted and available host memory; a worker killed by SIGKILL
+    is then reported as killed by the OS, with these numbers (``outcome.failed_run``)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -170,7 +176,8 @@ def workers_outcome(args: list[str], run_dir: Path, nproc_per_node: int,
         signal_name = failure.signal_name() if failure.exitcode is not None and failure.exitcode < 0 else None
         died = f"rank {rank} ended with {signal_name or f'exit status {failure.exitcode}'}"
         exits = {r: f.exitcode for r, f in exc.failures.items() if f.exitcode is not None}
-        return failed_run(run_dir, what, died=died, dead_rank=rank, signal=signal_name, exits=exits)
+        return failed_run(run_dir, what, died=died, dead_rank=rank, signal=signal_name, exits=exits,
+                          memory_note=host_memory.kill_note() if host_memory is not None else None)
     except SignalException as exc:
         name = signal.Signals(exc.sigval).name
         message = (f"stopped by {name}: the workers were asked to finish their step and save a checkpoint "

@@ -131,7 +131,8 @@ def is_out_of_memory(record: dict) -> bool:
 
 
 def failed_run(run_dir: str | Path, what: str = "training", died: str = "", dead_rank: int | None = None,
-               signal: str | None = None, exits: dict[int, int] | None = None) -> tuple[Outcome, str]:
+               signal: str | None = None, exits: dict[int, int] | None = None,
+               memory_note: str | None = None) -> tuple[Outcome, str]:
     """(outcome, full message) of a run whose workers failed, from the error files in ``run_dir``.
 
     ``died`` is torchrun's one-line account, used when nothing else says what happened;
@@ -141,6 +142,9 @@ def failed_run(run_dir: str | Path, what: str = "training", died: str = "", dead
     memory, else a rank that died without a message and how (``rank 1 was killed by SIGKILL (exit
     -9): ...``), else the first error that is not a collective's, with its traceback; the ranks
     that stopped after it are summarized in one line. The outcome's reason is its first line.
+    ``memory_note`` (a CPU run: the planner's host memory against what the host had available)
+    makes a rank killed by SIGKILL ``killed by the OS (SIGKILL, exit -9; out of memory?) — NOTE``:
+    on the CPU the kernel's OOM killer is what ends a process that runs out of memory.
     """
     from plait.run.launcher.deaths import how_it_died, root_error, signal_of, silent_deaths
 
@@ -153,6 +157,9 @@ def failed_run(run_dir: str | Path, what: str = "training", died: str = "", dead
     if silent and not memory:
         root = silent[0]
         message = f"{what} failed: {how_it_died(root, exits[root])}"
+        if memory_note and signal_of(exits[root]) == "SIGKILL":
+            message = (f"{what} failed: rank {root} was killed by the OS (SIGKILL, exit {exits[root]}; out of "
+                       f"memory?) — {memory_note}")
         others = [*silent[1:], *(e["rank"] for e in errors)]
         if others:
             after = f"; rank {errors[0]['rank']}: {first_line(errors[0].get('message', ''))[:200]}" if errors else ""

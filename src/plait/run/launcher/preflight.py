@@ -56,7 +56,8 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
     """Validate ``config`` for ``options``; return it with GPU and prediction filled, and warnings.
 
     Raises PlaitError for a wrong process count, a broken layout rule, a layout feature the
-    runtime does not run, or (on GPU, unless ``allow_oom``) a predicted out-of-memory.
+    runtime does not run, or (unless ``allow_oom``) a predicted out-of-memory: of the GPU, or on
+    the CPU of the host's available memory for all its processes (``plait.run.launcher.host_memory``).
     """
     job = config.job
     layout, model = job.layout, job.model
@@ -76,8 +77,10 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
     warnings = [v.message for v in violations if v.severity == "warning"]
     on_gpu = runs_on_gpu(config, options.nproc_per_node)
     config = resolve_gpu(config, on_gpu)
-    if not on_gpu:
-        return config, warnings
+    if not on_gpu:  # the OS kills a CPU worker that runs out of memory: check the host's before launching
+        from plait.run.launcher.host_memory import check, host_memory
+
+        return config, warnings + check(host_memory(config, options.nproc_per_node), allow_oom)
     gpu = config.runtime.gpu
     if not gpu:
         warnings.append(f"GPU {local_accelerator()!r} is not a known spec: pass --gpu (plait clusters) "

@@ -294,23 +294,25 @@ def _holds_no_checkpoint(path: Path) -> bool:
                                  and not store.complete_dirs(path))
 
 
-def start(request: TrainRequest) -> int:
+def start(request: TrainRequest, job_file: str | None = None) -> int:
     """``plait train``: resolve, check (preflight), print the notes, then launch (or print the
     torchrun command for a dry run). Returns the exit status; a failed rank raises PlaitError.
 
-    A run refused before launch leaves ``RUN_DIR/outcome.json`` (status refused) when
-    ``request.run_dir`` is given; a launched run's outcome is written by ``launch``.
+    ``job_file``: the request as a TOML job file (``plait.cli.jobfile``), recorded in the run's
+    config and so in its checkpoints' manifests. A run refused before launch leaves
+    ``RUN_DIR/outcome.json`` (status refused) when ``request.run_dir`` is given; a launched run's
+    outcome is written by ``launch``.
     """
     try:
-        return _start(request)
+        return _start(request, job_file)
     except PlaitError as exc:
         record_refusal(request.run_dir, exc)
         raise
 
 
-def _start(request: TrainRequest) -> int:
+def _start(request: TrainRequest, job_file: str | None = None) -> int:
     resolved = resolve(request)
-    config, options = resolved.config, resolved.options
+    config, options = dataclasses.replace(resolved.config, job_file=job_file), resolved.options
     config, warnings = preflight(config, options, allow_oom=request.allow_oom)
     for warning in warnings:
         print(f"plait: warning: {warning}", file=sys.stderr)
@@ -327,7 +329,10 @@ def _start(request: TrainRequest) -> int:
         job = config.job
         print(f"plait train: {job.model.name}, layout {job.layout}, global batch {job.global_batch} × "
               f"{job.seq_len}, {job.steps} steps, {options.world_size} processes", flush=True)
-        launch(config, options, run_dir=request.run_dir)  # raises PlaitError when any rank failed
+        from plait.run.launcher.host_memory import of_cpu_run
+
+        launch(config, options, run_dir=request.run_dir,  # raises PlaitError when any rank failed
+               host_memory=of_cpu_run(config, options.nproc_per_node))
     finally:
         if held is not None:
             held.release()
