@@ -3,7 +3,7 @@
 Each module of ``COMMANDS`` has ``HELP`` (its line in ``plait --help``), ``add_arguments(parser)``
 (its flags) and ``run(args) -> int`` (the exit status). ``argparse`` stops here: what the
 commands call below ``plait.cli`` takes typed values. Every user error ends with one line on
-stderr and exit status 2, never a traceback (``plait.cli.common.exit_status``).
+stderr and exit status 2, never a traceback (``plait.cli.support.common.exit_status``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import argparse
 from plait.cli import (
     calibrate,
     clusters,
-    common,
     data,
     export,
     models,
@@ -24,6 +23,7 @@ from plait.cli import (
     train,
     validate,
 )
+from plait.cli.support import common
 
 # name -> module, in the order of ``plait --help``
 COMMANDS = {"plan": plan, "validate": validate, "train": train, "profile": profile, "calibrate": calibrate,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from plait.cli import common
+from plait.cli.support import common
 from plait.errors import PlaitError
 
 

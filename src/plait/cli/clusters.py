@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from plait.cli.common import console
+from plait.cli.support.common import console
 
 HELP = "list cluster and GPU presets"
 

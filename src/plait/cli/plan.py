@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from plait.cli.common import console, cost_params
+from plait.cli.support.common import console, cost_params
 from plait.cli.jobfile.read import add_config_flags
 from plait.errors import PlaitError
 
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from plait.cli import tables as report
+    from plait.cli.support import tables as report
     from plait.plan.plan import evaluate
     from plait.plan.search import SearchConstraints, require_plans, search
     from plait.spec.hardware import get_cluster

@@ -6,7 +6,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from plait.cli.common import warn
+from plait.cli.support.common import warn
 from plait.errors import PlaitError
 
 HELP = "micro-benchmark this machine and write a calibration file"

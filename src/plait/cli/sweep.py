@@ -1,4 +1,4 @@
-"""``plait sweep`` on the command line: arguments, the layout list, the result tables (``plait.cli.tables``)."""
+"""``plait sweep`` on the command line: arguments, the layout list, the result tables (``plait.cli.support.tables``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import sys
 
-from plait.cli.common import console, cost_params, warn
+from plait.cli.support.common import console, cost_params, warn
 from plait.errors import PlaitError
 from plait.measure.sweep.cases import (
     SweepSpec,
@@ -100,7 +100,7 @@ def _spec(args) -> SweepSpec:
 
 
 def run(args) -> int:
-    from plait.cli import tables
+    from plait.cli.support import tables
     from plait.measure.sweep.csv_file import summary_path
     from plait.measure.sweep.loop import run_sweep
     from plait.measure.sweep.stats import failure_reasons

@@ -7,7 +7,7 @@ import csv
 import json
 
 from plait.atomic import atomic_output
-from plait.cli.common import console, cost_params
+from plait.cli.support.common import console, cost_params
 from plait.errors import PlaitError
 
 HELP = "predict published runs and report the error"
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from plait.cli import tables as report
+    from plait.cli.support import tables as report
     from plait.measure.published import error_summary, predict_runs
 
     params, _ = cost_params(args.calibration)

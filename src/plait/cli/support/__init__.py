@@ -1,0 +1,2 @@
+"""What the command modules of ``plait.cli`` share: the console and error handling (``common``) and
+the plan tables (``tables``)."""
