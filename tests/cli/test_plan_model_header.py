@@ -53,3 +53,21 @@ def test_bad_token_counts_are_refused(text, capsys):
     assert main(["plan", "--model", "tiny", *ARGS, f"--tokens={text}"]) == 2  # a one-line PlaitError
     err = capsys.readouterr().err
     assert "--tokens" in err and len(err.strip().splitlines()) == 1
+
+
+def test_models_show_lists_what_was_read(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(CONFIGS["Gemma-2-2B"]))
+    assert main(["models", "--show", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{PARAMS['Gemma-2-2B']:,}" in out and "sandwich" in out and "attn_softcap" in out
+
+
+def test_a_soft_capped_model_is_planned_with_eager_attention(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(CONFIGS["Gemma-2-2B"]))
+    assert main(["plan", "--model", str(tmp_path), "--gpus", "8", "--global-batch", "16", "--seq-len", "1024",
+                 "--top", "3", "--json"]) == 2  # the search's attention kernel is flash unless fixed
+    assert "--fix attn=eager" in capsys.readouterr().err
+    assert main(["plan", "--model", str(tmp_path), "--gpus", "8", "--global-batch", "16", "--seq-len", "1024",
+                 "--top", "3", "--json", "--fix", "attn=eager"]) == 0
+    plans = json.loads(capsys.readouterr().out)
+    assert plans and all(p["layout"]["attn"] == "eager" for p in plans)

@@ -121,7 +121,7 @@ def test_plait_model_equals_transformers(family):
 
 def test_window_mask_matches_a_model_without_window_on_short_sequences():
     """A window at least the sequence long changes nothing: the mask equals the causal one."""
-    from plait.run.layers import attention_mask
+    from plait.run.modules.layers import attention_mask
 
     assert torch.equal(attention_mask(6, 6, "cpu"), attention_mask(6, 0, "cpu"))
     assert attention_mask(6, 2, "cpu").sum(dim=1).tolist() == [1, 2, 2, 2, 2, 2]

@@ -6,7 +6,7 @@ Two architectures, matching ``plait.spec.model`` parameter for parameter:
 and the features a Hugging Face config can name (``ModelSpec``'s docstring): head_dim, biases,
 q/k norms, post- and sandwich norms, sliding-window layers (a boolean mask to SDPA), soft-capped
 attention scores (eager attention) and logits, Gemma's norm offset and embedding scale, RoPE theta
-and scaling. Norms, RoPE and the attention kernels live in ``plait.run.layers``.
+and scaling. Norms, RoPE and the attention kernels live in ``plait.run.modules.layers``.
 
 Attention runs through ``F.scaled_dot_product_attention`` (FlashAttention kernels on GPU).
 Q, K and V are separate linear layers so that column-parallel sharding splits whole heads
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from plait.run.layers import (
+from plait.run.modules.layers import (
     LayerNorm,
     RMSNorm,
     activation_function,
@@ -130,7 +130,7 @@ class Attention(nn.Module):
             options["scale"] = spec.attn_scale
         if spec.attn_softcap:
             options["softcap"] = spec.attn_softcap
-        self.kernel_options = options  # keyword arguments of the kernel (plait.run.layers)
+        self.kernel_options = options  # keyword arguments of the kernel (plait.run.modules.layers)
         self.rotary = spec.arch == "llama"
         self.dropout_p = DROPOUT if spec.dropout else 0.0
         self.recompute_core = False  # selective checkpointing: recompute the attention core

@@ -32,7 +32,7 @@ RUNTIME_RULES = (
     "runtime-async-tp-sp", "runtime-attn-softcap", "runtime-qk-norm-tp", "runtime-norm-position-sp",
     "runtime-cp-attention-options", "runtime-logit-softcap-loss", "runtime-rope-scaling",
 )
-RUNTIME_ROPE_SCALINGS = ("linear", "llama3")  # rope_scaling types plait.run.layers applies
+RUNTIME_ROPE_SCALINGS = ("linear", "llama3")  # rope_scaling types plait.run.modules.layers applies
 
 
 def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str, str]]:
@@ -66,7 +66,7 @@ def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]
     out = []
     if model.attn_softcap and lay.attn != "eager":
         out.append(("runtime-attn-softcap", f"model {model.name} soft-caps its attention scores, which only "
-                    f"eager attention does; use attn=eager, not attn={lay.attn}"))
+                    f"eager attention does; use attn=eager, not attn={lay.attn} (plait plan --fix attn=eager)"))
     if model.qk_norm != "none" and lay.tp > 1:
         out.append(("runtime-qk-norm-tp", f"model {model.name} normalizes queries and keys (qk_norm="
                     f"{model.qk_norm}), whose norm weights are not sharded over tensor parallelism yet; use tp=1"))

@@ -2,10 +2,10 @@
 
 Two readers give the same ModelSpec (tests/spec/test_hf_configs.py checks it on 16 real configs):
   * ``reader="plain"`` (the default, and the only one the planner uses): the JSON with each family's
-    defaults (``plait.spec.hf_families``) filled in. Importing transformers imports torch, which the
+    defaults (``plait.spec.hf.families``) filled in. Importing transformers imports torch, which the
     planner must never do.
   * ``reader="transformers"``: the same file through transformers' config class for its
-    ``model_type`` (``plait.spec.hf_autoconfig``; local file only, no network); ``"auto"`` uses it
+    ``model_type`` (``plait.spec.hf.autoconfig``; local file only, no network); ``"auto"`` uses it
     when transformers is installed.
 Either way the raw file is checked first: required sizes present, every key known (read, or known
 to change nothing plait models), and the features plait does not model refused by the key's name.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from plait.errors import PlaitError
-from plait.spec.hf_families import DEFAULTS, GPT_FAMILIES, HARMLESS_KEYS, LLAMA_FAMILIES, READ_KEYS, REFUSED
+from plait.spec.hf.families import DEFAULTS, GPT_FAMILIES, HARMLESS_KEYS, LLAMA_FAMILIES, READ_KEYS, REFUSED
 from plait.spec.model import ModelSpec, rope_scaling_pairs
 from plait.spec.serialize import read_json_file
 
@@ -52,7 +52,7 @@ def model_from_hf_dict(config: dict, source: Path, reader: str = "plain") -> Mod
     if reader == "auto":
         reader = "transformers" if importlib.util.find_spec("transformers") else "plain"
     if reader == "transformers":
-        from plait.spec.hf_autoconfig import autoconfig_getter
+        from plait.spec.hf.autoconfig import autoconfig_getter
 
         get = autoconfig_getter(config, family, source)
     else:

@@ -108,8 +108,13 @@ class ModelSpec:
                 object.__setattr__(self, field, gpt)
         if self.activation is None:
             object.__setattr__(self, "activation", "gelu_tanh" if gpt else "silu")
-        if isinstance(self.rope_scaling, dict):
+        if isinstance(self.rope_scaling, dict):  # as in config.json and in ModelSpec.to_dict
             object.__setattr__(self, "rope_scaling", rope_scaling_pairs(self.rope_scaling))
+        elif isinstance(self.rope_scaling, list):  # pairs as JSON lists (dataclasses.asdict of a spec)
+            try:
+                object.__setattr__(self, "rope_scaling", rope_scaling_pairs(dict(self.rope_scaling)))
+            except (TypeError, ValueError):
+                raise PlaitError(f"model {self.name!r}: rope_scaling must be an object of settings") from None
         problems = []
         if self.head_dim is None:
             if isinstance(self.hidden, int) and isinstance(self.n_heads, int) and self.n_heads > 0:
