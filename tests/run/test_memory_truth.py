@@ -35,6 +35,10 @@ SEQ, MBS = 64, 2  # seq_len must differ from head_dim (32): s×s tensors are tol
 LLAMA = get_model("tiny")  # hidden 128, 4 heads, 2 KV heads (GQA), SwiGLU 384, RMSNorm, RoPE
 GPT = dataclasses.replace(get_model("tiny-gpt"), dropout=True)  # hidden 128, 4 heads, GELU 512, LayerNorm
 GPT_NO_DROPOUT = get_model("tiny-gpt")
+# Qwen3 / Qwen2 / Mistral features: head_dim 48 (Q 192 wide, hidden 128), per-head q/k RMSNorm, QKV
+# biases, a sliding window of 16 keys (SEQ 64: the mask matters)
+HF_FEATURES = dataclasses.replace(LLAMA, name="tiny-hf", head_dim=48, qk_norm="head", qkv_bias=True,
+                                  sliding_window=16)
 POLICIES = ("none", "selective", "balanced", "full")
 ATTN = ("flash", "eager")
 DROPOUT_MASKS = ("attn_resid_dropout_mask", "mlp_dropout_mask", "attn_dropout_mask")
@@ -80,6 +84,9 @@ def cpu_kernel_deltas(spec, items: dict[str, float]) -> dict[str, float]:
         for item in ("attn_norm_input", "mlp_norm_input"):
             deltas[item] = -items[item]
             deltas["cpu_rmsnorm_fp32"] = deltas.get("cpu_rmsnorm_fp32", 0.0) + 4 * items[item]
+    if "qk_norm_input" in items:  # the q/k RMSNorms run the same composite CPU kernel
+        deltas["qk_norm_input"] = -items["qk_norm_input"]
+        deltas["cpu_rmsnorm_fp32"] = deltas.get("cpu_rmsnorm_fp32", 0.0) + 4 * items["qk_norm_input"]
     if spec.arch == "gpt" and norms_run:
         deltas["norm_stats"] = -items["norm_stats"] / 2
     for item in DROPOUT_MASKS:
@@ -137,7 +144,8 @@ def check(spec, layout: Layout, result: dict) -> None:
 # ------------------------------------------------------------------ one rank (tp=1)
 SINGLE = (cases([LLAMA, GPT, GPT_NO_DROPOUT], tp=1, sp=False)
           + cases([LLAMA, GPT_NO_DROPOUT], tp=1, sp=False, attns=("flash", "sdpa"), norm="unfused")
-          + cases([LLAMA], tp=1, sp=False, attns=("sdpa",)))
+          + cases([LLAMA], tp=1, sp=False, attns=("sdpa",))
+          + cases([HF_FEATURES], tp=1, sp=False))
 
 
 @pytest.mark.parametrize("case", SINGLE, ids=[case_id(c) for c in SINGLE])

@@ -249,9 +249,11 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
                                                cpu_rmsnorm_fp32 (fp32, width h: CPU composite RMSNorm);
                                                norm=unfused: attn/mlp_norm_fp32_input (fp32, width h),
                                                attn/mlp_norm_normalized (compute dtype, width h)
+      attention.q_norm / k_norm             -> qk_norm_input, qk_norm_stats, cpu_rmsnorm_fp32 (as above)
       attention.wq/wk/wv, feed_forward.w1/w3 -> attn_norm_output, mlp_norm_output (GEMM inputs)
       attention.wo, feed_forward.w2          -> attn_out, mlp_act_out
-      attention (kernel, RoPE, checkpoint)   -> attn_causal_mask (bool), attn_lse (fp32),
+      attention (kernel, RoPE, checkpoint)   -> attn_causal_mask (bool), attn_window_mask ((s, s), SDPA's
+                                               additive mask), attn_lse (fp32),
                                                attn_scores / attn_probs / attn_dropout_mask / attn_dropout_out
                                                (the s×s tensors), attn_out (SDPA's output), q+kv
       feed_forward                           -> mlp_act_out (silu / gelu output), mlp_up
@@ -292,6 +294,11 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
                 add(f"{part}_norm_input", r.nbytes)
             else:
                 add("cpu_rmsnorm_fp32", r.nbytes)
+        elif m in ("attention.q_norm", "attention.k_norm"):  # qk_norm: as the block's RMSNorms
+            if last == 1:
+                add("qk_norm_stats", r.nbytes)
+            else:
+                add("qk_norm_input" if r.dtype == "bfloat16" else "cpu_rmsnorm_fp32", r.nbytes)
         elif m in ("attention.wq", "attention.wk", "attention.wv"):
             add("attn_norm_output", r.nbytes)
         elif m in ("feed_forward.w1", "feed_forward.w3"):
@@ -308,6 +315,8 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
         elif m == "attention":
             if r.dtype == "bool":
                 add("attn_causal_mask", r.nbytes)
+            elif r.grad_fn == "" and r.shape == (s_q, seq_len):  # SDPA's additive sliding-window mask
+                add("attn_window_mask", r.nbytes)
             elif math.prod(r.shape) == scores_numel:
                 if r.grad_fn.startswith("Softmax"):
                     add("attn_scores", r.nbytes)

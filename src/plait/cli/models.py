@@ -1,4 +1,4 @@
-"""``plait models``: list the model presets."""
+"""``plait models``: list the model presets, or show what plait reads from one model (``--show``)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,25 @@ HELP = "list model presets"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """No flags."""
+    parser.add_argument("--show", metavar="MODEL",
+                        help="every field plait reads from this preset, config.json or model JSON, with its "
+                             "exact parameter counts")
 
 
 def run(args) -> int:
     from rich.table import Table
 
-    from plait.spec.models import MODELS
+    from plait.spec.models import MODELS, get_model
+
+    if args.show:
+        model = get_model(args.show)
+        table = Table(title=f"Model {model.name}", title_justify="left", show_header=False)
+        for field, value in model.to_dict().items():
+            table.add_row(field, str(value))
+        table.add_row("parameters", f"{model.total_params():,}")
+        table.add_row("non-embedding parameters", f"{model.non_embedding_params():,}")
+        console().print(table)
+        return 0
 
     table = Table(title="Model presets (sources: plait/spec/models.py)", title_justify="left")
     for column in ("name", "arch", "layers", "hidden", "ffn", "heads", "kv heads", "vocab", "parameters"):

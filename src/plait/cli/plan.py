@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "against capacity and a step-time waterfall (needs matplotlib)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--save", help="write the best (or given) plan to this file (for plait train --plan)")
+    parser.add_argument("--tokens", metavar="N",
+                        help="also print how long training N tokens takes on the top layout, e.g. 2T, 300B, 1e12")
     parser.add_argument("--any-runtime", action="store_true",
                         help="rank every layout the planner models, also those plait train does not run yet "
                              "(marked *); --save then writes such a layout too")
@@ -66,6 +68,14 @@ def run(args) -> int:
     cluster = cluster.with_gpus(args.gpus if args.gpus is not None else cluster.gpus_per_node)
     job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
     params, cluster = cost_params(args.calibration, cluster)
+    tokens = None
+    if args.tokens is not None:
+        from plait.spec.units import parse_token_count
+
+        try:
+            tokens = parse_token_count(args.tokens)
+        except ValueError as exc:
+            raise PlaitError(f"--tokens: {exc}") from None
     out = console()
     headroom = args.memory_headroom
     if not 0 <= headroom < 1:
@@ -124,11 +134,14 @@ def run(args) -> int:
         if completed:
             print(completed, file=sys.stderr)
         return 0
+    out.print(report.model_line(model, job.seq_len))
     out.print(report.plans_table(plans[: args.top], title, headroom))
     if stats:
         out.print(f"[dim]{stats}[/dim]")
     if completed:
         out.print(completed)
+    if tokens is not None:
+        out.print(report.training_time_line(best, tokens))
     if best.fits and _is_risky(best, headroom):
         out.print(f"[yellow]risky: {best.layout} leaves less than the {100 * headroom:.0f}% memory headroom "
                   "(fragmentation, NCCL buffers, unfused-kernel temporaries are not all in the formula)"

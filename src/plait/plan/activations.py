@@ -77,6 +77,16 @@ Normalization kernel (``Layout.norm``):
 Attention kernel ``sdpa`` saves what ``flash`` saves: on the GPUs plait plans for, torch's SDPA
 picks the FlashAttention-2 kernel, and where it cannot (head_dim > 256) the memory-efficient
 kernel, which saves the same output and fp32 log-sum-exp.
+Hugging Face model features (``ModelSpec``): ``head_dim`` sizes Q, the attention output and
+K/V by n_heads·head_dim and n_kv_heads·head_dim; q/k norms save their input (the Q and K GEMM
+outputs, ``qk_norm_input``) and an fp32 rstd per head and token (``"head"``) or per token
+(``"full"``); sandwich norms (Gemma-2) save the sub-blocks' outputs (``attn_post_norm_input``,
+``mlp_post_norm_input``) and two more rstd; post norms (OLMo-2) save what pre norms save (the norm
+input has the same size; the QKV GEMM then saves the layer input itself). Biases save nothing.
+A sliding window: eager attention's mask is the causal mask's size; with SDPA (torch runtime)
+the boolean mask becomes an additive bf16 mask that the kernel saves (``attn_window_mask``, in
+local layers only: averaged over the layers). Soft-capped scores (eager) save tanh's bf16 output
+(``attn_softcap_tanh``).
 Not counted anywhere: constant tensors shared by all layers (RoPE cos/sin tables) and a few
 bytes per layer (the flash kernel's RNG state).
 """
@@ -95,7 +105,7 @@ FP32 = 4
 RUNTIMES = ("megatron", "torch")
 
 SELECTIVE_DROPS = {"attn_scores", "attn_probs", "attn_dropout_mask", "attn_dropout_out", "attn_lse", "attn_kv_repeat",
-                   "attn_causal_mask"}
+                   "attn_causal_mask", "attn_window_mask", "attn_softcap_tanh"}
 BALANCED_KEEPS = {"attn_norm_input", "mlp_norm_input", "q", "kv", "attn_out", "mlp_up"}
 
 
@@ -125,15 +135,22 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
         items["attn_norm_input"] = BF16 * sb * h / rep
     # input of the QKV GEMM: saved sharded (Megatron) or all-gathered (DTensor)
     items["attn_norm_output"] = BF16 * sb * h / (1 if torch_sp else rep)
-    items["q"] = BF16 * sb * h / t
+    q = model.q_hidden
+    items["q"] = BF16 * sb * q / t
     items["kv"] = BF16 * sb * 2 * kv / t
+    if model.qk_norm != "none":  # the norms save their input (the Q / K GEMM outputs) and an rstd
+        items["qk_norm_input"] = BF16 * sb * (q + kv) / t
+        rows = (a + model.n_kv_heads) / t if model.qk_norm == "head" else 2
+        items["qk_norm_stats"] = FP32 * sb * rows
     if layout.attn == "eager":
-        if kv < h:  # GQA: K and V repeated to every query head for the batched GEMMs
-            items["attn_kv_repeat"] = BF16 * sb * 2 * (h - kv) / t
+        if kv < q:  # GQA: K and V repeated to every query head for the batched GEMMs
+            items["attn_kv_repeat"] = BF16 * sb * 2 * (q - kv) / t
         if runtime == "torch":  # built per layer (s local queries × seq_len keys, bool)
             items["attn_causal_mask"] = MASK * s * seq_len
         # probabilities after softmax: s local queries × seq_len keys per head
         scores = a / t * b * s * seq_len
+        if runtime == "torch" and model.attn_softcap:  # c·tanh(x/c): tanh saves its output
+            items["attn_softcap_tanh"] = BF16 * scores
         if runtime == "torch":  # fp32 softmax output, and its bf16 copy that P·V saves
             items["attn_scores"] = FP32 * scores
             if not model.dropout:
@@ -145,7 +162,11 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
             items["attn_dropout_out"] = BF16 * scores
     else:
         items["attn_lse"] = FP32 * sb * a / t
-    items["attn_out"] = BF16 * sb * h / t  # input of the output projection
+        if runtime == "torch" and model.sliding_window:
+            # the window's boolean mask, which SDPA turns into an additive mask in the compute dtype
+            # and saves (one per layer; global layers of an alternating model have none: averaged)
+            items["attn_window_mask"] = BF16 * s * seq_len * model.local_layer_count() / model.n_layers
+    items["attn_out"] = BF16 * sb * q / t  # input of the output projection
     if model.dropout:
         items["attn_resid_dropout_mask"] = MASK * sb * h / rep
     # ---- MLP block
@@ -165,7 +186,11 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
         items["mlp_dropout_mask"] = MASK * sb * h / rep
     # fused LayerNorm: mean and rstd; RMSNorm and every unfused chain: rstd
     stats_per_norm = 2 if model.arch == "gpt" and not unfused else 1
-    items["norm_stats"] = 2 * stats_per_norm * FP32 * sb / rep
+    norms = 4 if model.norm_position == "sandwich" else 2
+    if model.norm_position == "sandwich":  # the post norms save their input (the sub-block's output)
+        items["attn_post_norm_input"] = BF16 * sb * h / rep
+        items["mlp_post_norm_input"] = BF16 * sb * h / rep
+    items["norm_stats"] = norms * stats_per_norm * FP32 * sb / rep
     return items
 
 

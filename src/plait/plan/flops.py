@@ -1,7 +1,8 @@
 """Hardware FLOPs: model FLOPs plus the forward work that activation checkpointing repeats.
 
 Model FLOPs per token are ``ModelSpec.model_flops_per_token`` (6·N + attention, causal mask
-counted explicitly). Recomputation adds, per checkpointed layer:
+counted explicitly, sliding-window layers counting the keys their window lets a query see).
+Recomputation adds, per checkpointed layer:
   * ``full``: the layer's whole forward (GEMMs and attention);
   * ``selective``: the attention core (Q·Kᵀ and P·V);
   * ``balanced``: element-wise work only (no matmul FLOPs), plus the attention core (Q·Kᵀ and

@@ -86,6 +86,13 @@ class LayerTimes:
         return 2 * self.gemm_fwd + self.attn_bwd + 2 * self.elementwise_fwd
 
 
+def kernel_keys_per_query(model: ModelSpec, seq_len: int) -> float:
+    """Keys per query the SDPA kernels compute, averaged over layers: (s+1)/2 with the causal mask;
+    a sliding window passes an explicit mask, with which the kernel computes the whole s×s square."""
+    local = model.local_layer_count()
+    return (local * seq_len + (model.n_layers - local) * (seq_len + 1) / 2.0) / model.n_layers
+
+
 @lru_cache(maxsize=65536)
 def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, seq_len: int,
                 tp: int, cp: int, sequence_parallel: bool, attn: str, precision: str,
@@ -93,9 +100,9 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
     """Times for ``tokens`` = (seq_len / cp) · micro-batch tokens on this rank; ``runtime``: whose
     eager attention (``EAGER_SOFTMAX_BYTES``)."""
     h, f, t = model.hidden, model.ffn_hidden, tp
-    kv = model.kv_hidden
-    gemm = gemm_time(gpu, params, tokens, h, (h + 2 * kv) / t, precision)
-    gemm += gemm_time(gpu, params, tokens, h / t, h, precision)
+    kv, q = model.kv_hidden, model.q_hidden
+    gemm = gemm_time(gpu, params, tokens, h, (q + 2 * kv) / t, precision)
+    gemm += gemm_time(gpu, params, tokens, q / t, h, precision)
     if model.arch == "llama":
         gemm += gemm_time(gpu, params, tokens, h, 2 * f / t, precision)
     else:
@@ -107,7 +114,7 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
     s_q = seq_len / cp
     if attn != "eager":  # flash, and sdpa (FlashAttention-2 on these GPUs)
         # causal: each rank's (load-balanced) queries see on average half of the keys
-        flops = 4.0 * batch * heads * model.head_dim * s_q * seq_len * (seq_len + 1) / (2.0 * seq_len)
+        flops = 4.0 * batch * heads * model.head_dim * s_q * kernel_keys_per_query(model, seq_len)
         peak = gpu.bf16_flops * gpu.attention_efficiency
         attn_fwd = flops / peak * (flops + params.gemm_half_flops) / flops + gpu.kernel_overhead
         attn_bwd = params.flash_backward_factor * attn_fwd

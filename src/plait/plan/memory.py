@@ -201,7 +201,9 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
     rep = layout.tp if layout.sequence_parallel else 1
     in_flight = in_flight_microbatches(layout, layout.micro_batches(job.global_batch))
     embed_per_mb = BF16 * sb * model.hidden / rep * (1.5 if model.dropout else 1.0)
-    logits = params.logits_bytes_per_element * loss_tokens(layout, job.seq_len) * model.vocab / layout.tp
+    # soft-capped logits (Gemma-2): tanh saves its bf16 output beside the logits, 2 more bytes each
+    per_logit = params.logits_bytes_per_element + (BF16 if model.logit_softcap else 0.0)
+    logits = per_logit * loss_tokens(layout, job.seq_len) * model.vocab / layout.tp
     candidates = []
     local = stage_params(model, layout)
     for stage in ("first", "last"):

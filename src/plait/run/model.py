@@ -3,6 +3,10 @@
 Two architectures, matching ``plait.spec.model`` parameter for parameter:
   * ``llama``: RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, no biases.
   * ``gpt``: LayerNorm, learned positions, multi-head attention and GELU MLP with biases.
+and the features a Hugging Face config can name (``ModelSpec``'s docstring): head_dim, biases,
+q/k norms, post- and sandwich norms, sliding-window layers (a boolean mask to SDPA), soft-capped
+attention scores (eager attention) and logits, Gemma's norm offset and embedding scale, RoPE theta
+and scaling. Norms, RoPE and the attention kernels live in ``plait.run.modules.layers``.
 
 Attention runs through ``F.scaled_dot_product_attention`` (FlashAttention kernels on GPU).
 Q, K and V are separate linear layers so that column-parallel sharding splits whole heads
@@ -25,6 +29,7 @@ embedding (or the head) has ``tok_embeddings = None`` (``norm``/``output`` = Non
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 
@@ -33,78 +38,20 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from plait.run.modules.layers import (
+    LayerNorm,
+    RMSNorm,
+    activation_function,
+    apply_rope,
+    core_attention,
+    eager_attention,
+    make_norm,
+    rope_tables,
+)
 from plait.spec.model import ModelSpec
 
 INIT_STD = 0.02  # standard deviation of every weight matrix (GPT-2 / Megatron convention)
-ROPE_THETA = 10000.0
-NORM_EPS = 1e-5
 DROPOUT = 0.1  # used only when ModelSpec.dropout is set
-
-
-def unfused_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
-                 center: bool) -> torch.Tensor:
-    """RMSNorm (``center=False``) or LayerNorm as the eager chain of ops (``Layout.norm=unfused``).
-
-    In fp32: [x - mean(x)], rstd = rsqrt(mean(x²) + eps), (x·rstd) cast back to x's dtype, times
-    the weight [+ bias]. Autograd saves the fp32 (centred) input, the fp32 rstd per token and the
-    normalized value in x's dtype (``plait.plan.activations``), on every device.
-    """
-    x32 = x.float()
-    if center:
-        x32 = x32 - x32.mean(-1, keepdim=True)
-    rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    out = (x32 * rstd).type_as(x) * weight
-    return out + bias if bias is not None else out
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square norm with a weight (Llama); ``fused`` False runs ``unfused_norm``."""
-
-    def __init__(self, dim: int, eps: float = NORM_EPS):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.empty(dim))
-        self.fused = True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fused:
-            return unfused_norm(x, self.weight, None, self.eps, center=False)
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
-
-
-class LayerNorm(nn.LayerNorm):
-    """``nn.LayerNorm`` (GPT); ``fused`` False runs ``unfused_norm``."""
-
-    fused = True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fused:
-            return unfused_norm(x, self.weight, self.bias, self.eps, center=True)
-        return super().forward(x)
-
-
-def make_norm(spec: ModelSpec) -> nn.Module:
-    return RMSNorm(spec.hidden) if spec.arch == "llama" else LayerNorm(spec.hidden, eps=NORM_EPS)
-
-
-def rope_tables(head_dim: int, max_seq_len: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables of rotary embeddings, each (max_seq_len, head_dim // 2), fp32."""
-    inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., 2i], x[..., 2i+1]) of x (batch, seq, heads, head_dim)."""
-    pairs = x.float().unflatten(-1, (-1, 2))
-    real, imag = pairs[..., 0], pairs[..., 1]
-    cos = cos[None, :, None, :]
-    sin = sin[None, :, None, :]
-    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
-    return rotated.flatten(-2).type_as(x)
 
 
 def qkv_projection(x: torch.Tensor, wq: nn.Linear, wk: nn.Linear, wv: nn.Linear):
@@ -139,29 +86,6 @@ def qkv_projection(x: torch.Tensor, wq: nn.Linear, wk: nn.Linear, wv: nn.Linear)
     return out.split([w.to_local().shape[0] for w in weights], dim=-1)
 
 
-def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
-    """Causal attention of (batch, heads, seq, head_dim) tensors; K/V heads are repeated for GQA."""
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
-                                          enable_gqa=k.shape[1] != q.shape[1])
-
-
-def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
-    """The same as ``core_attention`` with the (seq × seq) probabilities materialized (attn=eager).
-
-    Plain PyTorch attention as Hugging Face's and Megatron's unfused paths write it: the softmax
-    in fp32 (for bf16 stability), cast back to the input dtype for the P·V GEMM.
-    """
-    if k.shape[1] != q.shape[1]:
-        repeat = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    seq = q.shape[2]
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-    probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
-    probs = F.dropout(probs, p=dropout_p)
-    return probs @ v
-
-
 def apply_kernels(model: nn.Module, attn: str, norm: str, loss: str = "unfused") -> None:
     """Select the layout's kernels (``Layout.attn``, ``norm``, ``loss``) in a (stage) model, in place.
 
@@ -183,14 +107,30 @@ def apply_kernels(model: nn.Module, attn: str, norm: str, loss: str = "unfused")
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    """Q, K, V projections (+ q/k norms), RoPE, the attention kernel and the output projection of
+    layer ``index`` (which decides whether it attends through the sliding window)."""
+
+    def __init__(self, spec: ModelSpec, index: int = 0):
         super().__init__()
-        bias = spec.arch == "gpt"
         self.head_dim = spec.head_dim
-        self.wq = nn.Linear(spec.hidden, spec.hidden, bias=bias)
-        self.wk = nn.Linear(spec.hidden, spec.kv_hidden, bias=bias)
-        self.wv = nn.Linear(spec.hidden, spec.kv_hidden, bias=bias)
-        self.wo = nn.Linear(spec.hidden, spec.hidden, bias=bias)
+        self.wq = nn.Linear(spec.hidden, spec.q_hidden, bias=spec.qkv_bias)
+        self.wk = nn.Linear(spec.hidden, spec.kv_hidden, bias=spec.qkv_bias)
+        self.wv = nn.Linear(spec.hidden, spec.kv_hidden, bias=spec.qkv_bias)
+        self.wo = nn.Linear(spec.q_hidden, spec.hidden, bias=spec.attn_out_bias)
+        # qk_norm "head": one norm over head_dim shared by the heads; "full": over the whole projection
+        self.qk_norm = spec.qk_norm
+        self.q_norm = make_norm(spec, spec.head_dim if spec.qk_norm == "head" else spec.q_hidden) \
+            if spec.qk_norm != "none" else None
+        self.k_norm = make_norm(spec, spec.head_dim if spec.qk_norm == "head" else spec.kv_hidden) \
+            if spec.qk_norm != "none" else None
+        options = {}
+        if spec.is_local_layer(index):
+            options["window"] = spec.sliding_window
+        if spec.attn_scale:
+            options["scale"] = spec.attn_scale
+        if spec.attn_softcap:
+            options["softcap"] = spec.attn_softcap
+        self.kernel_options = options  # keyword arguments of the kernel (plait.run.modules.layers)
         self.rotary = spec.arch == "llama"
         self.dropout_p = DROPOUT if spec.dropout else 0.0
         self.recompute_core = False  # selective checkpointing: recompute the attention core
@@ -204,48 +144,66 @@ class Attention(nn.Module):
             q, k, v = qkv_projection(x, self.wq, self.wk, self.wv)
         else:
             q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.view(batch, seq, -1, self.head_dim) for t in (q, k, v))
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
             q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         dropout_p = self.dropout_p if self.training else 0.0
+        kernel = functools.partial(self.kernel, **self.kernel_options) if self.kernel_options else self.kernel
         if self.recompute_core:
-            out = checkpoint(self.kernel, q, k, v, dropout_p, use_reentrant=False)
+            out = checkpoint(kernel, q, k, v, dropout_p, use_reentrant=False)
         else:
-            out = self.kernel(q, k, v, dropout_p)
+            out = kernel(q, k, v, dropout_p)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class FeedForward(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.gated = spec.arch == "llama"
-        bias = not self.gated
+        self.gated = spec.gated
+        bias = spec.mlp_bias
         self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=bias)  # gate (llama) / fc1 (gpt)
         self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=bias)  # down / fc2
-        self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False) if self.gated else None  # up
+        self.w3 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=bias) if self.gated else None  # up
+        self.act = activation_function(spec.activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+            return self.w2(self.act(self.w1(x)) * self.w3(x))
+        return self.w2(self.act(self.w1(x)))
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attention(norm(x)), then + mlp(norm(·))."""
+    """Transformer block ``index``. Pre-norm (``ModelSpec.norm_position`` "pre"): x + attention(norm(x)),
+    then + mlp(norm(·)); "post" (OLMo-2): x + norm(attention(x)), then + norm(mlp(·)); "sandwich"
+    (Gemma-2): x + norm(attention(norm(x))), then + norm(mlp(norm(·)))."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, index: int = 0):
         super().__init__()
-        self.attention_norm = make_norm(spec)
-        self.attention = Attention(spec)
-        self.ffn_norm = make_norm(spec)
+        pre = spec.norm_position in ("pre", "sandwich")
+        post = spec.norm_position in ("post", "sandwich")
+        self.attention_norm = make_norm(spec) if pre else nn.Identity()
+        self.attention = Attention(spec, index)
+        self.attention_post_norm = make_norm(spec) if post else None
+        self.ffn_norm = make_norm(spec) if pre else nn.Identity()
         self.feed_forward = FeedForward(spec)
+        self.ffn_post_norm = make_norm(spec) if post else None
         p = DROPOUT if spec.dropout else 0.0
         self.dropout = nn.Dropout(p) if p else nn.Identity()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.dropout(self.attention(self.attention_norm(x), cos, sin))
-        return h + self.dropout(self.feed_forward(self.ffn_norm(h)))
+        a = self.attention(self.attention_norm(x), cos, sin)
+        if self.attention_post_norm is not None:
+            a = self.attention_post_norm(a)
+        h = x + self.dropout(a)
+        m = self.feed_forward(self.ffn_norm(h))
+        if self.ffn_post_norm is not None:
+            m = self.ffn_post_norm(m)
+        return h + self.dropout(m)
 
 
 class Transformer(nn.Module):
@@ -257,13 +215,13 @@ class Transformer(nn.Module):
         self.tok_embeddings: nn.Module | None = nn.Embedding(spec.vocab, spec.hidden)
         self.pos_embeddings: nn.Module | None = (
             nn.Embedding(spec.max_seq_len, spec.hidden) if spec.arch == "gpt" else None)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.n_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.n_layers)})
         self.norm: nn.Module | None = make_norm(spec)
         self.output: nn.Module | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
         self.returns_hidden = False  # loss=fused: forward stops before the LM head (plait.run.loss)
         self.tie_embeddings()
         # RoPE tables are recomputed by init_weights (they cannot live on the meta device)
-        cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, "meta")
+        cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, "meta", spec.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -278,6 +236,8 @@ class Transformer(nn.Module):
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
+        if self.spec.embed_scale != 1.0:  # Gemma: times sqrt(hidden), rounded to the activations' dtype
+            h = h * torch.tensor(self.spec.embed_scale, dtype=h.dtype).item()
         if self.pos_embeddings is not None:
             if positions is None:
                 positions = torch.arange(tokens.shape[1], device=tokens.device)
@@ -298,6 +258,8 @@ class Transformer(nn.Module):
             h = self.norm(h)
         if self.output is not None and not self.returns_hidden:
             h = self.output(h)
+            if self.spec.logit_softcap:  # Gemma-2: logits become c·tanh(z/c)
+                h = torch.tanh(h / self.spec.logit_softcap) * self.spec.logit_softcap
         return h
 
 
@@ -328,7 +290,8 @@ def _full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int, device:
     """The full (unsharded) fp32 value of parameter ``name``: a pure function of (seed, name)."""
     leaf = name.rsplit(".", 1)[-1]
     if "norm" in name:
-        return torch.ones(shape, device=device) if leaf == "weight" else torch.zeros(shape, device=device)
+        ones = leaf == "weight" and not (spec.norm_offset and spec.arch == "llama")  # Gemma: 1 + weight, from 0
+        return torch.ones(shape, device=device) if ones else torch.zeros(shape, device=device)
     if leaf == "bias":
         return torch.zeros(shape, device=device)
     std = INIT_STD
@@ -356,7 +319,7 @@ def init_weights(model: nn.Module, spec: ModelSpec, seed: int, device: torch.dev
             param.to_local().copy_(local)
         else:
             param.copy_(full)
-    cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, device)
+    cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, device, spec.rope_theta, spec.rope_scaling)
     for module in model.modules():
         if isinstance(module, Transformer):
             module.rope_cos = cos

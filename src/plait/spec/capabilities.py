@@ -29,8 +29,10 @@ RUNTIME_RULES = (
     "runtime-cp-with-pp", "runtime-cp-dropout", "runtime-compile-cp", "runtime-compile-offload",
     "runtime-opt-offload", "runtime-compile-tp-ckpt", "runtime-fp8", "runtime-mxfp8-tp", "runtime-tied-embeddings-pp",
     "runtime-seq-len", "runtime-compile-zero-bubble", "runtime-async-tp-device", "runtime-async-tp-compile",
-    "runtime-async-tp-sp",
+    "runtime-async-tp-sp", "runtime-attn-softcap", "runtime-qk-norm-tp", "runtime-norm-position-sp",
+    "runtime-cp-attention-options", "runtime-logit-softcap-loss", "runtime-rope-scaling",
 )
+RUNTIME_ROPE_SCALINGS = ("linear", "llama3")  # rope_scaling types plait.run.modules.layers applies
 
 
 def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str, str]]:
@@ -56,6 +58,33 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
                     "and last pipeline stage on one GPU; use pp=1"))
     if job.seq_len > model.max_seq_len:
         out.append(("runtime-seq-len", f"seq_len={job.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"))
+    return out + _model_feature_rules(model, lay)
+
+
+def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
+    """(rule id, message) of the Hugging Face model features the runtime runs only on some layouts."""
+    out = []
+    if model.attn_softcap and lay.attn != "eager":
+        out.append(("runtime-attn-softcap", f"model {model.name} soft-caps its attention scores, which only "
+                    f"eager attention does; use attn=eager, not attn={lay.attn} (plait plan --fix attn=eager)"))
+    if model.qk_norm != "none" and lay.tp > 1:
+        out.append(("runtime-qk-norm-tp", f"model {model.name} normalizes queries and keys (qk_norm="
+                    f"{model.qk_norm}), whose norm weights are not sharded over tensor parallelism yet; use tp=1"))
+    if model.norm_position != "pre" and lay.tp > 1 and lay.sequence_parallel:
+        out.append(("runtime-norm-position-sp", f"model {model.name} has {model.norm_position} norms, which "
+                    "sequence parallelism does not shard yet; use sp=0 or tp=1"))
+    options = [name for name, value in (("sliding_window", model.sliding_window), ("attn_scale", model.attn_scale),
+                                        ("attn_softcap", model.attn_softcap)) if value]
+    if options and lay.cp > 1:
+        out.append(("runtime-cp-attention-options", f"model {model.name} sets {', '.join(options)}, which the "
+                    "context-parallel attention kernels do not take; use cp=1"))
+    if model.logit_softcap and lay.loss == "fused":
+        out.append(("runtime-logit-softcap-loss", f"model {model.name} soft-caps its logits, which the fused "
+                    "(chunked) loss does not; use loss=unfused"))
+    scaling = dict(model.rope_scaling).get("rope_type", "default")
+    if scaling not in ("default",) + RUNTIME_ROPE_SCALINGS:
+        out.append(("runtime-rope-scaling", f"model {model.name} uses rope_scaling type {scaling!r}, which the "
+                    f"runtime does not apply (it applies {', '.join(RUNTIME_ROPE_SCALINGS)}); plan only"))
     return out
 
 

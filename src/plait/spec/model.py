@@ -1,10 +1,39 @@
 """ModelSpec: a decoder-only transformer as plain data, with exact parameter and FLOP counts.
 
 Two architectures:
-  * ``llama``: RMSNorm (weight only), SwiGLU MLP (gate, up, down; no biases), rotary positions
-    (no parameters), grouped-query attention (``n_kv_heads`` <= ``n_heads``), no biases.
+  * ``llama``: RMSNorm (weight only), gated MLP (gate, up, down; SwiGLU unless ``activation``
+    says otherwise), rotary positions (no parameters), grouped-query attention
+    (``n_kv_heads`` <= ``n_heads``), no biases unless ``qkv_bias``/``attn_out_bias``/``mlp_bias``.
   * ``gpt``: LayerNorm (weight and bias), GELU MLP (fc1, fc2 with biases), learned position
     embeddings of ``max_seq_len`` rows, biases on every linear layer, multi-head attention.
+
+Features read from Hugging Face configs (``plait.spec.hf_config``; every default keeps the plain
+architectures above, and ``to_dict`` leaves out fields at their default so older model JSON and
+presets read and write unchanged):
+  * ``head_dim``: width of one head when it is not hidden / n_heads (Qwen3, Gemma-2). Q and the
+    attention output are ``q_hidden`` = n_heads·head_dim wide, K and V ``kv_hidden`` =
+    n_kv_heads·head_dim: it changes the Q/K/V/O weights, attention FLOPs and the K/V activations.
+  * biases: ``qkv_bias`` (Qwen2), ``attn_out_bias``, ``mlp_bias`` (on gate, up and down).
+  * ``qk_norm``: an RMSNorm on queries and keys after their projections, before RoPE:
+    ``"head"`` normalizes each head over head_dim with one weight of head_dim elements shared by
+    all heads (Qwen3); ``"full"`` normalizes the whole projection, with a weight of q_hidden
+    (queries) and kv_hidden (keys) elements (OLMo-2).
+  * ``norm_position``: ``"pre"`` (norm before each sub-block), ``"post"`` (OLMo-2: the norm is
+    applied to the sub-block's output before the residual add, no norm before it), ``"sandwich"``
+    (Gemma-2: both, four norms per layer).
+  * ``sliding_window`` W > 0: a query at position i sees the keys max(0, i-W+1)..i
+    (min(i+1, W) keys) in the layers ``local_layers`` names: ``"all"``, or ``"even"`` (layers 0,
+    2, 4, ...: Gemma-2, whose odd layers are global).
+  * ``attn_softcap``/``logit_softcap`` c > 0 (Gemma-2): scores (logits) become c·tanh(x/c).
+    Element-wise: no matmul FLOPs; the runtime needs eager attention for ``attn_softcap``.
+  * ``activation`` of the MLP ("silu", "gelu_tanh", "gelu"; "" is the architecture's: silu for
+    llama, gelu_tanh for gpt); ``norm_offset`` (Gemma: RMSNorm scales by 1 + weight, weights
+    start at 0); ``embed_scale`` (Gemma: embeddings times sqrt(hidden)); ``attn_scale`` (the
+    score scale; 0 is 1/sqrt(head_dim)); ``rope_theta``, ``norm_eps``. None of these change
+    parameters, FLOPs or saved activations.
+  * ``rope_scaling``: recorded as (key, value) pairs; changes no parameters, FLOPs or memory (it
+    only stretches the rotary frequencies). The runtime applies ``linear`` and ``llama3``.
+  * ``family``: the Hugging Face ``model_type`` the spec was read from (its weight names).
 
 FLOP conventions (one definition everywhere in plait):
   * A matmul of an (m x k) by a (k x n) matrix costs 2·m·k·n FLOPs. Biases, norms, softmax
@@ -29,6 +58,11 @@ from plait.errors import PlaitError
 from plait.spec.serialize import dataclass_from_dict, parse_json
 
 ARCHS = ("llama", "gpt")
+QK_NORMS = ("none", "head", "full")
+NORM_POSITIONS = ("pre", "post", "sandwich")
+LOCAL_LAYERS = ("all", "even")
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+
 MAX_DIMENSION = 2**31  # largest layer count, width, head count, vocabulary or context a ModelSpec takes
 
 
@@ -47,51 +81,145 @@ class ModelSpec:
     max_seq_len: int = 2048  # rows of the learned position table (gpt); RoPE context (llama)
     tied_embeddings: bool = False  # LM head shares the token-embedding matrix
     dropout: bool = False  # dropout layers present (their 1-byte masks are saved activations)
+    # ---- features of Hugging Face models (module docstring); defaults are the plain architectures
+    head_dim: int | None = None  # elements per attention head; None: hidden // n_heads
+    qkv_bias: bool | None = None  # biases on Q, K, V; None: the architecture's (gpt yes, llama no)
+    attn_out_bias: bool | None = None  # bias on the attention output projection; None: as above
+    mlp_bias: bool | None = None  # biases on the MLP projections; None: as above
+    qk_norm: str = "none"  # "none", "head" (RMSNorm per head, Qwen3), "full" (whole projection, OLMo-2)
+    norm_position: str = "pre"  # "pre", "post" (OLMo-2), "sandwich" (pre and post, Gemma-2)
+    sliding_window: int = 0  # keys a query sees in a local layer (itself included); 0: no window
+    local_layers: str = "all"  # layers with the window: "all" or "even" (0, 2, ...: Gemma-2)
+    attn_softcap: float = 0.0  # attention scores become c·tanh(s/c); 0: off (Gemma-2: 50)
+    logit_softcap: float = 0.0  # output logits become c·tanh(z/c); 0: off (Gemma-2: 30)
+    activation: str | None = None  # MLP activation; None: silu (llama), gelu_tanh (gpt)
+    norm_offset: bool = False  # RMSNorm scales by (1 + weight), weights initialized to 0 (Gemma)
+    embed_scale: float = 1.0  # token embeddings are multiplied by this (Gemma: sqrt(hidden))
+    attn_scale: float = 0.0  # attention score scale; 0: 1/sqrt(head_dim)
+    rope_theta: float = 10000.0  # RoPE base (llama)
+    rope_scaling: tuple = ()  # (key, value) pairs of the config's rope_scaling, sorted; recorded only
+    norm_eps: float = 1e-5  # epsilon of every norm
+    family: str = ""  # Hugging Face model_type read from ("" for presets and plait model JSON)
 
     def __post_init__(self) -> None:
+        gpt = self.arch == "gpt"
+        for field in ("qkv_bias", "attn_out_bias", "mlp_bias"):
+            if getattr(self, field) is None:
+                object.__setattr__(self, field, gpt)
+        if self.activation is None:
+            object.__setattr__(self, "activation", "gelu_tanh" if gpt else "silu")
+        if isinstance(self.rope_scaling, dict):  # as in config.json and in ModelSpec.to_dict
+            object.__setattr__(self, "rope_scaling", rope_scaling_pairs(self.rope_scaling))
+        elif isinstance(self.rope_scaling, list):  # pairs as JSON lists (dataclasses.asdict of a spec)
+            try:
+                object.__setattr__(self, "rope_scaling", rope_scaling_pairs(dict(self.rope_scaling)))
+            except (TypeError, ValueError):
+                raise PlaitError(f"model {self.name!r}: rope_scaling must be an object of settings") from None
         problems = []
+        if self.head_dim is None:
+            if isinstance(self.hidden, int) and isinstance(self.n_heads, int) and self.n_heads > 0:
+                if self.hidden % self.n_heads:
+                    problems.append(f"n_heads={self.n_heads} does not divide hidden={self.hidden}")
+                object.__setattr__(self, "head_dim", self.hidden // self.n_heads)
+            else:
+                object.__setattr__(self, "head_dim", 1)
         if self.arch not in ARCHS:
             problems.append(f"arch={self.arch!r} is not one of {', '.join(ARCHS)}")
-        for field in ("n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "vocab", "max_seq_len"):
+        for field in ("n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "vocab", "max_seq_len",
+                      "head_dim"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{field}={value!r} must be a positive integer")
             elif value > MAX_DIMENSION:  # larger sizes overflow the planner's float arithmetic
                 problems.append(f"{field}={value} is more than {MAX_DIMENSION} (2^31)")
         if not problems:
-            if self.hidden % self.n_heads:
-                problems.append(f"n_heads={self.n_heads} does not divide hidden={self.hidden}")
             if self.n_heads % self.n_kv_heads:
                 problems.append(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
+        problems += self._feature_problems()
         if problems:
             raise PlaitError(f"model {self.name!r}: " + "; ".join(problems))
 
+    def _feature_problems(self) -> list[str]:
+        """What is wrong with the Hugging Face feature fields (module docstring)."""
+        problems = []
+        for field, allowed in (("qk_norm", QK_NORMS), ("norm_position", NORM_POSITIONS),
+                               ("local_layers", LOCAL_LAYERS), ("activation", ACTIVATIONS)):
+            if getattr(self, field) not in allowed:
+                problems.append(f"{field}={getattr(self, field)!r} is not one of {', '.join(allowed)}")
+        for field in ("qkv_bias", "attn_out_bias", "mlp_bias", "norm_offset", "tied_embeddings", "dropout"):
+            if not isinstance(getattr(self, field), bool):
+                problems.append(f"{field}={getattr(self, field)!r} must be true or false")
+        if not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool) \
+                or not 0 <= self.sliding_window <= MAX_DIMENSION:
+            problems.append(f"sliding_window={self.sliding_window!r} must be an integer >= 0 (0: no window)")
+        for field in ("attn_softcap", "logit_softcap", "attn_scale", "norm_eps"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                problems.append(f"{field}={value!r} must be a finite number >= 0")
+        for field in ("embed_scale", "rope_theta"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                problems.append(f"{field}={value!r} must be a finite number > 0")
+        if self.arch == "gpt":
+            llama_only = [f for f, default in (("qk_norm", "none"), ("norm_position", "pre"), ("norm_offset", False))
+                          if getattr(self, f) != default]
+            if llama_only:
+                problems.append(f"{', '.join(llama_only)} apply to arch=llama (RMSNorm) only")
+        return problems
+
     # ----------------------------------------------------------------- shapes
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.n_heads
+    def q_hidden(self) -> int:
+        """Width of the Q projection and of the attention output: n_heads · head_dim."""
+        return self.n_heads * self.head_dim
 
     @property
     def kv_hidden(self) -> int:
         """Width of the K (and of the V) projection: n_kv_heads · head_dim."""
         return self.n_kv_heads * self.head_dim
 
+    @property
+    def gated(self) -> bool:
+        """The MLP has a gate projection (llama: gate, up, down) rather than fc1, fc2 (gpt)."""
+        return self.arch == "llama"
+
+    def is_local_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) attends through the sliding window."""
+        if not self.sliding_window:
+            return False
+        return self.local_layers == "all" or layer % 2 == 0
+
+    def local_layer_count(self) -> int:
+        return sum(self.is_local_layer(i) for i in range(self.n_layers))
+
     # ------------------------------------------------------- parameter counts
     def layer_matmul_params(self) -> int:
         """Weights of one block that take part in matmuls (no biases, no norms)."""
-        h, f, kv = self.hidden, self.ffn_hidden, self.kv_hidden
-        attention = h * h + 2 * h * kv + h * h  # Q, K, V, output projection
-        mlp = 3 * h * f if self.arch == "llama" else 2 * h * f  # SwiGLU has gate, up, down
+        h, f, q, kv = self.hidden, self.ffn_hidden, self.q_hidden, self.kv_hidden
+        attention = h * q + 2 * h * kv + q * h  # Q, K, V, output projection
+        mlp = 3 * h * f if self.gated else 2 * h * f  # a gated MLP has gate, up, down
         return attention + mlp
+
+    def layer_bias_params(self) -> int:
+        """Bias elements of one block."""
+        h, f = self.hidden, self.ffn_hidden
+        qkv = self.q_hidden + 2 * self.kv_hidden if self.qkv_bias else 0
+        out = h if self.attn_out_bias else 0
+        mlp = ((2 * f if self.gated else f) + h) if self.mlp_bias else 0
+        return qkv + out + mlp
+
+    def layer_norm_params(self) -> int:
+        """Norm weights (and LayerNorm biases) of one block, q/k norms included."""
+        h = self.hidden
+        if self.arch == "gpt":
+            return 2 * 2 * h  # two LayerNorms with weight and bias
+        norms = {"pre": 2, "post": 2, "sandwich": 4}[self.norm_position] * h
+        qk = {"none": 0, "head": 2 * self.head_dim, "full": self.q_hidden + self.kv_hidden}[self.qk_norm]
+        return norms + qk
 
     def layer_params(self) -> int:
         """All parameters of one transformer block."""
-        h, f, kv = self.hidden, self.ffn_hidden, self.kv_hidden
-        if self.arch == "llama":
-            return self.layer_matmul_params() + 2 * h  # two RMSNorm weights
-        biases = (h + 2 * kv) + h + f + h  # qkv, proj, fc1, fc2
-        norms = 2 * 2 * h  # two LayerNorms with weight and bias
-        return self.layer_matmul_params() + biases + norms
+        return self.layer_matmul_params() + self.layer_bias_params() + self.layer_norm_params()
 
     def final_norm_params(self) -> int:
         return self.hidden if self.arch == "llama" else 2 * self.hidden
@@ -115,10 +243,26 @@ class ModelSpec:
         return self.n_layers * self.layer_matmul_params() + self.vocab * self.hidden
 
     # ------------------------------------------------------------------ FLOPs
+    def keys_per_query(self, seq_len: int, local: bool, causal: bool = True) -> float:
+        """Keys a query sees, averaged over a sequence of ``seq_len`` tokens, in a global layer
+        (causal: (s+1)/2; ``causal=False``: s) or a local one (window W: the average of
+        min(i+1, W) over i < s; ``causal=False``: min(s, W))."""
+        s = float(seq_len)
+        window = self.sliding_window if local else 0
+        if not window or window >= seq_len:
+            return (s + 1) / 2.0 if causal else s
+        if not causal:
+            return float(window)
+        w = float(window)
+        return (w * (w + 1) / 2.0 + (s - w) * w) / s
+
     def attention_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
-        """Forward FLOPs of Q·Kᵀ and P·V per token, summed over layers (see module doc)."""
-        full = 4.0 * seq_len * self.n_heads * self.head_dim * self.n_layers
-        return full * (seq_len + 1) / (2.0 * seq_len) if causal else full
+        """Forward FLOPs of Q·Kᵀ and P·V per token, summed over layers (see module doc): 2·2 FLOPs
+        per key seen and element of a query head, sliding-window layers seeing fewer keys."""
+        local = self.local_layer_count()
+        keys = (local * self.keys_per_query(seq_len, True, causal)
+                + (self.n_layers - local) * self.keys_per_query(seq_len, False, causal))
+        return 4.0 * self.q_hidden * keys
 
     def forward_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
         """Forward matmul FLOPs per token: 2·(matmul weights) + attention."""
@@ -130,7 +274,18 @@ class ModelSpec:
 
     # --------------------------------------------------------- serialization
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """All fields, less the feature fields at their defaults (older readers read it)."""
+        out = dataclasses.asdict(self)
+        gpt = self.arch == "gpt"
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in _FEATURES}
+        defaults.update(qkv_bias=gpt, attn_out_bias=gpt, mlp_bias=gpt, activation="gelu_tanh" if gpt else "silu",
+                        head_dim=self.hidden // self.n_heads if self.hidden % self.n_heads == 0 else None)
+        for name, default in defaults.items():
+            if out[name] == default:
+                del out[name]
+        if "rope_scaling" in out:
+            out["rope_scaling"] = dict(self.rope_scaling)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelSpec:
@@ -142,3 +297,15 @@ class ModelSpec:
     @classmethod
     def from_json(cls, text: str) -> ModelSpec:
         return cls.from_dict(parse_json(text))
+
+
+_FEATURES = {f.name for f in dataclasses.fields(ModelSpec)} - {
+    "name", "arch", "n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "vocab", "max_seq_len",
+    "tied_embeddings", "dropout"}
+
+
+def rope_scaling_pairs(config: dict) -> tuple:
+    """A config's ``rope_scaling`` dict as sorted (key, value) pairs (lists become tuples), hashable."""
+    def frozen(value):
+        return tuple(frozen(v) for v in value) if isinstance(value, list) else value
+    return tuple(sorted((str(k), frozen(v)) for k, v in config.items() if v is not None))

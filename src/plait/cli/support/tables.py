@@ -10,10 +10,39 @@ from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.sweep.stats import top1_text
 from plait.plan.plan import Plan
 from plait.spec.hardware import GIB
+from plait.spec.model import ModelSpec
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms" if seconds < 10 else f"{seconds:,.2f} s"
+
+
+def count_text(n: float) -> str:
+    """1_235_814_400 -> "1.24B" (K, M, B, T: powers of 1000)."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:.0f}"
+
+
+def model_line(model: ModelSpec, seq_len: int) -> str:
+    """What the planner read: exact parameter counts and model FLOPs per token (6·N + attention)."""
+    family = f", {model.family}" if model.family else ""
+    flops = model.model_flops_per_token(seq_len)
+    return (f"model {model.name} ({model.arch}{family}): {model.total_params():,} parameters "
+            f"({count_text(model.total_params())}; {count_text(model.non_embedding_params())} non-embedding), "
+            f"{flops / 1e9:,.2f} GFLOP per trained token at seq_len {seq_len} (forward + backward, causal)")
+
+
+def training_time_line(plan: Plan, tokens: float) -> str:
+    """How long ``tokens`` training tokens take on ``plan``'s layout at its predicted throughput."""
+    seconds = tokens / (plan.step.tokens_per_s_per_gpu * plan.layout.world_size)
+    steps = tokens / plan.job.tokens_per_step
+    days = seconds / 86400
+    when = f"{days:,.1f} days" if days >= 1 else f"{seconds / 3600:,.1f} hours" if seconds >= 3600 else f"{seconds:,.0f} s"
+    gpu_hours = seconds * plan.layout.world_size / 3600
+    return (f"{count_text(tokens)} tokens on {plan.layout} ({plan.layout.world_size} GPUs): {when} "
+            f"({steps:,.0f} steps, {gpu_hours:,.0f} GPU-hours) at the predicted {_ms(plan.step.step_time)} per step")
 
 
 def plans_table(plans: list[Plan], title: str, headroom: float | None = None) -> Table:

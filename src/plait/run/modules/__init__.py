@@ -1,0 +1,1 @@
+"""Building blocks of plait's transformer (plait.run.model): norms, rotary embeddings, attention kernels."""
