@@ -159,13 +159,13 @@ def test_a_manifest_without_checksum_still_loads_with_a_note(tmp_path, capsys):
 
 def test_a_leftover_temporary_directory_is_removed_and_reported(tmp_path, capsys):
     from plait.run.launcher.launch import LaunchOptions
-    from plait.run.launcher.resolve import _take_checkpoint_dir
+    from plait.run.launcher.checkpoint_dir import take_checkpoint_dir
 
     fake_checkpoint(tmp_path, 2)
     leftover = tmp_path / store.temp_name(4, "dead")
     leftover.mkdir()
     (leftover / "__0_0.distcp").write_bytes(b"\0" * (3 << 20))
-    held = _take_checkpoint_dir(tmp_path, fresh_config(request_of()), LaunchOptions())
+    held = take_checkpoint_dir(tmp_path, fresh_config(request_of()).resumed, LaunchOptions())
     try:
         assert not leftover.exists()
         assert f"removed {leftover.name}, left by a failed save (3.0 MiB)" in capsys.readouterr().out

@@ -13,6 +13,7 @@ from plait.errors import PlaitError
 from plait.run.checkpoint import store
 from plait.run.config import (
     CheckpointConfig,
+    EvalConfig,
     LogConfig,
     OptimConfig,
     Prediction,
@@ -71,7 +72,7 @@ def test_the_flat_form_of_earlier_versions_loads_to_the_same_config():
 def test_to_dict_writes_the_nested_form_and_reads_it_back(tmp_path):
     config = nested_config()
     data = config.to_dict()
-    assert list(data) == ["job", "optim", "checkpoint", "runtime", "observe", "prediction", "job_file"]
+    assert list(data) == ["job", "optim", "checkpoint", "runtime", "observe", "eval", "prediction", "job_file"]
     assert data["job"]["layout"] == "dp=2,tp=1,pp=1,cp=1,mbs=2" and data["checkpoint"]["dir"] == "/ckpt"
     assert data["prediction"]["allocated_bytes"] == 2.5e9
     assert RunConfig.from_dict(json.loads(json.dumps(data))) == config
@@ -127,7 +128,8 @@ def test_the_digest_covers_the_sub_configs_that_define_the_run():
     different = [dataclasses.replace(config, job=dataclasses.replace(config.job, seed=6)),
                  dataclasses.replace(config, optim=OptimConfig()),
                  dataclasses.replace(config, checkpoint=CheckpointConfig()),
-                 dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, timeout_s=61.0))]
+                 dataclasses.replace(config, runtime=dataclasses.replace(config.runtime, timeout_s=61.0)),
+                 dataclasses.replace(config, eval=EvalConfig(data="held_out.tok"))]  # a collective: ranks agree
     assert all(config_digest(other) != digest for other in different)
 
 

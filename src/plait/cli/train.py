@@ -14,7 +14,7 @@ import sys
 
 from plait.cli.jobfile.read import add_config_flags
 from plait.errors import PlaitError
-from plait.run.config import GPU_LOG_EVERY, CheckpointConfig, OptimConfig, TrainJob
+from plait.run.config import GPU_LOG_EVERY, LR_SCHEDULES, CheckpointConfig, EvalConfig, OptimConfig, TrainJob
 from plait.run.launcher.request import TrainRequest
 
 HELP = "train a layout with torchrun (CPU: gloo, GPU: NCCL)"
@@ -52,6 +52,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help=f"AdamW weight decay of matrices (default {_shown(optim.weight_decay)})")
     opt.add_argument("--grad-clip", type=float,
                      help=f"max global gradient norm (default {_shown(optim.grad_clip)}; 0: off)")
+    opt.add_argument("--lr-schedule", choices=LR_SCHEDULES,
+                     help=f"after the warm-up: cosine, linear, wsd (warm-up, stable, then a linear decay over "
+                          f"the last --decay-fraction of the steps) or constant (default {optim.schedule})")
+    opt.add_argument("--min-lr", type=float,
+                     help=f"learning rate the decay ends at (default {optim.min_lr_ratio:g} × --lr)")
+    opt.add_argument("--decay-fraction", type=float,
+                     help=f"wsd: fraction of the steps that decay (default {optim.decay_fraction:g})")
+    evals = parser.add_argument_group("evaluation and metrics sinks")
+    evals.add_argument("--eval-data", default=DEFAULTS.eval_data,
+                       help="token file of held-out tokens (plait data prepare): log eval_loss, its mean token loss")
+    evals.add_argument("--eval-every", type=int, default=DEFAULTS.eval_every,
+                       help="evaluate every N steps and after the last one (default: after the last one only)")
+    evals.add_argument("--eval-steps", type=int, default=DEFAULTS.eval_steps,
+                       help=f"global batches per evaluation, the same ones each time (default {EvalConfig.steps})")
+    evals.add_argument("--tensorboard", metavar="DIR", default=DEFAULTS.tensorboard,
+                       help="also write the metrics as TensorBoard scalars here (pip install tensorboard)")
+    evals.add_argument("--wandb-project", metavar="NAME", default=DEFAULTS.wandb_project,
+                       help="also log the metrics to this Weights & Biases project (pip install wandb; "
+                            "WANDB_MODE=offline writes locally)")
+    evals.add_argument("--mlflow-uri", metavar="URI", default=DEFAULTS.mlflow_uri,
+                       help="also log the metrics to this MLflow tracking URI (pip install mlflow)")
     where = parser.add_argument_group("where to run (torchrun)")
     where.add_argument("--nproc-per-node", "--nproc", type=int, help="processes (GPUs) per node")
     where.add_argument("--gpus", type=int, help="processes in all (alternative to --nproc-per-node)")

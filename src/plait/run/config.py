@@ -3,7 +3,8 @@
 ``plait train`` builds it, checks it before launching anything, writes it to a JSON file and
 hands that file to every worker. A RunConfig is made of typed sub-configs, each checking its own
 fields: ``TrainJob`` (what is trained), ``OptimConfig``, ``CheckpointConfig``, ``RuntimeConfig``
-(how and where it runs), ``LogConfig`` (what it reports) and the planner's ``Prediction``. A saved
+(how and where it runs), ``LogConfig`` (what it reports), ``EvalConfig`` (held-out loss) and the
+planner's ``Prediction``. A saved
 plan supplies its model, layout, job and GPU (``plan_parts``); ``plait train --plan`` builds the
 RunConfig from them.
 
@@ -42,18 +43,42 @@ def _non_negative_int_problems(values: dict[str, object]) -> list[str]:
             if not isinstance(value, int) or value < 0]
 
 
+LR_SCHEDULES = ("cosine", "linear", "wsd", "constant")  # plait.run.optim.lr_at
+
+
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with linear warmup then cosine decay to ``min_lr_ratio``·lr."""
+    """AdamW with a linear warm-up, then the learning-rate ``schedule`` (``plait.run.optim.lr_at``)
+    down to ``floor_lr``."""
 
     lr: float = 3e-4  # peak learning rate, reached after the warm-up
-    min_lr_ratio: float = 0.1  # the cosine decay ends at this fraction of lr
+    min_lr_ratio: float = 0.1  # the decay ends at this fraction of lr (when min_lr is None)
     warmup_steps: int = 10  # optimizer steps of linear warm-up from 0 to lr
     weight_decay: float = 0.1  # AdamW decoupled weight decay of the matrices, per unit of lr
     beta1: float = 0.9  # AdamW decay rate of the first moment, per step
     beta2: float = 0.95  # AdamW decay rate of the second moment, per step
     eps: float = 1e-8  # AdamW denominator term, in gradient units
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    schedule: str = "cosine"  # after the warm-up: cosine | linear | wsd (warm-up, stable, decay) | constant
+    min_lr: float | None = None  # learning rate the decay ends at (absolute); None: min_lr_ratio·lr
+    decay_fraction: float = 0.2  # wsd: the last fraction of all steps, decaying linearly to the floor
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.schedule not in LR_SCHEDULES:
+            problems.append(f"lr_schedule={self.schedule!r} must be one of {', '.join(LR_SCHEDULES)}")
+        if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
+            problems.append(f"min_lr={self.min_lr!r} must be between 0 and lr={self.lr!r}")
+        if self.min_lr is not None and self.schedule == "constant":
+            problems.append("min_lr has no effect with lr_schedule=constant (nothing decays); drop it")
+        if not 0 < self.decay_fraction <= 1:
+            problems.append(f"decay_fraction={self.decay_fraction!r} must be in (0, 1]")
+        _refuse(problems)
+
+    @property
+    def floor_lr(self) -> float:
+        """The learning rate the decay ends at: ``min_lr``, else ``min_lr_ratio``·``lr``."""
+        return self.min_lr if self.min_lr is not None else self.lr * self.min_lr_ratio
 
 
 @dataclass(frozen=True)
@@ -143,6 +168,9 @@ class LogConfig:
 
     log: str | None = None  # path of the JSONL metrics file rank 0 writes (None: none)
     log_every: int | None = None  # read loss/grad norm on the host and print every N optimizer steps; None: auto
+    tensorboard: str | None = None  # TensorBoard event directory rank 0 writes scalars to (None: none)
+    wandb_project: str | None = None  # Weights & Biases project rank 0 logs to (None: none; WANDB_MODE=offline works)
+    mlflow_uri: str | None = None  # MLflow tracking URI rank 0 logs to (None: none)
 
     def __post_init__(self) -> None:
         if self.log_every is not None:
@@ -155,6 +183,33 @@ class LogConfig:
         if self.log_every is not None:
             return self.log_every
         return GPU_LOG_EVERY if device_type == "cuda" else 1
+
+
+EVAL_SEED = 0  # data seed of the eval batches: the same windows for runs of any training seed
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out loss during training (``plait.run.observe.evaluate``). Every rank must agree on it (each
+    evaluation is a collective), so it is part of what the ranks compare at start-up; a resumed
+    run takes the request's values (evaluating does not change the training trajectory)."""
+
+    data: str | None = None  # token file of held-out tokens (None: no evaluation)
+    every: int = 0  # evaluate every N optimizer steps and after the last one; 0: after the last one only
+    steps: int = 10  # global batches (global_batch × seq_len tokens each) per evaluation, the same every time
+
+    def __post_init__(self) -> None:
+        problems = _non_negative_int_problems({"eval_every": self.every})
+        problems += _positive_int_problems({"eval_steps": self.steps})
+        if self.data is None and isinstance(self.every, int) and self.every > 0:
+            problems.append(f"eval_every={self.every} needs eval_data (--eval-data TOKENS: a token file)")
+        _refuse(problems)
+
+    def due_after(self, steps_done: int, total_steps: int) -> bool:
+        """Whether to evaluate once ``steps_done`` optimizer steps of ``total_steps`` are done."""
+        if self.data is None:
+            return False
+        return steps_done == total_steps or (self.every > 0 and steps_done % self.every == 0)
 
 
 @dataclass(frozen=True)
@@ -207,6 +262,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     observe: LogConfig = field(default_factory=LogConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out loss during training
     prediction: Prediction | None = None  # the planner's step time and memory for this run, if known
     job_file: str | None = None  # the plait train command line as a TOML job file (None: not recorded)
 
@@ -256,7 +312,7 @@ class RunConfig:
             job["layout"] = Layout.parse(layout) if isinstance(layout, str) else Layout.from_dict(layout)
         data["job"] = dataclass_from_dict(TrainJob, job, "run job")
         for name, section in (("optim", OptimConfig), ("checkpoint", CheckpointConfig), ("runtime", RuntimeConfig),
-                              ("observe", LogConfig)):
+                              ("observe", LogConfig), ("eval", EvalConfig)):
             data[name] = dataclass_from_dict(section, data.get(name) or {}, "optimizer" if name == "optim" else name)
         if data.get("prediction") is not None:
             data["prediction"] = dataclass_from_dict(Prediction, data["prediction"], "prediction")

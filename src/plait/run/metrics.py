@@ -1,4 +1,5 @@
-"""Step metrics: tokens/s, MFU, memory; the JSONL log and the rank-0 console display.
+"""Step metrics: tokens/s, MFU, memory; the JSONL log and the rank-0 console display (the other
+metrics sinks: ``plait.run.observe.sinks``).
 
 MFU has one definition in plait: model FLOPs (``ModelSpec.model_flops_per_token``: 6·N per
 token plus the causal attention term, no recomputation) times tokens per second, over the
@@ -63,6 +64,7 @@ class RunSummary:
     checkpoints: list[int] | None = None  # steps of the checkpoints this run committed
     checkpoint_stall_s: float | None = None  # longest time training waited for one checkpoint save
     offload: dict | None = None  # activation offload per step (bytes, hidden and exposed seconds), max over ranks
+    eval_loss: float | None = None  # the last held-out loss (--eval-data), mean per token; None: not evaluated
 
     def to_dict(self) -> dict:
         out = {"summary": True, **self.__dict__}
@@ -117,18 +119,30 @@ class JsonlLog:
             self.handle = None
 
 
+def status_text(record: StepRecord, memory_bytes: float | None = None) -> str:
+    """A step's console status: loss, learning rate, gradient norm, tokens/s, step time, MFU (GPU
+    runs with a known peak) and ``memory_bytes`` (the peak so far, GiB) when given."""
+    parts = [f"loss {record.loss:.4f}", f"lr {record.lr:.2e}", f"gnorm {record.grad_norm:#.3g}",
+             f"{record.tokens_per_s:,.0f} tok/s", f"{record.step_time_s * 1e3:.0f} ms"]
+    if record.mfu is not None:
+        parts.append(f"mfu {100 * record.mfu:.1f}%")
+    if memory_bytes is not None:
+        parts.append(f"mem {memory_bytes / 2**30:.2f} GiB")
+    return " | ".join(parts)
+
+
 class Display:
     """Rank 0's console during training: ``plait.progress.ProgressBar`` with one item per step
-    (plain lines every ``log_every`` steps when not on a terminal)."""
+    (plain lines every ``log_every`` steps when not on a terminal). ``memory``: ``() -> bytes``,
+    the peak memory to show (``plait.run.trainer.peak_memory_reader``); None shows none."""
 
-    def __init__(self, total_steps: int, enabled: bool, log_every: int, start_step: int = 0):
+    def __init__(self, total_steps: int, enabled: bool, log_every: int, start_step: int = 0, memory=None):
         self.bar = ProgressBar("train", total_steps, enabled, done=start_step, every=log_every, unit="step",
                                clock="remaining")
+        self.memory = memory if enabled else None
 
     def step(self, record: StepRecord) -> None:
-        mfu_text = f" mfu {100 * record.mfu:.1f}%" if record.mfu is not None else ""
-        self.bar.advance(f"loss {record.loss:.4f} | {record.tokens_per_s:,.0f} tok/s | "
-                         f"{record.step_time_s * 1e3:.0f} ms{mfu_text}")
+        self.bar.advance(status_text(record, self.memory() if self.memory is not None else None))
 
     def message(self, text: str) -> None:
         self.bar.message(text)

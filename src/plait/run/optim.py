@@ -12,6 +12,25 @@ dims, sharded dims), whatever the number of tensors: ``_foreach_norm`` over the 
 pieces, one all-reduce per sharded dimension, and ``_foreach_mul_`` by the clip factor, which
 is computed on the device (the norm is never read on the host here). AdamW is fused (one
 kernel per parameter group), with one group per (mesh, decay).
+
+**Learning-rate schedules** (``--lr-schedule``; ``lr_at`` is a pure function of the step, so a run
+resumed at any step gets the same rates). Steps are 0-based optimizer steps of a run of
+``T = total_steps``; ``W`` is ``warmup_steps``, ``lr`` the peak and ``floor``
+``OptimConfig.floor_lr`` (``--min-lr``, default 10% of lr).
+
+* warm-up (every schedule): step ``s < W`` has ``lr·(s+1)/W``.
+* ``cosine`` (the default): ``floor + (lr − floor)·½·(1 + cos(π·p))`` with ``p = (s − W)/(T − W)``.
+* ``linear``: ``floor + (lr − floor)·(1 − p)``, the same ``p``.
+* ``wsd`` (warm-up, stable, decay): ``lr`` until the decay starts at ``D = max(W, T − n)``, where
+  ``n = round(decay_fraction·T)`` steps (at least 1), then linear to the floor with
+  ``p = (s − D + 1)/(T − D)``.
+* ``constant``: ``lr`` after the warm-up.
+
+Cosine and linear (plait's original convention): ``p`` is 0 at the first step after the warm-up and
+would reach 1 at step ``T``, one past the last, so the last step's rate is one decay increment
+above the floor. WSD's stable phase already runs at ``lr``, so its decay steps each step down: the
+first decay step is one increment below ``lr`` and the last step (``s = T − 1``) is at the floor.
+``p`` is clamped to 1: a step past ``T`` (a resumed run given fewer steps) stays at the floor.
 """
 
 from __future__ import annotations
@@ -26,14 +45,30 @@ from plait.run.config import OptimConfig
 from plait.run.parallel.mesh import ParallelDims
 
 
+def decay_start(total_steps: int, config: OptimConfig) -> int:
+    """First step of the decay (0-based): after the warm-up, or for ``wsd`` the last
+    ``decay_fraction`` of the steps (rounded to the nearest step, at least one)."""
+    if config.schedule != "wsd":
+        return config.warmup_steps
+    decay_steps = max(1, round(config.decay_fraction * total_steps))
+    return max(config.warmup_steps, total_steps - decay_steps)
+
+
 def lr_at(step: int, total_steps: int, config: OptimConfig) -> float:
-    """Learning rate of optimizer step ``step`` (0-based)."""
+    """Learning rate of optimizer step ``step`` (0-based) of a run of ``total_steps`` steps."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
-    decay_steps = max(1, total_steps - config.warmup_steps)
-    progress = min(1.0, (step - config.warmup_steps) / decay_steps)
-    floor = config.lr * config.min_lr_ratio
-    return floor + (config.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if config.schedule == "constant":
+        return config.lr
+    start = decay_start(total_steps, config)
+    if step < start:  # wsd: the stable phase
+        return config.lr
+    done = step - start + (1 if config.schedule == "wsd" else 0)  # decay steps taken, this one included for wsd
+    progress = min(1.0, done / max(1, total_steps - start))
+    floor = config.floor_lr
+    if config.schedule == "cosine":
+        return floor + (config.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return floor + (config.lr - floor) * (1.0 - progress)  # linear, and wsd's decay
 
 
 def build_optimizer(params: list[torch.nn.Parameter], config: OptimConfig) -> torch.optim.Optimizer:

@@ -6,7 +6,9 @@ the log), runs ``train`` and writes the summary. ``train`` is the loop: per step
 --on-nan policy, the optimizer step); on sync steps (``plait.run.pending``: logging steps,
 checkpoint steps, the last step) the metrics of the steps since the last sync step, then the
 Checkpointer's schedule (``Checkpointer.after_step``), which also saves when a SIGTERM asks
-the run to stop.
+the run to stop. With ``--eval-data``, the held-out loss after every ``--eval-every`` steps and
+the last one (``plait.run.observe.evaluate``); the JSONL log and the metrics sinks
+(``plait.run.observe.sinks``) get one line each.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from plait.run.metrics import (
     steady_state,
 )
 from plait.run.memory.host_gc import ScheduledGC
+from plait.run.observe.evaluate import Evaluator
+from plait.run.observe.sinks import MetricsLog, open_sinks
 from plait.run.optim import build_optimizer, place_step_counters
 from plait.run.parallel.mesh import ParallelDims, build_parallel_dims
 from plait.run.parallel.parallelize import ModelParts, build_model_parts
@@ -68,6 +72,27 @@ class TrainResult:
     parts: ModelParts = field(repr=False)
     pdims: ParallelDims = field(repr=False)
     optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
+
+
+def peak_memory_reader(device: torch.device):
+    """``() -> bytes``: the peak memory the console shows, torch's peak allocated bytes on a GPU (no
+    sync), the process's peak resident memory on CPU."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.max_memory_allocated(device)
+    return lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def open_log(config: RunConfig, is_rank0: bool, append: bool) -> MetricsLog:
+    """Rank 0's JSONL log and metrics sinks (``--tensorboard``, ``--wandb-project``, ``--mlflow-uri``);
+    on other ranks a log that writes nothing."""
+    if not is_rank0:
+        return MetricsLog(JsonlLog(None))
+    jsonl = JsonlLog(config.observe.log, append=append)
+    try:
+        return MetricsLog(jsonl, open_sinks(config.observe, config.to_dict()))
+    except BaseException:
+        jsonl.close()
+        raise
 
 
 def offload_directory(config: RunConfig, rank: int) -> str | None:
@@ -163,21 +188,25 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
         events.append(init_from_hf(config.job, parts, device))
     checkpointer = make_checkpointer(setup)
     is_rank0 = dist.get_rank() == 0
-    log = JsonlLog(config.observe.log if is_rank0 else None, append=start_step > 0 or env.restart_count > 0)
+    log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0)
     for event in events:
         log.write(event)
-    display = Display(config.job.steps, is_rank0, config.observe.log_every_on(device.type), start_step)
+    evaluator = Evaluator(setup) if config.eval.data else None
+    display = Display(config.job.steps, is_rank0, config.observe.log_every_on(device.type), start_step,
+                      memory=peak_memory_reader(device))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
         parts.train()
         with ScheduledGC(config.runtime.gc_every) as collector:  # automatic GC off, a collection every N steps
-            records, stopped_at = train(setup, start_step, checkpointer, log, display, stop, collector)
+            records, stopped_at = train(setup, start_step, checkpointer, log, display, stop, collector, evaluator)
         display.close()
         summary = _summarize(config, records, setup.pdims, device, setup.peak_flops)
-        summary.offload = offload_summary(records, device) if parts.offloader else None
+        # a collective: every rank takes part, also pipeline ranks that hold no offloaded layer
+        summary.offload = offload_summary(records, device) if config.job.layout.offload > 0 else None
         summary.start_step = start_step
         summary.stopped_early = stopped_at is not None
+        summary.eval_loss = evaluator.last if evaluator is not None else None
         if checkpointer is not None:
             summary.checkpoints = checkpointer.saved
             summary.checkpoint_stall_s = max(checkpointer.stall_s, default=None)
@@ -192,8 +221,9 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     return TrainResult(records=records, summary=summary, parts=parts, pdims=setup.pdims, optimizer=setup.optimizer)
 
 
-def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, log: JsonlLog, display: Display,
-          stop=None, collector: ScheduledGC | None = None) -> tuple[list[StepRecord], int | None]:
+def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, log: MetricsLog, display: Display,
+          stop=None, collector: ScheduledGC | None = None,
+          evaluator: Evaluator | None = None) -> tuple[list[StepRecord], int | None]:
     """Steps ``start_step`` .. ``config.job.steps - 1``; (their records, the step count at which a
     stop request ended the run, or None when it ran to the end).
 
@@ -201,14 +231,16 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
     the last step) read the loss, gradient norm and stop flag on the host and run the
     Checkpointer's schedule; other steps queue their numbers and read the previous step's stop
     flag from a host buffer (``plait.run.pending``), so a stop request seen in a non-sync step
-    ends the run one step later, on every rank alike.
+    ends the run one step later, on every rank alike. ``evaluator``: the held-out loss after the
+    steps ``EvalConfig.due_after`` names (sync steps; not when stopping: SIGTERM's grace is short).
     """
     steps = setup.config.job.steps
     ledger = StepLedger(setup, log, display)
     for step in range(start_step, steps):
         steps_done = step + 1
         save_due = checkpointer is not None and checkpointer.every > 0 and steps_done % checkpointer.every == 0
-        sync = ledger.syncs_at(step, save_due)
+        eval_due = evaluator is not None and setup.config.eval.due_after(steps_done, steps)
+        sync = ledger.syncs_at(step, save_due or eval_due)
         pending = train_step(setup, step, ledger, stop, sync)
         ledger.add(pending)
         if collector is not None:
@@ -217,6 +249,11 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
         if not (sync or stopping):
             continue
         ledger.materialize(step)  # --on-nan checks every step read here: before any checkpoint save
+        if eval_due and not stopping:
+            line = evaluator.record(steps_done)
+            log.write(line)
+            display.message(f"eval after step {steps_done}: loss {line['eval_loss']:.4f} "
+                            f"({line['eval_tokens']:,} tokens, {line['eval_s']:.1f} s)")
         if checkpointer is not None:
             event = checkpointer.after_step(steps_done, last_step=steps_done == steps, stop=stopping)
             if event:

@@ -113,10 +113,11 @@ def run_as_worker(run_dir: Path, program: str, body: Callable[[RankEnv], None]) 
 
 
 def config_digest(config: RunConfig) -> str:
-    """Hash of the sub-configs that define the run: job, optimizer, checkpoints and runtime (not
-    ``observe``, where it reports, nor the planner's ``prediction``)."""
+    """Hash of the sub-configs that define the run: job, optimizer, checkpoints and runtime, and the
+    evaluation (a collective every rank must run alike); not ``observe``, where it reports, nor the
+    planner's ``prediction``."""
     data = config.to_dict()
-    defining = {name: data[name] for name in ("job", "optim", "checkpoint", "runtime")}
+    defining = {name: data[name] for name in ("job", "optim", "checkpoint", "runtime", "eval")}
     return hashlib.sha256(json.dumps(defining, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

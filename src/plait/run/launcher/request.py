@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plait.run.config import LogConfig, RuntimeConfig, TrainJob
+from plait.run.config import EvalConfig, LogConfig, RuntimeConfig, TrainJob
 from plait.run.launcher.launch import LaunchOptions
 
 
@@ -30,11 +30,21 @@ class TrainRequest:
     data: str = TrainJob.data  # "synthetic" or a token file
     init_from: str | None = TrainJob.init_from  # Hugging Face model directory: its weights start the run
     log: str | None = None  # JSONL metrics file
+    tensorboard: str | None = LogConfig.tensorboard  # TensorBoard event directory
+    wandb_project: str | None = LogConfig.wandb_project  # Weights & Biases project
+    mlflow_uri: str | None = LogConfig.mlflow_uri  # MLflow tracking URI
+    # held-out loss (EvalConfig; a resumed run takes these, not the saved ones)
+    eval_data: str | None = EvalConfig.data  # token file (None: no evaluation)
+    eval_every: int = EvalConfig.every  # evaluate every N steps and after the last (0: after the last only)
+    eval_steps: int = EvalConfig.steps  # global batches per evaluation
     # optimizer (None: OptimConfig's defaults; warm-up: 10% of the steps)
     lr: float | None = None
     warmup_steps: int | None = None
     weight_decay: float | None = None
     grad_clip: float | None = None
+    lr_schedule: str | None = None  # None: OptimConfig.schedule (resumed: the saved one)
+    min_lr: float | None = None  # absolute floor of the decay (None: OptimConfig.min_lr_ratio·lr)
+    decay_fraction: float | None = None  # wsd only (None: OptimConfig.decay_fraction)
     # where to run (torchrun)
     nproc_per_node: int | None = None  # processes per node (None: the layout's world size over the nodes)
     gpus: int | None = None  # processes in all (alternative to nproc_per_node)

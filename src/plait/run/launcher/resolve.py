@@ -11,11 +11,22 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
-from plait.run.config import LogConfig, OptimConfig, RunConfig, RuntimeConfig, TrainJob, plan_parts
+from plait.run.config import (
+    EVAL_SEED,
+    EvalConfig,
+    LogConfig,
+    OptimConfig,
+    RunConfig,
+    RuntimeConfig,
+    TrainJob,
+    plan_parts,
+)
+from plait.run.launcher.checkpoint_dir import take_checkpoint_dir
 from plait.run.launcher.launch import LaunchOptions, launch, print_dry_run, record_refusal
 from plait.run.launcher.micro_batch import complete_run_mbs, keep_saved_mbs, mbs_given
 from plait.run.launcher.preflight import preflight
 from plait.run.launcher.request import TrainRequest
+from plait.run.observe.sinks import check_sinks
 from plait.spec.layout import Layout
 
 
@@ -106,7 +117,10 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
     defaults = OptimConfig()
     optim = OptimConfig(lr=_given(request.lr, defaults.lr), warmup_steps=warmup,
                         weight_decay=_given(request.weight_decay, defaults.weight_decay),
-                        grad_clip=_given(request.grad_clip, defaults.grad_clip))
+                        grad_clip=_given(request.grad_clip, defaults.grad_clip),
+                        schedule=_given(request.lr_schedule, defaults.schedule), min_lr=request.min_lr,
+                        decay_fraction=_given(request.decay_fraction, defaults.decay_fraction))
+    check_decay_fraction(request, optim)
     seed = _given(request.seed, TrainJob.seed)
     config = RunConfig(
         job=TrainJob(model=model, layout=layout, global_batch=global_batch, seq_len=seq_len, steps=steps, seed=seed,
@@ -117,7 +131,8 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
                               timeout_s=request.timeout,
                               on_nan=request.on_nan, offload_dir=request.offload_dir,
                               qkv="fused" if request.fused_qkv else "separate", gc_every=request.gc_every),
-        observe=LogConfig(log=request.log, log_every=request.log_every))
+        observe=observe_config(request))
+    config = dataclasses.replace(config, eval=eval_config(request, config.job))
     if request.data != "synthetic":
         from plait.run.data.tokens import open_tokens
 
@@ -127,6 +142,29 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
 
 def _given(value, default):
     return default if value is None else value
+
+
+def check_decay_fraction(request: TrainRequest, optim: OptimConfig) -> None:
+    """``--decay-fraction`` shapes the wsd schedule only: refuse it with another schedule."""
+    if request.decay_fraction is not None and optim.schedule != "wsd":
+        raise PlaitError(f"--decay-fraction applies to --lr-schedule wsd only (this run's schedule is "
+                         f"{optim.schedule}); drop it or pass --lr-schedule wsd")
+
+
+def observe_config(request: TrainRequest) -> LogConfig:
+    """Where rank 0 reports: the JSONL log, the console's pace and the metrics sinks."""
+    return LogConfig(log=request.log, log_every=request.log_every, tensorboard=request.tensorboard,
+                     wandb_project=request.wandb_project, mlflow_uri=request.mlflow_uri)
+
+
+def eval_config(request: TrainRequest, job: TrainJob) -> EvalConfig:
+    """The request's held-out loss settings; the eval token file is checked against the model now."""
+    config = EvalConfig(data=request.eval_data, every=request.eval_every, steps=request.eval_steps)
+    if config.data is not None:
+        from plait.run.data.tokens import open_tokens
+
+        open_tokens(config.data, job.model.vocab, EVAL_SEED, seq_len=job.seq_len, model_name=job.model.name)
+    return config
 
 
 def _layout_world(request: TrainRequest) -> int | None:
@@ -167,7 +205,9 @@ def _same_run_flags(request: TrainRequest, saved: RunConfig, implicit: bool) -> 
     return {"--seed": (request.seed, job.seed), "--lr": (request.lr, optim.lr),
             "--warmup-steps": (request.warmup_steps, optim.warmup_steps),
             "--weight-decay": (request.weight_decay, optim.weight_decay),
-            "--grad-clip": (request.grad_clip, optim.grad_clip), "--data": (data, job.data)}
+            "--grad-clip": (request.grad_clip, optim.grad_clip), "--data": (data, job.data),
+            "--lr-schedule": (request.lr_schedule, optim.schedule), "--min-lr": (request.min_lr, optim.min_lr),
+            "--decay-fraction": (request.decay_fraction, optim.decay_fraction)}
 
 
 def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
@@ -213,7 +253,8 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
                                     async_tp=request.async_tp, on_nan=request.on_nan,
                                     qkv="fused" if request.fused_qkv else "separate",
                                     gc_every=request.gc_every),
-        observe=LogConfig(log=request.log, log_every=request.log_every), prediction=None)
+        observe=observe_config(request), eval=eval_config(request, job), prediction=None)
+    check_decay_fraction(request, config.optim)
     if job.data != was.data:
         notes.append(f"reading data {job.data} instead of the saved run's {was.data}: the same samples only "
                      "if it holds the same tokens")
@@ -313,6 +354,7 @@ def start(request: TrainRequest, job_file: str | None = None) -> int:
 def _start(request: TrainRequest, job_file: str | None = None) -> int:
     resolved = resolve(request)
     config, options = dataclasses.replace(resolved.config, job_file=job_file), resolved.options
+    check_sinks(config.observe)  # before the launch: a missing package is named with its pip command
     config, warnings = preflight(config, options, allow_oom=request.allow_oom)
     for warning in warnings:
         print(f"plait: warning: {warning}", file=sys.stderr)
@@ -324,7 +366,7 @@ def _start(request: TrainRequest, job_file: str | None = None) -> int:
     directory = config.checkpoint.dir
     held = None
     if directory:
-        held = _take_checkpoint_dir(Path(directory), resolved, options)
+        held = take_checkpoint_dir(Path(directory), resolved.resumed, options)
     try:
         job = config.job
         print(f"plait train: {job.model.name}, layout {job.layout}, global batch {job.global_batch} × "
@@ -337,27 +379,3 @@ def _start(request: TrainRequest, job_file: str | None = None) -> int:
         if held is not None:
             held.release()
     return 0
-
-
-def _take_checkpoint_dir(root: Path, resolved: Resolved, options: LaunchOptions):
-    """Lock the checkpoint directory for this run, clean what failed saves left, set aside refused
-    checkpoints; prints what it did and returns the lock (``release`` it when the run ends)."""
-    from plait.run.checkpoint.lock import acquire
-    from plait.run.checkpoint.select import prepare_checkpoint_root
-
-    store.check_writable(root)
-    multi_node = options.nnodes > 1 or options.min_nnodes not in (None, options.nnodes)
-    held = acquire(root, job=f"{options.rdzv_endpoint}#{options.rdzv_id}" if multi_node else None)
-    try:
-        notes = list(held.notes)
-        if held.owned:
-            notes += store.remove_leftovers(root)
-        if resolved.resumed is not None:
-            resumed = resolved.resumed
-            notes += prepare_checkpoint_root(resumed.checkpoint, root, list(resumed.refused))
-    except BaseException:
-        held.release()
-        raise
-    for note in notes:
-        print(f"plait train: {note}", flush=True)
-    return held
