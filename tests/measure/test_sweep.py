@@ -232,9 +232,9 @@ def test_interrupted_sweep_keeps_its_rows(tmp_path, monkeypatch):
         calls.append(case)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return SweepRow(layout=case.label, status="failed", reason="stub")
+        return SweepRow(layout=case.label, status="failed", reason="stub"), None
 
-    monkeypatch.setattr("plait.measure.sweep.loop.run_case", fake_run)
+    monkeypatch.setattr("plait.measure.sweep.loop.run_once", fake_run)
     out = tmp_path / "sweep.csv"
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, cases, out, progress=False)
