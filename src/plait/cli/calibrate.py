@@ -72,7 +72,7 @@ def _same_file(a: str, b: str) -> bool:
 
 def _fit(args, console) -> int:
     from plait.measure.calibrate.fit import fit_runs, parse_param_names
-    from plait.measure.calibrate.output import fit_tables, fit_to_dict
+    from plait.measure.calibrate.output import family_table, fit_tables, fit_to_dict
     from plait.plan.calibration import write_calibration as write_json
 
     names = parse_param_names(args.params)
@@ -108,6 +108,11 @@ def _fit(args, console) -> int:
     params_table, errors_table = fit_tables(result)
     console.print(params_table)
     console.print(errors_table)
+    families = family_table(result)
+    if families is not None:
+        console.print(families)
+    elif not args.no_leave_out:
+        console.print("[dim]leave-one-family-out: the rows are of one family, nothing to hold out[/dim]")
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(result.rows_skipped.items()))
     if skipped:
         console.print(f"[dim]rows not used: {skipped}[/dim]")
