@@ -36,7 +36,8 @@ def _add_fit_args(fit: argparse.ArgumentParser) -> None:
     fit.add_argument("--rounds", type=int, default=6, help="coordinate-search rounds (default 6)")
     fit.add_argument("--points", type=int, default=9, help="values tried per parameter and round (default 9)")
     fit.add_argument("--no-leave-out", action="store_true",
-                     help="skip the held-out refits (leave-one-source-out, or by layout for one source)")
+                     help="skip the held-out refits (leave-one-source-out, or by layout for one source; "
+                          "leave-one-layout-family-out)")
     fit.add_argument("--gpu", help="GPU preset the runs were measured on (written to the file)")
     fit.add_argument("--calibration", help="start from this calibration (e.g. plait profile's); sweep rows are "
                      "predicted on its GPU and links, and its overrides are carried into --out (default for a "
