@@ -3,7 +3,6 @@ spread, the per-stage memory of a plan, and the timeline's window selection. No 
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -19,7 +18,6 @@ from plait.measure.report.timeline import (
     timeline_windows,
 )
 from plait.measure.sweep.csv_file import SweepRow
-from plait.measure.sweep.run_one import step_time_range
 from plait.plan.cost import bubble_fraction
 from plait.plan.memory import estimate_memory
 from plait.plan.plan import evaluate
@@ -85,27 +83,14 @@ def test_duration_picks_a_readable_unit():
 def test_step_spread_is_the_distance_from_the_median_to_min_and_max():
     assert step_spread(0.10, 0.09, 0.13) == pytest.approx((0.01, 0.03))
     assert step_spread(0.10, None, 0.13) is None and step_spread(None, 0.09, 0.13) is None
-    rows = [SweepRow("dp=2", "ok", measured_step_time_s=0.2, measured_step_time_min_s=0.15,
-                     measured_step_time_max_s=0.3),
+    rows = [SweepRow("dp=2", "ok", measured_step_time_s=0.2, step_time_min_s=0.15,
+                     step_time_max_s=0.3),
             SweepRow("tp=2", "ok", measured_step_time_s=0.1)]
     below, above = spread_errors(rows)
     assert below == pytest.approx([0.05, 0.0]) and above == pytest.approx([0.1, 0.0])
     assert spread_errors(rows[1:]) is None
 
 
-def test_step_time_range_reads_the_steady_state_steps_of_a_train_log(tmp_path):
-    log = tmp_path / "train.jsonl"
-    times = [5.0, 2.0, 0.30, 0.25, 0.40, 0.35]  # six steps: the first two are warm-up (plait.run.metrics)
-    lines = [json.dumps({"step": i, "loss": 3.0, "step_time_s": t}) for i, t in enumerate(times)]
-    lines += [json.dumps({"event": "checkpoint", "step": 5}), "{cut sho",
-              json.dumps({"summary": True, "step_time_s": 0.325, "loss": 3.0})]
-    log.write_text("\n".join(lines) + "\n")
-    assert step_time_range(log) == (0.25, 0.40)
-    log.write_text(json.dumps({"summary": True}) + "\n")
-    assert step_time_range(log) == (None, None)
-
-
-# ----------------------------------------------------------------- memory per stage
 MODEL, CLUSTER = get_model("llama3-8b"), cluster_for_gpu("h100-sxm", 8, 8)
 JOB = JobSpec(global_batch=64, seq_len=4096)
 

@@ -128,8 +128,8 @@ def test_cpu_sweep_memory_chart_is_per_process(tmp_path):
     sweep = tmp_path / "cpu.csv"
     writer = SweepWriter(sweep)
     for layout, rss in (("dp=2,tp=1,pp=1,cp=1,mbs=1", 3.1e8), ("dp=1,tp=2,pp=1,cp=1,mbs=1", 3.3e8)):
-        writer.write(SweepRow(layout, "ok", planner_rank=1, measured_step_time_s=0.1, measured_step_time_min_s=0.09,
-                              measured_step_time_max_s=0.13, measured_memory_bytes=rss, memory_kind="host_rss",
+        writer.write(SweepRow(layout, "ok", planner_rank=1, measured_step_time_s=0.1, step_time_min_s=0.09,
+                              step_time_max_s=0.13, measured_memory_bytes=rss, memory_kind="host_rss",
                               model="tiny", global_batch=4, seq_len=32, nproc_per_node=2, steps=6, device="cpu"))
     writer.close()
     out = tmp_path / "r"

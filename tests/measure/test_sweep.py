@@ -182,7 +182,7 @@ def test_real_cpu_sweep_records_every_outcome_and_goes_on(tmp_path):
     assert outcomes[3].failed_rank == 1 and outcomes[3].exit_code == 2 and outcomes[0].exit_code == 0
     ok = rows[0]
     assert ok.measured_step_time_s > 0 and ok.tokens_per_s > 0
-    assert ok.measured_step_time_min_s <= ok.measured_step_time_s <= ok.measured_step_time_max_s  # the spread
+    assert ok.step_time_min_s <= ok.measured_step_time_s <= ok.step_time_max_s  # the spread
     assert ok.memory_kind == "host_rss" and ok.measured_memory_bytes > 2**20
     assert ok.predicted_step_time_s is None and ok.measured_mfu is None  # CPU: nothing invented
     assert "optimizer offload" in rows[2].reason
@@ -233,9 +233,9 @@ def test_interrupted_sweep_keeps_its_rows(tmp_path, monkeypatch):
         calls.append(case)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return SweepRow(layout=case.label, status="failed", reason="stub")
+        return SweepRow(layout=case.label, status="failed", reason="stub"), None
 
-    monkeypatch.setattr("plait.measure.sweep.loop.run_case", fake_run)
+    monkeypatch.setattr("plait.measure.sweep.loop.run_once", fake_run)
     out = tmp_path / "sweep.csv"
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, cases, out, progress=False)

@@ -36,7 +36,8 @@ def _add_fit_args(fit: argparse.ArgumentParser) -> None:
     fit.add_argument("--rounds", type=int, default=6, help="coordinate-search rounds (default 6)")
     fit.add_argument("--points", type=int, default=9, help="values tried per parameter and round (default 9)")
     fit.add_argument("--no-leave-out", action="store_true",
-                     help="skip the held-out refits (leave-one-source-out, or by layout for one source)")
+                     help="skip the held-out refits (leave-one-source-out, or by layout for one source; "
+                          "leave-one-layout-family-out)")
     fit.add_argument("--gpu", help="GPU preset the runs were measured on (written to the file)")
     fit.add_argument("--calibration", help="start from this calibration (e.g. plait profile's); sweep rows are "
                      "predicted on its GPU and links, and its overrides are carried into --out (default for a "
@@ -72,7 +73,7 @@ def _same_file(a: str, b: str) -> bool:
 
 def _fit(args, console) -> int:
     from plait.measure.calibrate.fit import fit_runs, parse_param_names
-    from plait.measure.calibrate.output import fit_tables, fit_to_dict
+    from plait.measure.calibrate.output import family_table, fit_tables, fit_to_dict
     from plait.plan.calibration import write_calibration as write_json
 
     names = parse_param_names(args.params)
@@ -108,6 +109,11 @@ def _fit(args, console) -> int:
     params_table, errors_table = fit_tables(result)
     console.print(params_table)
     console.print(errors_table)
+    families = family_table(result)
+    if families is not None:
+        console.print(families)
+    elif not args.no_leave_out:
+        console.print("[dim]leave-one-family-out: the rows are of one family, nothing to hold out[/dim]")
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(result.rows_skipped.items()))
     if skipped:
         console.print(f"[dim]rows not used: {skipped}[/dim]")

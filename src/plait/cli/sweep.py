@@ -31,7 +31,20 @@ def add_arguments(sweep: argparse.ArgumentParser) -> None:
     which.add_argument("--grid", help='cartesian product, e.g. "dp=1,2;tp=1,2;mbs=1,2" (dp fills the rest '
                                       'when omitted; compile=0,1 sweeps --compile)')
     which.add_argument("--layout", action="append", help="a layout to run (repeatable)")
-    sweep.add_argument("--steps", type=int, default=5, help="optimizer steps per layout (default 5)")
+    sweep.add_argument("--steps", type=int, default=5,
+                       help="optimizer steps per run, warm-up included (default 5)")
+    sweep.add_argument("--warmup-steps", type=int, default=None, metavar="N",
+                       help="first steps of each run left out of its step time (default: as plait train's "
+                            "summary, 1, or 2 when --steps is 6 or more)")
+    sweep.add_argument("--repeats", type=int, default=1, metavar="R",
+                       help="runs per layout, in round-robin order; the row reports the median of their "
+                            "medians and their spread (default 1)")
+    sweep.add_argument("--min-time", type=float, default=0.0, metavar="S",
+                       help="seconds of post-warm-up steps each run should time: a first run shorter than S is "
+                            "a probe (not counted) and the layout's runs get steps enough (default 0: --steps)")
+    sweep.add_argument("--threads-per-process", type=int, default=None, metavar="N",
+                       help="OMP_NUM_THREADS of each CPU run's processes (default: $OMP_NUM_THREADS, else "
+                            "cores // processes); recorded in the CSV")
     sweep.add_argument("--out", required=True, help="CSV to write (a summary JSON goes next to it)")
     sweep.add_argument("--cluster", default="dgx-h100",
                        help="cluster the planner ranks for when no GPU spec is known (default dgx-h100)")
@@ -75,17 +88,24 @@ def _spec(args) -> SweepSpec:
     from plait.spec.hardware import cluster_for_gpu, get_cluster
     from plait.spec.models import get_model
 
-    for name in ("nproc_per_node", "global_batch", "seq_len", "steps"):
+    from plait.measure.sweep.timing import check_warmup, default_warmup_steps
+    from plait.plan.calibration import read_calibration
+
+    for name in ("nproc_per_node", "global_batch", "seq_len", "steps", "repeats"):
         if getattr(args, name) < 1:
             raise PlaitError(f"--{name.replace('_', '-')} must be at least 1")
     if args.timeout <= 0:
         raise PlaitError("--timeout must be positive (seconds per layout)")
+    if not args.min_time >= 0:
+        raise PlaitError(f"--min-time {args.min_time}: must be 0 or more seconds")
+    check_warmup(args.steps, default_warmup_steps(args.steps) if args.warmup_steps is None else args.warmup_steps)
     model = get_model(args.model)
     gpu = _prediction_gpu(args)
     n = args.nproc_per_node
     cluster = cluster_for_gpu(gpu, n, n) if gpu else get_cluster(args.cluster)
     cluster = dataclasses.replace(cluster.with_gpus(n), gpus_per_node=n)
-    params, cluster = cost_params(args.calibration, cluster)
+    params, cluster = cost_params(args.calibration, cluster)  # a CPU profile's overrides describe the CPU
+    cpu_calibration = bool(args.calibration) and read_calibration(args.calibration).cpu_profile
     if args.data != "synthetic":
         from pathlib import Path
 
@@ -96,7 +116,29 @@ def _spec(args) -> SweepSpec:
                      seq_len=args.seq_len, steps=args.steps, nproc_per_node=n, device=args.device,
                      prediction_gpu=gpu, params=params, data=args.data, seed=args.seed, timeout_s=args.timeout,
                      allow_oom=args.allow_oom, compile=args.compile, calibration=calibration,
-                     calibration_sha256=calibration_sha256)
+                     calibration_sha256=calibration_sha256, warmup_steps=args.warmup_steps, repeats=args.repeats,
+                     min_time_s=args.min_time, threads_per_process=_threads(args),
+                     cpu_calibration=cpu_calibration)
+
+
+def _threads(args) -> int | None:
+    """OMP_NUM_THREADS of the runs' processes on CPU (None: GPU runs, left to plait train); warns
+    when processes × threads oversubscribe the cores."""
+    import os
+
+    from plait.measure.sweep.threads import available_cores, oversubscription, threads_per_process
+
+    if args.device != "cpu":
+        from plait.run.launcher.device import uses_gpu
+
+        if uses_gpu(args.device):
+            return None
+    cores = available_cores()
+    threads = threads_per_process(args.threads_per_process, args.nproc_per_node, os.environ, cores)
+    warning = oversubscription(args.nproc_per_node, threads, cores)
+    if warning:
+        warn(warning)
+    return threads
 
 
 def run(args) -> int:
@@ -118,17 +160,24 @@ def run(args) -> int:
         raise PlaitError("the sweep has no layouts; give --top K, --grid or --layout")
     out = console()
     basis = (f"predictions for {spec.prediction_gpu}" if spec.prediction_gpu else
+             "predictions for the CPU of the calibration file" if spec.cpu_calibration else
              f"no predictions recorded (CPU run; the planner ranks for {spec.cluster.gpu.name})")
     basis += (f", calibration {spec.calibration} (sha256 {spec.calibration_sha256})" if spec.calibration
               else ", default cost parameters")
     out.print(f"plait sweep: {len(cases)} layouts of {spec.model.name}, global batch {spec.global_batch} × "
-              f"{spec.seq_len}, {spec.steps} steps each, {spec.nproc_per_node} processes; {basis}"
+              f"{spec.seq_len}, {spec.steps} steps per run ({spec.warmup} warm-up), {spec.repeats} run(s) per "
+              f"layout{f', at least {spec.min_time_s:g} s timed' if spec.min_time_s else ''}, "
+              f"{spec.nproc_per_node} processes"
+              f"{f' x {spec.threads_per_process} threads' if spec.threads_per_process else ''}; {basis}"
               + (f"; skipped {skipped} faster layouts plait train does not run yet" if skipped else ""))
     rows, summary = run_sweep(spec, cases, args.out, top1_tolerance=args.top1_tolerance, workdir=args.keep_runs)
     out.print(tables.sweep_table(rows))
     out.print(tables.sweep_summary_table(summary))
     if summary["note"]:
         out.print(f"[dim]{summary['note']}[/dim]")
+    if summary["noisy"]:
+        warn(f"noisy: {', '.join(summary['noisy'])}: spread above the gap to the nearest layout in the measured "
+             "ranking; their order is not settled (more --repeats or --min-time)")
     out.print(f"wrote {len(rows)} rows to {args.out} and the summary to {summary_path(args.out)}")
     if summary["ok"] == 0:
         why = "; ".join(f"{n} × {reason}" for reason, n in failure_reasons(rows).items())

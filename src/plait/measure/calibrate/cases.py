@@ -18,6 +18,7 @@ class FitCase:
     reported_mfu: float
     runtime: str = "torch"  # whose kernels ran it (plait.plan.cost.estimate_step)
     software: tuple = ()  # (CostParams field, value) pairs the run's software fixes; never fitted
+    family: str = ""  # held out together by leave-one-family-out (families.py; "": the source)
 
     def predicted_mfu(self, params: CostParams) -> float:
         if self.software:

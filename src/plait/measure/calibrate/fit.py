@@ -31,6 +31,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.measure.calibrate.cases import FitCase
+from plait.measure.calibrate.families import families_from_sources, leave_one_family_out
 from plait.measure.published_specs import implementation_params
 from plait.measure.published_specs import runtime_of as published_runtime
 from plait.measure.published import build_specs, predict_row, read_runs
@@ -267,6 +268,7 @@ class FitResult:
     holdout: str = SOURCE_HOLDOUT  # leave-one-source-out | leave-one-layout-out | N-fold by layout | none
     folds: list[dict] = field(default_factory=list)  # held-out groups other than sources: ids, params, error
     warnings: list[str] = field(default_factory=list)
+    families: list = field(default_factory=list)  # families.FamilyErrors: leave-one-family-out, per family
 
     def fitted(self) -> dict[str, dict]:
         return {n: {"default": getattr(self.start, n), "value": getattr(self.params, n),
@@ -359,7 +361,16 @@ def fit_runs(path: str | Path, names: tuple[str, ...] = DEFAULT_FIT, metric: str
             errors.leave_out = _aggregate(own_held, objective)
         errors.leave_out_params = refits.get(source, {})
         per_source.append(errors)
-    return FitResult(names=names, params=params, metric=metric, objective=objective,
+    families = []
+    if leave_out and kind == "published" and scheme == SOURCE_HOLDOUT:
+        families = families_from_sources(per_source)  # a published row's family is its source: held out above
+    elif leave_out:
+        families, n = leave_one_family_out(
+            problem, names, start, params, lambda sub: minimize(sub, names, start, rounds, points, polish)[::2],  # (params, evaluations)
+            lambda c, p: relative_error(c.predicted_mfu(p), c.reported_mfu, metric),
+            lambda errors: _aggregate(errors, objective), notify)
+        evaluations += n
+    return FitResult(names=names, params=params, metric=metric, objective=objective, families=families,
                      default_error=problem.score(start), in_sample_error=in_sample,
                      leave_out_error=_aggregate(list(held.values()), objective), per_source=per_source,
                      rows_used=len(cases), rows_skipped=skipped, evaluations=evaluations, start=start, kind=kind,

@@ -65,6 +65,7 @@ def sweep_cases(path: str | Path, calibration=None):
     is a CPU profile applied to GPU rows).
     """
     from plait.measure.calibrate.cases import FitCase
+    from plait.measure.calibrate.families import layout_family
     from plait.measure.sweep.csv_file import read_sweep
     from plait.spec.hardware import cluster_for_gpu, get_cluster
     from plait.spec.layout import JobSpec, Layout
@@ -103,7 +104,8 @@ def sweep_cases(path: str | Path, calibration=None):
             continue
         measured_mfu = step.mfu * step.step_time / row.measured_step_time_s
         source = f"{row.model}{' compiled' if row.compile else ''}"
-        cases.append(FitCase(f"{row.layout}{' compile' if row.compile else ''}", source, specs, measured_mfu))
+        cases.append(FitCase(f"{row.layout}{' compile' if row.compile else ''}", source, specs, measured_mfu,
+                             family=layout_family(specs[3])))
     if not cases:
         reasons = ", ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
         raise PlaitError(f"{path}: no usable rows ({reasons}); a sweep row needs status ok, a measured step "

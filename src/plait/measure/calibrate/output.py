@@ -13,6 +13,7 @@ import platform
 from datetime import datetime, timezone
 
 from plait import __version__
+from plait.measure.calibrate.families import FAMILY_HOLDOUT
 from plait.measure.calibrate.fit import SOURCE_HOLDOUT, FitResult
 from plait.plan.calibration import FORMAT
 
@@ -54,6 +55,8 @@ def fit_to_dict(result: FitResult, runs_path: str, gpu: str | None = None, calib
                 for s in result.per_source
             ],
             "folds": [{**fold, "error": _number(fold["error"])} for fold in result.folds],
+            "family_holdout": FAMILY_HOLDOUT if result.families else "none",
+            "families": [f.to_dict(_number) for f in result.families],
             "warnings": list(result.warnings),
             "rows_used": result.rows_used,
             "rows_skipped": result.rows_skipped,
@@ -89,3 +92,20 @@ def fit_tables(result: FitResult):
     errors.add_row("[b]all[/b]", str(result.rows_used), _percent(result.default_error),
                    _percent(result.in_sample_error), _percent(result.leave_out_error))
     return params, errors
+
+
+def family_table(result: FitResult):
+    """Leave-one-family-out as a rich Table (None when it was not computed: fewer than two families)."""
+    from rich.table import Table
+
+    if not result.families:
+        return None
+    what = f"{result.objective} |predicted / measured {result.metric.replace('_', ' ')} - 1|"
+    unit = "source" if result.kind == "published" else "layout family"
+    table = Table(title=f"Error by {unit} ({what}); held out = refit without the family, predict it",
+                  title_justify="left")
+    for column in ("family", "rows", "start", "in-sample", "held out"):
+        table.add_column(column, justify="left" if column == "family" else "right")
+    for f in result.families:
+        table.add_row(f.family[:60], str(f.rows), _percent(f.start), _percent(f.in_sample), _percent(f.held_out))
+    return table

@@ -58,7 +58,9 @@ def prediction_cluster(rows: list[SweepRow], saved: dict) -> tuple[ClusterSpec, 
     gpu = next((r.gpu for r in rows if r.gpu), "")
     if gpu:
         return dataclasses.replace(cluster_for_gpu(gpu, n, n), gpus_per_node=n), f"predictions for {gpu}"
-    note = "no predictions were recorded (CPU sweep); memory is the planner's for"
+    note = ("predictions for the CPU of the sweep's calibration; memory is the planner's for"  # a CPU profile
+            if any(r.predicted_step_time_s for r in rows) else
+            "no predictions were recorded (CPU sweep); memory is the planner's for")
     try:
         cluster = get_cluster(saved["planner_cluster"]) if saved.get("planner_cluster") else None
     except PlaitError:

@@ -45,7 +45,7 @@ def row_label(row: SweepRow) -> str:
 def spread_errors(rows: list[SweepRow]) -> list[list[float]] | None:
     """matplotlib's ``yerr`` (below, above) of the rows' measured step times: median to the fastest
     and to the slowest steady-state step (0 where a row has no spread); None when no row has one."""
-    spreads = [step_spread(r.measured_step_time_s, r.measured_step_time_min_s, r.measured_step_time_max_s)
+    spreads = [step_spread(r.measured_step_time_s, r.step_time_min_s, r.step_time_max_s)
                for r in rows]
     if all(s is None for s in spreads):
         return None

@@ -58,8 +58,8 @@ def rows_section(rows: list[SweepRow]) -> Section:
             r.layout + (" +compile" if r.compile else ""), r.status,
             "predicted OOM" if r.predicted_fits is False else _num(r.planner_rank, "d"),
             _num(r.predicted_step_time_s, ".4f"), _num(r.measured_step_time_s, ".4f"),
-            f"{r.measured_step_time_min_s:.4f}-{r.measured_step_time_max_s:.4f}"
-            if r.measured_step_time_min_s is not None and r.measured_step_time_max_s is not None else "",
+            f"{r.step_time_min_s:.4f}-{r.step_time_max_s:.4f}"
+            if r.step_time_min_s is not None and r.step_time_max_s is not None else "",
             _pct(r.step_time_error),
             _num(r.predicted_memory_bytes / GIB if r.predicted_memory_bytes is not None else None, ".2f"),
             _num(r.measured_memory_bytes / GIB if r.measured_memory_bytes is not None else None, ".2f"),

@@ -53,10 +53,27 @@ class SweepSpec:
     calibration_sha256: str = ""  # first 16 hex digits of its sha256 when the sweep started
     allow_oom: bool = False
     compile: bool = False
+    warmup_steps: int | None = None  # first steps of a run left out of its step time (None: timing.default_warmup_steps)
+    repeats: int = 1  # runs per layout, in round-robin order; the row reports the median of their medians
+    min_time_s: float = 0.0  # seconds of post-warm-up steps a run should time (0: --steps as given)
+    threads_per_process: int | None = None  # OMP_NUM_THREADS of every CPU run (None: left to plait train)
+    cpu_calibration: bool = False  # the calibration is a CPU profile: predictions are for the CPU it describes
 
     @property
     def job(self) -> JobSpec:
         return JobSpec(global_batch=self.global_batch, seq_len=self.seq_len)
+
+    @property
+    def warmup(self) -> int:
+        """Warm-up steps left out of every run's step time."""
+        from plait.measure.sweep.timing import default_warmup_steps
+
+        return default_warmup_steps(self.steps) if self.warmup_steps is None else self.warmup_steps
+
+    @property
+    def records_predictions(self) -> bool:
+        """Whether predicted values go into the rows: for a GPU spec, or for the CPU of a CPU profile."""
+        return bool(self.prediction_gpu) or self.cpu_calibration
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,15 @@ Columns (units in the names; empty = not known, never guessed):
   model (preset name or model file path), global_batch, seq_len, nproc_per_node, steps, device,
   gpu (the GPU spec the predictions are for; empty when none were recorded), calibration (the
   calibration file's absolute path; empty: default cost parameters), calibration_sha256 (the first
-  16 hex digits of its sha256 when the sweep ran), elapsed_s (wall time of the run),
-  measured_step_time_min_s, measured_step_time_max_s (the fastest and slowest of the steady-state
-  steps whose median is measured_step_time_s; empty in sweeps written before they were recorded).
+  16 hex digits of its sha256 when the sweep ran), elapsed_s (wall time of the run).
+Timing (``plait.measure.sweep.timing``; seconds; empty in CSVs of older sweeps, which still read):
+  measured_step_time_s is the median over the layout's runs of each run's median post-warm-up step
+  time; warmup_steps (first steps of each run left out), measured_steps (post-warm-up steps of a
+  run), repeats (runs that measured it), step_time_min_s / step_time_max_s / step_time_iqr_s (over
+  every post-warm-up step of every run), repeat_min_s / repeat_max_s (the fastest and slowest
+  run's median), spread_s (one run: step_time_iqr_s; several: repeat_max_s - repeat_min_s), noisy
+  (1: spread_s exceeds the gap to the nearest layout in the measured ranking), threads_per_process
+  (OMP_NUM_THREADS of a CPU run; empty when the sweep left it to plait train).
 Errors are relative: measured / predicted - 1.
 """
 
@@ -26,10 +32,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
 
 STATUSES = ("ok", "oom", "failed", "refused", "timeout", "invalid")
@@ -67,8 +75,17 @@ class SweepRow:
     calibration: str = ""
     calibration_sha256: str = ""
     elapsed_s: float | None = None
-    measured_step_time_min_s: float | None = None
-    measured_step_time_max_s: float | None = None
+    warmup_steps: int | None = None
+    measured_steps: int | None = None
+    repeats: int | None = None
+    step_time_min_s: float | None = None
+    step_time_max_s: float | None = None
+    step_time_iqr_s: float | None = None
+    repeat_min_s: float | None = None
+    repeat_max_s: float | None = None
+    spread_s: float | None = None
+    noisy: bool | None = None
+    threads_per_process: int | None = None
 
     def with_errors(self) -> SweepRow:
         """This row with the relative errors filled from its predicted and measured values."""
@@ -120,6 +137,21 @@ class SweepWriter:
 
     def close(self) -> None:
         self.handle.close()
+
+
+def csv_text(rows: list[SweepRow]) -> str:
+    """The whole CSV (header and rows) as text."""
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(COLUMNS)
+    for row in rows:
+        writer.writerow([_format(getattr(row, c)) for c in COLUMNS])
+    return buffer.getvalue()
+
+
+def rewrite_sweep(path: str | Path, rows: list[SweepRow]) -> None:
+    """Replace the sweep CSV at ``path`` by ``rows`` in one atomic write (the final rows of a sweep)."""
+    atomic_write_text(path, csv_text(rows), "sweep CSV")
 
 
 REQUIRED = ("layout", "status", "predicted_step_time_s", "measured_step_time_s")

@@ -28,6 +28,7 @@ import plait
 from plait.errors import PlaitError
 from plait.measure.sweep.cases import SweepCase, SweepSpec
 from plait.measure.sweep.csv_file import SweepRow
+from plait.measure.sweep.timing import LayoutTiming, RunTiming, run_timing
 from plait.run.launcher.outcome import FILE_NAME as OUTCOME_FILE
 from plait.run.launcher.outcome import Outcome, outcome_path, read_outcome
 
@@ -51,12 +52,14 @@ def train_argv(spec: SweepSpec, case: SweepCase, log_path: Path, run_dir: Path |
     return argv
 
 
-def child_env(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
+def child_env(extra: tuple[tuple[str, str], ...] = (), threads: int | None = None) -> dict[str, str]:
     """This process's environment, with the running plait first on PYTHONPATH (the child runs the
-    same code) and the case's extra variables."""
+    same code), ``OMP_NUM_THREADS`` = ``threads`` when given, and the case's extra variables."""
     env = dict(os.environ)
     source_root = str(Path(plait.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([source_root, *filter(None, [env.get("PYTHONPATH")])])
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     env.update(dict(extra))
     return env
 
@@ -117,32 +120,14 @@ def read_summary(log_path: Path) -> dict | None:
     return summary
 
 
-def step_time_range(log_path: Path) -> tuple[float | None, float | None]:
-    """(fastest, slowest) step time in seconds over the steady-state steps of a ``plait train --log``
-    file (the steps whose median the summary reports; ``plait.run.metrics.steady_state``)."""
-    from plait.run.metrics import steady_state
-
-    times = []
-    for line in log_path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and "loss" in record and isinstance(record.get("step_time_s"), (int, float)) \
-                and not record.get("summary"):
-            times.append(float(record["step_time_s"]))
-    steady = steady_state(times)
-    return (min(steady), max(steady)) if steady else (None, None)
-
-
 def predicted_fields(spec: SweepSpec, case: SweepCase) -> dict:
     """The planner's step time, allocator peak and MFU for this layout, when they are recorded."""
-    if case.plan is None or not spec.prediction_gpu:
+    if case.plan is None or not spec.records_predictions:
         return {}
     memory, step = case.plan.memory, case.plan.step
     allocated = memory.allocated
     return {"predicted_step_time_s": step.step_time, "predicted_memory_bytes": allocated,
-            "predicted_mfu": step.mfu, "gpu": spec.prediction_gpu}
+            "predicted_mfu": step.mfu, "gpu": spec.prediction_gpu or ""}
 
 
 def model_reference(spec: SweepSpec) -> str:
@@ -161,14 +146,25 @@ def base_row(spec: SweepSpec, case: SweepCase) -> SweepRow:
                     calibration=spec.calibration, calibration_sha256=spec.calibration_sha256,
                     model=model_reference(spec), global_batch=spec.global_batch,
                     seq_len=spec.seq_len, nproc_per_node=spec.nproc_per_node, steps=spec.steps,
-                    device=spec.device, **predicted_fields(spec, case))
+                    device=spec.device, warmup_steps=spec.warmup, threads_per_process=spec.threads_per_process,
+                    **predicted_fields(spec, case))
 
 
 def run_case(spec: SweepSpec, case: SweepCase, workdir: Path) -> SweepRow:
-    """Run one layout (or record why it is invalid) and return its row, errors filled."""
+    """Run one layout once (or record why it is invalid) and return its row, errors filled."""
+    return run_once(spec, case, workdir)[0]
+
+
+def run_once(spec: SweepSpec, case: SweepCase, workdir: Path) -> tuple[SweepRow, RunTiming | None]:
+    """Run one layout once: (its row, the timing of its post-warm-up steps; None unless ok).
+
+    The row's measured step time is the median of the steps after ``spec.warmup`` warm-up steps,
+    read from the run's JSONL log (tokens/s and MFU follow from it); a run that left no step after
+    the warm-up is failed.
+    """
     row = base_row(spec, case)
     if case.invalid_reason:
-        return row
+        return row, None
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     log_path, run_dir = workdir / "train.jsonl", workdir / "run"
@@ -182,7 +178,7 @@ def run_case(spec: SweepSpec, case: SweepCase, workdir: Path) -> SweepRow:
         except subprocess.TimeoutExpired:
             stop_train(proc, run_dir, spec.kill_grace_s)
             return replace(row, status="timeout", reason=f"still running after {spec.timeout_s:g} s (--timeout)",
-                           elapsed_s=time.perf_counter() - start)
+                           elapsed_s=time.perf_counter() - start), None
         except BaseException:
             stop_train(proc, run_dir, spec.kill_grace_s)
             raise
@@ -192,23 +188,38 @@ def run_case(spec: SweepSpec, case: SweepCase, workdir: Path) -> SweepRow:
     summary = read_summary(log_path) if status == "ok" else None
     if status == "ok" and summary is None:
         status, reason = "failed", "no summary line in the log"
+    timing = run_timing(log_path, spec.warmup) if status == "ok" else None
+    if status == "ok" and timing is None:
+        status, reason = "failed", f"no step logged after the {spec.warmup} warm-up step(s)"
     if status != "ok":
-        return replace(row, status=status, reason=reason, elapsed_s=elapsed)
+        return replace(row, status=status, reason=reason, elapsed_s=elapsed), None
     on_gpu = summary.get("device") == "cuda"
     measured_memory = summary.get("peak_memory_bytes") if on_gpu else summary.get("peak_host_rss_bytes")
-    fastest, slowest = step_time_range(log_path)
-    return replace(row, status="ok", reason="", elapsed_s=elapsed, device=summary.get("device", spec.device),
-                   measured_step_time_s=summary.get("step_time_s"), tokens_per_s=summary.get("tokens_per_s"),
-                   measured_step_time_min_s=fastest, measured_step_time_max_s=slowest,
-                   measured_mfu=summary.get("mfu") if on_gpu else None,
-                   measured_memory_bytes=float(measured_memory) if measured_memory is not None else None,
-                   memory_kind="cuda_allocated" if on_gpu else "host_rss").with_errors()
+    row = replace(row, status="ok", reason="", elapsed_s=elapsed, device=summary.get("device", spec.device),
+                  measured_mfu=summary.get("mfu") if on_gpu else None,
+                  measured_memory_bytes=float(measured_memory) if measured_memory is not None else None,
+                  memory_kind="cuda_allocated" if on_gpu else "host_rss")
+    return with_timing(row, LayoutTiming.of([timing]), summary.get("step_time_s")), timing
+
+
+def with_timing(row: SweepRow, timing: LayoutTiming, mfu_step_time_s: float | None) -> SweepRow:
+    """``row`` with the measured step time and spread of ``timing``, tokens/s from it (global batch ×
+    sequence length per step) and the measured MFU rescaled from the one measured at
+    ``mfu_step_time_s`` seconds per step; errors filled."""
+    tokens = (row.global_batch or 0) * (row.seq_len or 0)
+    mfu = row.measured_mfu * mfu_step_time_s / timing.step_time if row.measured_mfu and mfu_step_time_s else None
+    return replace(row, measured_step_time_s=timing.step_time, tokens_per_s=tokens / timing.step_time if tokens else None,
+                   measured_mfu=mfu, measured_steps=timing.measured_steps, repeats=timing.repeats,
+                   step_time_min_s=timing.step_min, step_time_max_s=timing.step_max, step_time_iqr_s=timing.step_iqr,
+                   repeat_min_s=timing.repeat_min, repeat_max_s=timing.repeat_max,
+                   spread_s=timing.spread).with_errors()
 
 
 def start_train(spec: SweepSpec, case: SweepCase, log_path: Path, run_dir: Path, out, err) -> subprocess.Popen:
     """Start ``plait train`` for one layout in a session of its own (stdout/stderr to files)."""
     return subprocess.Popen(train_argv(spec, case, log_path, run_dir), stdout=out, stderr=err,
-                            stdin=subprocess.DEVNULL, env=child_env(case.env), start_new_session=True)
+                            stdin=subprocess.DEVNULL, env=child_env(case.env, spec.threads_per_process),
+                            start_new_session=True)
 
 
 def worker_pids(run_dir: Path) -> list[int]:

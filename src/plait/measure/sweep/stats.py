@@ -69,10 +69,16 @@ def summarize(rows: list[SweepRow], top1_tolerance: float = 0.03) -> dict:
         rho = spearman([r.planner_rank for r in ranked], [r.measured_step_time_s for r in ranked])
         basis = "planner's order vs measured step time"
         n_rho = len(ranked)
-    note = "" if on_gpu else (
-        "measured on CPU: step times are not comparable with the planner's GPU predictions; the rank "
-        "correlation compares the planner's order (for the GPU it was asked about) with CPU step times, "
-        "and memory is host RSS, so it is no test of the GPU cost model")
+    cpu_predicted = bool(predicted) and not any(r.gpu for r in predicted)
+    if on_gpu:
+        note = ""
+    elif cpu_predicted:  # a CPU profile's calibration: the planner predicted this CPU
+        note = ("measured on CPU, predicted for the CPU described by the calibration file; memory is host RSS, "
+                "not compared with the planner's itemized memory")
+    else:
+        note = ("measured on CPU: step times are not comparable with the planner's GPU predictions; the rank "
+                "correlation compares the planner's order (for the GPU it was asked about) with CPU step times, "
+                "and memory is host RSS, so it is no test of the GPU cost model")
     summary = {
         "rows": len(rows), "by_status": by_status, "ok": len(ok),
         "rank_correlation": {"spearman": rho, "n": n_rho, "basis": basis},
@@ -80,6 +86,7 @@ def summarize(rows: list[SweepRow], top1_tolerance: float = 0.03) -> dict:
         "memory_error": _error_stats([r.memory_error for r in ok if r.memory_error is not None]),
         "mfu_error": _error_stats([r.mfu_error for r in ok if r.mfu_error is not None]),
         "note": note,
+        "noisy": [r.layout + (" +compile" if r.compile else "") for r in ok if r.noisy],
     }
     summary.update(top1_checks(rows, top1_tolerance))
     if not ok:
