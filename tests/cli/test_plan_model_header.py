@@ -25,7 +25,7 @@ def test_header_names_the_exact_parameter_count(tmp_path, capsys):
 
 
 def test_training_time_is_tokens_over_throughput(capsys):
-    from plait.cli.tables import training_time_line
+    from plait.cli.support.tables import training_time_line
     from plait.plan.plan import evaluate
     from plait.spec.hardware import get_cluster
     from plait.spec.layout import JobSpec, Layout
