@@ -180,7 +180,7 @@ def test_nan_loss_skips_the_step_when_asked_and_stops_naming_it_otherwise(dist_p
     assert skipped["losses"][:2] == clean["losses"][:2]
     assert skipped["losses"][2] != skipped["losses"][2]  # NaN, recorded
     assert skipped["losses"][3] != clean["losses"][3]  # the step-2 update was skipped
-    with pytest.raises(Exception, match=r"loss is nan at step 2 .*--on-nan skip"):
+    with pytest.raises(Exception, match=r"loss is nan at step 3 .*--on-nan skip"):
         pool.run(checkpoint_tasks.train_with_fault, "dp=2", "rank=0,step=2,kind=nan", steps=4)
 
 

@@ -96,8 +96,9 @@ def test_a_stop_request_in_a_non_logging_step_ends_the_run_one_step_later(dist_p
 
 def test_a_non_finite_step_between_logging_steps_is_named_before_any_checkpoint(dist_pool, tmp_path):
     # NaN loss in step 1 (not a logging step); step 2 precedes a checkpoint save (every 3), so it
-    # reads steps 1 and 2 before its optimizer step and stops, naming step 1; nothing is saved
-    with pytest.raises(Exception, match=r"loss is nan at step 1 .*read at step 2 .*--on-nan skip"):
+    # reads steps 1 and 2 before its optimizer step and stops, naming step 1 (printed 1-based: step 2,
+    # read at step 3, as the JSONL counts); nothing is saved
+    with pytest.raises(Exception, match=r"loss is nan at step 2 .*read at step 3 .*--on-nan skip"):
         dist_pool(2).run(checkpoint_tasks.train_with_fault, "dp=2", "rank=1,step=1,kind=nan", steps=STEPS,
                          log_every=4, checkpoint_dir=str(tmp_path), checkpoint_every=3)
     assert store.complete_dirs(tmp_path) == []

@@ -137,9 +137,9 @@ class NonFinitePolicy:
         if self.on_nan == "stop" or self.skipped_in_a_row > MAX_CONSECUTIVE_SKIPS:
             value = loss if bad == "loss" else grad_norm
             when = ("stopping before the optimizer step" if read_at is None else
-                    f"read at step {read_at} (--log-every reads losses only on logging steps); stopping "
+                    f"read at step {read_at + 1} (--log-every reads losses only on logging steps); stopping "
                     "without saving the weights of any later step")
-            text = (f"{bad} is {value} at step {step} (loss {loss:.4g}, lr {lr:.3g}); {when}. Lower the learning "
+            text = (f"{bad} is {value} at step {step + 1} (loss {loss:.4g}, lr {lr:.3g}); {when}. Lower the learning "
                     "rate, check the data, or pass --on-nan skip")
             if self.on_nan == "skip":
                 text = f"{MAX_CONSECUTIVE_SKIPS + 1} steps in a row skipped; " + text
@@ -213,7 +213,7 @@ class StepLedger:
                                         self.setup.peak_flops),
                                 offload=pending.offload)
             if pending.skipped:
-                self.display.message(f"step {pending.step}: {pending.skipped} is not finite; optimizer step "
+                self.display.message(f"step {pending.step + 1}: {pending.skipped} is not finite; optimizer step "
                                      "skipped (--on-nan skip)")
             self.log.write({**record.to_dict(), "time": pending.wall_time,
                             **({"skipped": True} if pending.skipped else {})})
