@@ -121,14 +121,32 @@ def test_a_missing_tensor_is_refused(tmp_path):
         check_checkpoint(directory, model_from_hf_config(directory))
 
 
-def test_numerics_the_runtime_does_not_follow_are_refused(tmp_path):
-    import json
+def test_a_model_of_other_numerics_is_refused_naming_the_field(tmp_path):
+    """The checkpoint's config.json is read as plait reads it; a --model that computes otherwise is refused."""
+    import dataclasses
 
     directory = hf_models.save(hf_models.llama(), tmp_path / "llama")
+    spec = dataclasses.replace(model_from_hf_config(directory), rope_theta=500000.0)
+    with pytest.raises(PlaitError, match=r"config\.json gives rope_theta=10000\.0 \(model .* has 500000\.0\)"):
+        check_checkpoint(directory, spec)
+
+
+def edit_config(directory, **changes):
+    import json
+
     config = json.loads((directory / "config.json").read_text())
-    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+    config.update(changes)
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(PlaitError, match=r"rope_theta=500000\.0 \(plait's runtime uses 10000\.0\)"):
+    return directory
+
+
+def test_numerics_the_runtime_does_not_build_are_refused(tmp_path):
+    directory = edit_config(hf_models.save(hf_models.llama(), tmp_path / "llama"),
+                            rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
+    with pytest.raises(PlaitError, match=r"rope_scaling type 'yarn' \(plait's runtime applies linear, llama3\)"):
+        check_checkpoint(directory, model_from_hf_config(directory))
+    directory = edit_config(hf_models.save(hf_models.gpt2(), tmp_path / "gpt2"), scale_attn_weights=False)
+    with pytest.raises(PlaitError, match=r"scale_attn_weights=False \(plait's runtime runs True\)"):
         check_checkpoint(directory, model_from_hf_config(directory))
 
 
@@ -147,8 +165,8 @@ def test_directories_without_safetensors_weights_are_refused(tmp_path):
 
 
 def test_unknown_model_types_are_refused_by_name(tmp_path):
-    with pytest.raises(PlaitError, match="model_type 'gemma2' has no weight-name table"):
-        hf_map.family_of_model_type("gemma2")
+    with pytest.raises(PlaitError, match="model_type 'mixtral' has no weight-name table"):
+        hf_map.family_of_model_type("mixtral")
 
 
 # ------------------------------------------------------------------ the tables' conversions
@@ -159,7 +177,7 @@ def small_spec():
 
 
 @pytest.mark.parametrize("codec", [hf_map.Copy(), hf_map.Conv1D(), hf_map.RopeRows("q"), hf_map.RopeRows("kv"),
-                                   hf_map.RopeRows("one"), hf_map.Fused(("h", "kv", "kv"), conv1d=True),
+                                   hf_map.RopeRows("one"), hf_map.QkNorm("q"), hf_map.Fused(("h", "kv", "kv"), conv1d=True),
                                    hf_map.Fused(("h", "kv", "kv"), rope=True), hf_map.Fused(("ffn", "ffn"))],
                          ids=repr)
 def test_every_codec_round_trips(codec):
@@ -201,8 +219,6 @@ def test_phi3_fused_projections_import(tmp_path):
     """Phi-3 is Llama with Q/K/V fused in qkv_proj and gate/up in gate_up_proj (its rows split, Q and K permuted)."""
     from transformers import Phi3Config, Phi3ForCausalLM
 
-    from plait.spec.model import ModelSpec
-
     torch.manual_seed(4)
     config = Phi3Config(vocab_size=hf_models.VOCAB, hidden_size=hf_models.HIDDEN, intermediate_size=hf_models.FFN,
                         num_hidden_layers=hf_models.LAYERS, num_attention_heads=hf_models.HEADS,
@@ -211,10 +227,8 @@ def test_phi3_fused_projections_import(tmp_path):
                         initializer_range=hf_models.INIT_STD, tie_word_embeddings=False)
     hf_model = Phi3ForCausalLM(config).eval()
     directory = hf_models.save(hf_model, tmp_path / "phi3")
-    # the same shapes as plait's llama (plait.spec.hf_config reads Phi-3 configs once it knows the family)
-    spec = ModelSpec(name="phi3", arch="llama", n_layers=hf_models.LAYERS, hidden=hf_models.HIDDEN,
-                     ffn_hidden=hf_models.FFN, n_heads=hf_models.HEADS, n_kv_heads=hf_models.KV_HEADS,
-                     vocab=hf_models.VOCAB, max_seq_len=hf_models.POSITIONS)
+    spec = model_from_hf_config(directory)
+    assert spec.family == "phi3"
     model = hf_models.plait_model(spec)
     load_hf_weights(directory, model.named_parameters(), spec, "cpu")
     got, want = losses(hf_model, model, hf_models.synthetic_batch(spec.vocab, 4, GLOBAL_BATCH, SEQ))
@@ -229,5 +243,5 @@ def test_a_sliding_window_the_model_does_not_have_is_refused(tmp_path):
     config = json.loads((directory / "config.json").read_text())
     config["sliding_window"] = 8
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(PlaitError, match=r"sliding_window=8 \(model .* attends over the whole causal context\)"):
+    with pytest.raises(PlaitError, match=r"sliding_window=8 \(model .* has 0\)"):
         check_checkpoint(directory, spec)

@@ -3,9 +3,9 @@
 norms, sliding windows on all or every other layer, soft-capping, Phi-3's fused projections), with
 transformers' weights copied in, give transformers' logits (fp32, single process).
 
-The weights are copied by hand here (the HF import itself is ``plait train --init-from``); rotary
-embeddings: HF rotates (x[j], x[j + d/2]) pairs, plait (x[2j], x[2j+1]), so the rows of Q and K
-(and the q/k norm weights) are permuted per head."""
+The weights are converted in memory by the import's own name tables (``plait.run.checkpoint.hf_map``,
+through ``hf_import.plait_state_from_hf``); rotary embeddings: HF rotates (x[j], x[j + d/2]) pairs,
+plait (x[2j], x[2j+1]), so the rows of Q and K (and the q/k norm weights) are permuted per head."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from plait.run.checkpoint.hf_import import plait_state_from_hf  # noqa: E402
 from plait.run.model import apply_kernels, build_model, init_weights  # noqa: E402
 from plait.spec.hf_config import model_from_hf_dict  # noqa: E402
 
@@ -31,63 +32,6 @@ FAMILIES = {
     "phi3": {"sliding_window": 6},
 }
 SEQ = 12  # longer than every window
-
-
-def permutation(head_dim: int) -> torch.Tensor:
-    """plait's element 2j is HF's j, 2j+1 is HF's j + d/2."""
-    half = head_dim // 2
-    return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
-
-
-def per_head(tensor: torch.Tensor, head_dim: int) -> torch.Tensor:
-    rows = tensor.unflatten(0, (-1, head_dim))[:, permutation(head_dim)]
-    return rows.flatten(0, 1)
-
-
-def plait_state(hf_state: dict, spec, family: str) -> dict:
-    d = spec.head_dim
-    out = {}
-    for name, value in hf_state.items():
-        name = name.removeprefix("model.")
-        if name == "lm_head.weight":
-            out["output.weight"] = value
-            continue
-        if name == "embed_tokens.weight":
-            out["tok_embeddings.weight"] = value
-            continue
-        if name == "norm.weight":
-            out["norm.weight"] = value
-            continue
-        _, i, *rest = name.split(".")
-        key = ".".join(rest)
-        p = f"layers.{i}."
-        if key == "self_attn.qkv_proj.weight":
-            q, k, v = value.split([spec.q_hidden, spec.kv_hidden, spec.kv_hidden])
-            out[p + "attention.wq.weight"], out[p + "attention.wk.weight"] = per_head(q, d), per_head(k, d)
-            out[p + "attention.wv.weight"] = v
-        elif key == "mlp.gate_up_proj.weight":
-            out[p + "feed_forward.w1.weight"], out[p + "feed_forward.w3.weight"] = value.chunk(2)
-        elif key.startswith("self_attn."):
-            proj, leaf = key.removeprefix("self_attn.").split(".")
-            target = {"q_proj": "wq", "k_proj": "wk", "v_proj": "wv", "o_proj": "wo", "q_norm": "q_norm",
-                      "k_norm": "k_norm"}[proj]
-            if proj in ("q_proj", "k_proj") or (proj in ("q_norm", "k_norm") and spec.qk_norm == "full"):
-                value = per_head(value, d)
-            elif proj in ("q_norm", "k_norm"):
-                value = value[permutation(d)]
-            out[f"{p}attention.{target}.{leaf}"] = value
-        elif key.startswith("mlp."):
-            proj, leaf = key.removeprefix("mlp.").split(".")
-            out[f"{p}feed_forward.{ {'gate_proj': 'w1', 'up_proj': 'w3', 'down_proj': 'w2'}[proj]}.{leaf}"] = value
-        else:
-            norm = key.removesuffix(".weight")
-            post_attention = {"olmo2": "attention_post_norm", "gemma2": "attention_post_norm"}.get(family, "ffn_norm")
-            target = {"input_layernorm": "attention_norm", "post_attention_layernorm": post_attention,
-                      "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "ffn_post_norm"}[norm]
-            out[f"{p}{target}.weight"] = value
-    if spec.tied_embeddings:
-        out.setdefault("output.weight", out["tok_embeddings.weight"])
-    return out
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -108,7 +52,7 @@ def test_plait_model_equals_transformers(family):
     model = build_model(spec, "cpu")
     init_weights(model, spec, 0, "cpu")
     apply_kernels(model, "eager" if spec.attn_softcap else "sdpa", "fused")
-    missing, unexpected = model.load_state_dict(plait_state(hf.state_dict(), spec, family), strict=False)
+    missing, unexpected = model.load_state_dict(plait_state_from_hf(hf.state_dict(), spec), strict=False)
     assert not unexpected and set(missing) <= ({"output.weight"} if spec.tied_embeddings else set())
     model.eval()
     tokens = torch.randint(0, 128, (2, SEQ), generator=torch.Generator().manual_seed(1))

@@ -28,12 +28,15 @@ def llama(seed: int = 0, tied: bool = False):
 
 
 def gpt2(seed: int = 0):
-    """A randomly initialized tiny ``GPT2LMHeadModel`` (eval mode, tied head as GPT-2's)."""
+    """A randomly initialized tiny ``GPT2LMHeadModel`` (eval mode, tied head as GPT-2's), without dropout:
+    plait reads GPT-2's dropout (0.1) from the config and would train with it, so a first training step
+    would not compute transformers' eval-mode loss."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     config = GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=POSITIONS,
-                        n_inner=FFN, bos_token_id=0, eos_token_id=0, initializer_range=INIT_STD)
+                        n_inner=FFN, bos_token_id=0, eos_token_id=0, initializer_range=INIT_STD,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     return GPT2LMHeadModel(config).eval()
 
 
@@ -76,3 +79,79 @@ def plait_model(spec, checkpoint: Path | None = None):
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, storage_reader=FileSystemReader(str(checkpoint)), no_dist=True)
     return model.eval()
+
+
+# ------------------------------------------------------------------ every family plait reads and writes
+FAMILY_SIZES = {"hidden_size": HIDDEN, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+                "num_hidden_layers": LAYERS, "intermediate_size": FFN, "vocab_size": VOCAB,
+                "max_position_embeddings": POSITIONS}
+GPT_SIZES = {"n_embd": HIDDEN, "n_head": HEADS, "n_layer": LAYERS, "n_inner": FFN, "vocab_size": VOCAB,
+             "n_positions": POSITIONS}
+# Each family with its own features switched on (windows shorter than the tests' sequences).
+FAMILY_FEATURES = {
+    "llama": {"attention_bias": True, "mlp_bias": True, "rope_theta": 500000.0, "tie_word_embeddings": True,
+              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 16}},
+    "mistral": {"sliding_window": 5},
+    "qwen2": {"rope_theta": 1e6},  # Q, K, V biases
+    "qwen3": {"head_dim": 32},  # q 4·32 = 128 wide (hidden 64); per-head q/k norms
+    "olmo2": {"rms_norm_eps": 1e-6},  # post norms, q/k norms over the whole projection
+    "gemma2": {"head_dim": 32, "sliding_window": 5, "query_pre_attn_scalar": 24, "num_hidden_layers": 3},
+    "phi3": {"sliding_window": 6},
+    "gpt2": {},
+    "gpt_bigcode": {"multi_query": True},
+}
+
+
+def family_config(family: str, directory: Path) -> Path:
+    """A tiny ``family`` config.json (FAMILY_FEATURES) written by transformers into ``directory``."""
+    from transformers import AutoConfig
+
+    sizes = GPT_SIZES if family in ("gpt2", "gpt_bigcode") else FAMILY_SIZES
+    values = {**sizes, **FAMILY_FEATURES[family], "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": None,
+              "initializer_range": INIT_STD}
+    AutoConfig.for_model(family, **values).save_pretrained(str(directory))
+    return directory
+
+
+@torch.no_grad()
+def perturb_norms_and_biases(model, seed: int) -> None:
+    """Norms start at 1 (Gemma: 0) and biases at 0: moved by 0.1·N(0, 1), so that a misplaced one shows."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name or "ln_" in name or name.endswith("bias"):
+            param.add_(0.1 * torch.randn(param.shape, generator=generator))
+
+
+def family_model(family: str, directory: Path, seed: int = 0):
+    """A random tiny transformers model of ``family`` (eager attention, eval mode), its config in ``directory``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    family_config(family, directory)
+    torch.manual_seed(seed)
+    config = AutoConfig.from_pretrained(str(directory), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(config).float().eval()
+    perturb_norms_and_biases(model, seed)
+    return model
+
+
+def save_checkpoint(model, spec, root: Path, step: int = 1) -> Path:
+    """``model``'s weights as a plait checkpoint ``root/step_NNNNNNNN`` of a dp=1 run, written in one process
+    (DCP with no process group, then the manifest), as ``plait train`` would save it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from plait.run.checkpoint import store
+    from plait.run.checkpoint.hf_import import unique_parameters
+    from plait.run.config import RunConfig, TrainJob
+    from plait.spec.layout import Layout
+
+    path = root / store.final_name(step)
+    path.mkdir(parents=True)
+    state = {f"model.{name}": p.detach() for name, p in unique_parameters(model.named_parameters()).items()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, storage_writer=FileSystemWriter(str(path)), no_dist=True)
+    run = RunConfig(TrainJob(model=spec, layout=Layout.parse("dp=1"), global_batch=1, seq_len=8, steps=step))
+    store.write_manifest(path, step, store.file_records(path, store.data_files(path)), run.to_dict(), {})
+    return path

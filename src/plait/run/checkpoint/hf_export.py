@@ -4,7 +4,8 @@ The checkpoint's manifest holds the run's ModelSpec; DCP's metadata holds every 
 global shape, so one process reads the checkpoint with no process group (``dcp.load`` with
 ``no_dist``), whatever layout and world size wrote it, and never reads the optimizer state.
 The weights are read and written one shard at a time: at most ``max_shard_bytes`` of them (plus
-the largest tensor) are in memory. The output is ``config.json`` (Llama's or GPT-2's) and
+the largest tensor) are in memory. The output is ``config.json`` (of the spec's family:
+``plait.spec.hf.writer``; token ids from the ``--init-from`` directory's config) and
 ``model.safetensors``, or ``model-0000k-of-0000n.safetensors`` shards with their
 ``model.safetensors.index.json``; with the tokenizer files of the ``--init-from`` directory the
 run started from, when it had them. Everything is written into a temporary directory beside the
@@ -26,9 +27,9 @@ from plait.errors import PlaitError
 from plait.run.checkpoint import hf_files, store
 from plait.run.checkpoint.hf_files import ExportOptions
 from plait.run.checkpoint.hf_import import row_instances, unique_parameters
-from plait.run.checkpoint.hf_map import family_of_spec
-from plait.run.model import NORM_EPS, ROPE_THETA, build_model
-from plait.spec.model import ModelSpec
+from plait.run.checkpoint.hf_map import family_of_model_type
+from plait.run.model import build_model
+from plait.spec.hf.writer import hf_config_of
 
 DTYPES = {name: getattr(torch, name) for name in hf_files.EXPORT_DTYPES}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -59,34 +60,6 @@ def find_checkpoint(target: str | Path) -> store.Checkpoint:
         why = "; ".join(text for _, text in refused) if refused else "it holds no step_NNNNNNNN checkpoint"
         raise PlaitError(f"--checkpoint {target}: no valid checkpoint ({why})")
     return found
-
-
-def hf_config(spec: ModelSpec, names: set[str], dtype: str) -> dict:
-    """The Hugging Face ``config.json`` of ``spec`` (``names``: the model's parameter names; they say which
-    biases it has). PlaitError for what neither config can express."""
-    if spec.arch == "gpt":
-        if spec.n_kv_heads != spec.n_heads:
-            raise PlaitError(f"model {spec.name}: GPT-2 has no grouped-query attention (n_kv_heads "
-                             f"{spec.n_kv_heads} != n_heads {spec.n_heads}); it cannot be exported as GPT-2")
-        dropout = 0.1 if spec.dropout else 0.0
-        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": spec.vocab,
-                "n_embd": spec.hidden, "n_layer": spec.n_layers, "n_head": spec.n_heads, "n_inner": spec.ffn_hidden,
-                "n_positions": spec.max_seq_len, "n_ctx": spec.max_seq_len, "layer_norm_epsilon": NORM_EPS,
-                "activation_function": "gelu_new", "resid_pdrop": dropout, "embd_pdrop": dropout,
-                "attn_pdrop": dropout, "scale_attn_weights": True, "tie_word_embeddings": spec.tied_embeddings,
-                "bos_token_id": None, "eos_token_id": None, "dtype": dtype, "torch_dtype": dtype}
-    attention_bias = "layers.0.attention.wq.bias" in names
-    if attention_bias != ("layers.0.attention.wo.bias" in names) or "layers.0.attention.q_norm.weight" in names:
-        raise PlaitError(f"model {spec.name}: Llama's config.json cannot express its attention (biases on only "
-                         "some projections, or qk-norm); add its family's config to plait.run.checkpoint.hf_export")
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab,
-            "hidden_size": spec.hidden, "intermediate_size": spec.ffn_hidden, "num_hidden_layers": spec.n_layers,
-            "num_attention_heads": spec.n_heads, "num_key_value_heads": spec.n_kv_heads, "head_dim": spec.head_dim,
-            "max_position_embeddings": spec.max_seq_len, "rms_norm_eps": NORM_EPS, "hidden_act": "silu",
-            "rope_theta": ROPE_THETA, "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
-            "attention_bias": attention_bias, "mlp_bias": "layers.0.feed_forward.w1.bias" in names,
-            "attention_dropout": 0.1 if spec.dropout else 0.0, "tie_word_embeddings": spec.tied_embeddings,
-            "bos_token_id": None, "eos_token_id": None, "dtype": dtype, "torch_dtype": dtype}
 
 
 def _check_target(target: Path) -> None:
@@ -129,7 +102,8 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
     found = find_checkpoint(checkpoint)
     saved = RunConfig.from_dict(found.run)
     spec = saved.job.model
-    family = family_of_spec(spec)
+    config = hf_config_of(spec, options.dtype)  # refuses what the family's config cannot express
+    family = family_of_model_type(config["model_type"])
     full = unique_parameters(build_model(spec, "meta").named_parameters())
     shapes = _saved_shapes(found.path, list(full))
     for name, param in full.items():
@@ -137,7 +111,6 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
             raise PlaitError(f"checkpoint {found.path}: model.{name} has shape {list(shapes[name])}, model "
                              f"{spec.name} has {list(param.shape)}")
     rows = row_instances(family, full)
-    config = hf_config(spec, set(full), options.dtype)
     dtype = DTYPES[options.dtype]
     item = torch.empty((), dtype=dtype).element_size()
     sizes = [(hf_name, row.codec.to_hf(tuple(full[n] for n in names), spec).numel() * item)
@@ -169,6 +142,7 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
         if len(files) > 1:
             total = sum(size for _, size in sizes)
             (temporary / hf_files.INDEX).write_text(hf_files.index_json(weight_map, total, spec.total_params()))
+        config.update(_token_ids(saved.job))
         (temporary / hf_files.CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         copied = _copy_tokenizer(saved.job, temporary)
         if target.exists():
@@ -183,6 +157,18 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
     return Exported(directory=target, checkpoint=found.path, step=found.step,
                     files=tuple([hf_files.CONFIG, *files, *([hf_files.INDEX] if len(files) > 1 else []), *copied]),
                     tensors=len(rows), bytes=sum(size for _, size in sizes))
+
+
+def _token_ids(job) -> dict:
+    """bos/eos/pad token ids of the run's ``--init-from`` config (when it still has one): the tokenizer's."""
+    source = Path(job.init_from) / hf_files.CONFIG if job.init_from else None
+    if source is None or not source.is_file():
+        return {}
+    try:
+        config = hf_files.read_config(source.parent)
+    except PlaitError:
+        return {}
+    return {key: config[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id") if key in config}
 
 
 def _copy_tokenizer(job, directory: Path) -> list[str]:

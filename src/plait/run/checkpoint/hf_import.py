@@ -1,11 +1,11 @@
 """``plait train --init-from DIR``: a local Hugging Face checkpoint's weights replace the random init.
 
 ``load_hf_weights`` runs on every rank after the model parts are built (any layout): it first
-checks the whole checkpoint against the model being trained - every plait parameter has its
+checks the whole checkpoint against the model being trained - the ModelSpec that plait reads from
+its config.json (``plait.spec.hf_config``) has the model's numerics (rotary base and scaling, norm
+epsilon and placement, activation, soft-caps, sliding window...), every plait parameter has its
 Hugging Face tensor with the shape the model needs, every Hugging Face tensor has a place in the
-model, and the config's numerics that plait's runtime hard-codes (rotary base, norm epsilon,
-activation) are the ones it uses - and refuses with the first problem by name. Then each rank
-reads, from the memory-mapped safetensors files, the full tensors of the parameters it holds (a
+model - and refuses with the first problem by name. Then each rank reads, from the memory-mapped safetensors files, the full tensors of the parameters it holds (a
 pipeline stage only its own layers'), converts them (``plait.run.checkpoint.hf_map``) and keeps
 its shard, as ``plait.run.model.init_weights`` does with random values: no communication.
 The optimizer starts fresh (AdamW state zero at step 0).
@@ -21,65 +21,41 @@ from pathlib import Path
 import torch
 
 from plait.errors import PlaitError
-from plait.run.checkpoint.hf_files import TensorEntry, read_config, tensor_table
+from plait.run.checkpoint.hf_files import CONFIG, TensorEntry, read_config, tensor_table
 from plait.run.checkpoint.hf_map import Family, Row, concrete, family_of_model_type, row_for
-from plait.run.model import NORM_EPS, ROPE_THETA, build_model, canonical_name
+from plait.run.model import build_model, canonical_name
+from plait.run.modules.layers import ROPE_SCALINGS
+from plait.spec.hf_config import model_from_hf_dict
 from plait.spec.model import ModelSpec
 
-# Hugging Face config keys that change a model's outputs (not its shapes) and that plait's runtime
-# does not read: (family, key, Hugging Face default when absent, the value plait's runtime uses).
-# A config with another value is refused. Where run/model.py learns to follow a key (e.g. a
-# ModelSpec field for the rotary base), drop its line here.
+# Fields of the ModelSpec read from the checkpoint's config.json that change the model's outputs but
+# not its tensors' shapes: the model being trained must have the same (its shapes are checked
+# tensor by tensor). Each is built by plait's runtime (plait.run.model).
+NUMERIC_FIELDS = ("activation", "rope_theta", "rope_scaling", "norm_eps", "norm_position", "norm_offset", "qk_norm",
+                  "embed_scale", "attn_scale", "attn_softcap", "logit_softcap", "sliding_window", "local_layers",
+                  "tied_embeddings")
+# Config values that change outputs, that ModelSpec does not record, and that the runtime has one
+# way of: (family, key, Hugging Face default when absent, the only value accepted).
 RUNTIME_VALUES = [
-    ("llama", "rope_theta", 10000.0, ROPE_THETA),
-    ("llama", "rope_type", "default", "default"),
-    ("llama", "rms_norm_eps", 1e-6, NORM_EPS),
-    ("llama", "hidden_act", "silu", "silu"),
-    ("phi3", "rope_theta", 10000.0, ROPE_THETA),
-    ("phi3", "rope_type", "default", "default"),
-    ("phi3", "rms_norm_eps", 1e-5, NORM_EPS),
-    ("phi3", "hidden_act", "silu", "silu"),
-    ("phi3", "partial_rotary_factor", 1.0, 1.0),
-    ("gpt2", "layer_norm_epsilon", 1e-5, NORM_EPS),
-    ("gpt2", "activation_function", "gelu_new", "gelu_new"),
     ("gpt2", "scale_attn_weights", True, True),
-    ("gpt2", "scale_attn_by_inverse_layer_idx", False, False),
+    ("gpt_bigcode", "scale_attn_weights", True, True),
 ]
-SAME_ACTIVATIONS = {"gelu_new": ("gelu_new", "gelu_pytorch_tanh")}  # names of plait's tanh-approximate GELU
 
 
-def config_value(config: dict, key: str, default):
-    """A config value, also where transformers 5 nests the rotary settings (``rope_parameters``) or
-    transformers 4 put the scaling (``rope_scaling``)."""
-    if key in ("rope_theta", "rope_type", "partial_rotary_factor"):
-        for nested in ("rope_parameters", "rope_scaling"):
-            block = config.get(nested)
-            if isinstance(block, dict):
-                value = block.get(key, block.get("type") if key == "rope_type" else None)
-                if value is not None:
-                    return value
-    value = config.get(key)
-    return default if value is None else value
-
-
-def runtime_mismatches(config: dict, family: Family, spec: ModelSpec) -> list[str]:
-    """``key=value (plait runs V)`` for each output-changing config value plait's runtime does not use.
-
-    A sliding attention window must be the model's own (``ModelSpec.sliding_window`` where the spec
-    has one; plait's attention is otherwise full causal); Qwen2's ``use_sliding_window: false``
-    switches the config's window off."""
-    out = []
-    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
-    if window != getattr(spec, "sliding_window", None):
-        out.append(f"sliding_window={window!r} (model {spec.name} attends over "
-                   f"{getattr(spec, 'sliding_window', None) or 'the whole causal context'})")
+def runtime_mismatches(config: dict, directory: str | Path, spec: ModelSpec) -> list[str]:
+    """``key=value (...)`` for each way the checkpoint's config (read as plait reads it) differs from the model
+    ``spec`` being trained in its outputs, or asks for what plait's runtime does not build."""
+    family = str(config.get("model_type", "")).lower()
+    read = model_from_hf_dict(config, Path(directory) / CONFIG)
+    out = [f"{name}={getattr(read, name)!r} (model {spec.name} has {getattr(spec, name)!r})"
+           for name in NUMERIC_FIELDS if getattr(read, name) != getattr(spec, name)]
     for name, key, default, used in RUNTIME_VALUES:
-        if name != family.name:
-            continue
-        value = config_value(config, key, default)
-        if value == used or value in SAME_ACTIVATIONS.get(used, ()):
-            continue
-        out.append(f"{key}={value!r} (plait's runtime uses {used!r})")
+        value = config.get(key, default)
+        if name == family and value != used:
+            out.append(f"{key}={value!r} (plait's runtime runs {used!r})")
+    kind = dict(read.rope_scaling).get("rope_type", "default")
+    if kind not in ("default",) + ROPE_SCALINGS:
+        out.append(f"rope_scaling type {kind!r} (plait's runtime applies {', '.join(ROPE_SCALINGS)})")
     return out
 
 
@@ -118,10 +94,10 @@ def check_checkpoint(directory: str | Path, spec: ModelSpec) -> tuple[Family, di
     exactly; PlaitError naming the first problem (config numerics, a missing, misshapen or unused tensor)."""
     config = read_config(directory)
     family = family_of_model_type(str(config.get("model_type", "")).lower())
-    wrong = runtime_mismatches(config, family, spec)
+    wrong = runtime_mismatches(config, directory, spec)
     if wrong:
-        raise PlaitError(f"--init-from {directory}: config.json sets {'; '.join(wrong)}, which plait would "
-                         "silently ignore; train from a checkpoint whose config uses plait's values")
+        raise PlaitError(f"--init-from {directory}: config.json gives {'; '.join(wrong)}; its weights would compute "
+                         "another model (leave out --model to train the checkpoint's own)")
     table = tensor_table(directory)
     full = unique_parameters(build_model(spec, "meta").named_parameters())
     located: dict[str, str] = {}
@@ -153,6 +129,28 @@ def check_checkpoint(directory: str | Path, spec: ModelSpec) -> tuple[Family, di
         raise PlaitError(f"--init-from {directory}: tensor {name} has no place in plait's model {spec.name} "
                          "(a weight the runtime does not build would be dropped)")
     return family, table, located
+
+
+def plait_state_from_hf(hf_state: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """plait's state dict (a tied matrix once, under its embedding's name) of an in-memory Hugging Face
+    state dict of model ``spec`` (``spec.family``: its model_type), converted by the same table as
+    ``load_hf_weights``; PlaitError for a missing tensor or one without a place."""
+    family = family_of_model_type(spec.family or ("llama" if spec.arch == "llama" else "gpt2"))
+    full = unique_parameters(build_model(spec, "meta").named_parameters())
+    out: dict[str, torch.Tensor] = {}
+    used = set()
+    for hf_name, (row, names) in row_instances(family, full).items():
+        where = resolve_name(hf_name, hf_state, family)
+        if where is None:
+            raise PlaitError(f"no tensor {hf_name} for plait parameter {names[0]} of model {spec.name}")
+        out.update(zip(names, row.codec.to_plait(hf_state[where], spec)))
+        used.add(where)
+    ignored = [re.compile(pattern) for pattern in family.ignored]
+    for name in hf_state:
+        tied_head = name == "lm_head.weight" and spec.tied_embeddings
+        if name not in used and not tied_head and not any(p.match(name) for p in ignored):
+            raise PlaitError(f"tensor {name} has no place in plait's model {spec.name}")
+    return out
 
 
 def _open(file: Path, handles: dict):

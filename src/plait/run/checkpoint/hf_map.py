@@ -15,8 +15,9 @@ not have are skipped, so a row may name an optional parameter (biases, qk-norm).
 Rotary positions: plait's runtime (``plait.run.model.apply_rope``) rotates adjacent pairs
 (x[2j], x[2j+1]) of each head; Hugging Face Llama-style models rotate the halves (x[j],
 x[j + d/2]) (``rotate_half``). The two are the same attention once the rows of Wq and Wk (and
-their biases, and a per-head q/k norm weight) are permuted within each head: plait row 2j + r
-is Hugging Face row r·d/2 + j (``RopeRows``). GPT-2 has no rotary positions; its ``Conv1D``
+their biases, and the q/k norm weights) are permuted within each head: plait row 2j + r
+is Hugging Face row r·d/2 + j (``RopeRows``; ``QkNorm`` for q/k norm weights, one head's
+width or the whole projection's). GPT-2 has no rotary positions; its ``Conv1D``
 layers store weights as (in, out), the transpose of ``nn.Linear``'s (``Conv1D``).
 """
 
@@ -82,6 +83,24 @@ class RopeRows(Codec):
         return _pairs_to_halves(plait[0], self.count(spec))
 
 
+@dataclass(frozen=True)
+class QkNorm(Codec):
+    """A q or k norm weight (``which``: "q" or "kv"), rows permuted as the projection's: one head_dim
+    vector shared by the heads (``ModelSpec.qk_norm`` "head", Qwen3) or the whole projection's width
+    ("full", OLMo-2)."""
+
+    which: str
+
+    def rows(self, spec: ModelSpec) -> RopeRows:
+        return RopeRows("one" if spec.qk_norm == "head" else self.which)
+
+    def to_plait(self, hf, spec):
+        return self.rows(spec).to_plait(hf, spec)
+
+    def to_hf(self, plait, spec):
+        return self.rows(spec).to_hf(plait, spec)
+
+
 class Conv1D(Codec):
     """GPT-2's Conv1D weight, (in, out): the transpose of plait's ``nn.Linear`` weight (out, in)."""
 
@@ -142,79 +161,114 @@ def _weight_and_bias(hf: str, plait: str, weight: Codec = Copy(), bias: Codec = 
 
 
 _L = "layers.{i}."  # plait's block prefix
+_HF = "model.layers.{i}."  # the block prefix of Llama-like Hugging Face models
 
-# Llama and the families laid out like it (Mistral, Qwen2, Qwen3): separate projections.
-LLAMA_ROWS = [
+
+def _attention(q_norm: bool) -> list[Row]:
+    """Separate Q, K, V, O projections (with optional biases) and, with ``q_norm``, the q/k norm weights."""
+    rows = [
+        *_weight_and_bias(_HF + "self_attn.q_proj", _L + "attention.wq", RopeRows("q"), RopeRows("q")),
+        *_weight_and_bias(_HF + "self_attn.k_proj", _L + "attention.wk", RopeRows("kv"), RopeRows("kv")),
+        *_weight_and_bias(_HF + "self_attn.v_proj", _L + "attention.wv"),
+        *_weight_and_bias(_HF + "self_attn.o_proj", _L + "attention.wo"),
+    ]
+    if q_norm:
+        rows += [_row(_HF + "self_attn.q_norm.weight", _L + "attention.q_norm.weight", QkNorm("q")),
+                 _row(_HF + "self_attn.k_norm.weight", _L + "attention.k_norm.weight", QkNorm("kv"))]
+    return rows
+
+
+_GATED_MLP = [
+    *_weight_and_bias(_HF + "mlp.gate_proj", _L + "feed_forward.w1"),
+    *_weight_and_bias(_HF + "mlp.up_proj", _L + "feed_forward.w3"),
+    *_weight_and_bias(_HF + "mlp.down_proj", _L + "feed_forward.w2"),
+]
+_ENDS = [
     _row("model.embed_tokens.weight", "tok_embeddings.weight"),
-    *_weight_and_bias("model.layers.{i}.self_attn.q_proj", _L + "attention.wq", RopeRows("q"), RopeRows("q")),
-    *_weight_and_bias("model.layers.{i}.self_attn.k_proj", _L + "attention.wk", RopeRows("kv"), RopeRows("kv")),
-    *_weight_and_bias("model.layers.{i}.self_attn.v_proj", _L + "attention.wv"),
-    *_weight_and_bias("model.layers.{i}.self_attn.o_proj", _L + "attention.wo"),
-    # qk-norm (Qwen3, OLMo-2): one head_dim weight applied to every head, before the rotation
-    _row("model.layers.{i}.self_attn.q_norm.weight", _L + "attention.q_norm.weight", RopeRows("one")),
-    _row("model.layers.{i}.self_attn.k_norm.weight", _L + "attention.k_norm.weight", RopeRows("one")),
-    *_weight_and_bias("model.layers.{i}.mlp.gate_proj", _L + "feed_forward.w1"),
-    *_weight_and_bias("model.layers.{i}.mlp.up_proj", _L + "feed_forward.w3"),
-    *_weight_and_bias("model.layers.{i}.mlp.down_proj", _L + "feed_forward.w2"),
-    _row("model.layers.{i}.input_layernorm.weight", _L + "attention_norm.weight"),
-    _row("model.layers.{i}.post_attention_layernorm.weight", _L + "ffn_norm.weight"),
     _row("model.norm.weight", "norm.weight"),
     _row("lm_head.weight", "output.weight"),
 ]
+
+
+def _norms(**hf_to_plait: str) -> list[Row]:
+    """The block's norm weights: Hugging Face name (under the block) -> plait module name."""
+    return [_row(f"{_HF}{hf}.weight", f"{_L}{plait}.weight") for hf, plait in hf_to_plait.items()]
+
+
+# Llama and the families laid out like it (Mistral, Qwen2's Q/K/V biases, Qwen3's per-head q/k norms).
+LLAMA_ROWS = [*_ENDS, *_attention(q_norm=True), *_GATED_MLP,
+              *_norms(input_layernorm="attention_norm", post_attention_layernorm="ffn_norm")]
+
+# OLMo-2: norms after the attention and the MLP (post_attention_layernorm is the attention's), q/k
+# norms over the whole projection.
+OLMO2_ROWS = [*_ENDS, *_attention(q_norm=True), *_GATED_MLP,
+              *_norms(post_attention_layernorm="attention_post_norm", post_feedforward_layernorm="ffn_post_norm")]
+
+# Gemma-2: sandwich norms, four per block (weights w of a 1 + w scale in both).
+GEMMA2_ROWS = [*_ENDS, *_attention(q_norm=False), *_GATED_MLP,
+               *_norms(input_layernorm="attention_norm", post_attention_layernorm="attention_post_norm",
+                       pre_feedforward_layernorm="ffn_norm", post_feedforward_layernorm="ffn_post_norm")]
 
 # Phi-3: Llama's block with Q, K, V fused into qkv_proj and gate/up into gate_up_proj.
 PHI3_ROWS = [
-    _row("model.embed_tokens.weight", "tok_embeddings.weight"),
-    _row("model.layers.{i}.self_attn.qkv_proj.weight",
+    *_ENDS,
+    _row(_HF + "self_attn.qkv_proj.weight",
          (_L + "attention.wq.weight", _L + "attention.wk.weight", _L + "attention.wv.weight"),
          Fused(("h", "kv", "kv"), rope=True)),
-    _row("model.layers.{i}.self_attn.o_proj.weight", _L + "attention.wo.weight"),
-    _row("model.layers.{i}.mlp.gate_up_proj.weight", (_L + "feed_forward.w1.weight", _L + "feed_forward.w3.weight"),
+    _row(_HF + "self_attn.o_proj.weight", _L + "attention.wo.weight"),
+    _row(_HF + "mlp.gate_up_proj.weight", (_L + "feed_forward.w1.weight", _L + "feed_forward.w3.weight"),
          Fused(("ffn", "ffn"))),
-    _row("model.layers.{i}.mlp.down_proj.weight", _L + "feed_forward.w2.weight"),
-    _row("model.layers.{i}.input_layernorm.weight", _L + "attention_norm.weight"),
-    _row("model.layers.{i}.post_attention_layernorm.weight", _L + "ffn_norm.weight"),
-    _row("model.norm.weight", "norm.weight"),
-    _row("lm_head.weight", "output.weight"),
+    _row(_HF + "mlp.down_proj.weight", _L + "feed_forward.w2.weight"),
+    *_norms(input_layernorm="attention_norm", post_attention_layernorm="ffn_norm"),
 ]
 
-# GPT-2: Conv1D layers (weights stored (in, out)), Q, K and V fused in c_attn, learned positions.
-GPT2_ROWS = [
-    _row("transformer.wte.weight", "tok_embeddings.weight"),
-    _row("transformer.wpe.weight", "pos_embeddings.weight"),
-    *_weight_and_bias("transformer.h.{i}.ln_1", _L + "attention_norm"),
-    _row("transformer.h.{i}.attn.c_attn.weight",
-         (_L + "attention.wq.weight", _L + "attention.wk.weight", _L + "attention.wv.weight"),
-         Fused(("h", "kv", "kv"), conv1d=True)),
-    _row("transformer.h.{i}.attn.c_attn.bias",
-         (_L + "attention.wq.bias", _L + "attention.wk.bias", _L + "attention.wv.bias"), Fused(("h", "kv", "kv"))),
-    *_weight_and_bias("transformer.h.{i}.attn.c_proj", _L + "attention.wo", Conv1D()),
-    *_weight_and_bias("transformer.h.{i}.ln_2", _L + "ffn_norm"),
-    *_weight_and_bias("transformer.h.{i}.mlp.c_fc", _L + "feed_forward.w1", Conv1D()),
-    *_weight_and_bias("transformer.h.{i}.mlp.c_proj", _L + "feed_forward.w2", Conv1D()),
-    *_weight_and_bias("transformer.ln_f", "norm"),
-    _row("lm_head.weight", "output.weight"),
-]
+
+def _gpt_rows(conv1d: bool) -> list[Row]:
+    """GPT-2 (``conv1d``: weights stored (in, out)) and GPT-BigCode (``nn.Linear`` weights): Q, K and V
+    fused in c_attn, LayerNorms with biases, learned positions."""
+    weight = Conv1D() if conv1d else Copy()
+    return [
+        _row("transformer.wte.weight", "tok_embeddings.weight"),
+        _row("transformer.wpe.weight", "pos_embeddings.weight"),
+        *_weight_and_bias("transformer.h.{i}.ln_1", _L + "attention_norm"),
+        _row("transformer.h.{i}.attn.c_attn.weight",
+             (_L + "attention.wq.weight", _L + "attention.wk.weight", _L + "attention.wv.weight"),
+             Fused(("h", "kv", "kv"), conv1d=conv1d)),
+        _row("transformer.h.{i}.attn.c_attn.bias",
+             (_L + "attention.wq.bias", _L + "attention.wk.bias", _L + "attention.wv.bias"), Fused(("h", "kv", "kv"))),
+        *_weight_and_bias("transformer.h.{i}.attn.c_proj", _L + "attention.wo", weight),
+        *_weight_and_bias("transformer.h.{i}.ln_2", _L + "ffn_norm"),
+        *_weight_and_bias("transformer.h.{i}.mlp.c_fc", _L + "feed_forward.w1", weight),
+        *_weight_and_bias("transformer.h.{i}.mlp.c_proj", _L + "feed_forward.w2", weight),
+        *_weight_and_bias("transformer.ln_f", "norm"),
+        _row("lm_head.weight", "output.weight"),
+    ]
+
+
+GPT2_ROWS = _gpt_rows(conv1d=True)
+GPT_BIGCODE_ROWS = _gpt_rows(conv1d=False)
 
 
 @dataclass(frozen=True)
 class Family:
-    """A table of rows, the Hugging Face ``model_type``s it reads, and what export writes."""
+    """A table of rows and the Hugging Face ``model_type``s it reads and writes."""
 
     name: str
     rows: tuple[Row, ...]
     model_types: tuple[str, ...]  # Hugging Face config.json model_type values read with these rows
-    architecture: str  # config.json "architectures" entry written by export
     strip_prefix: str  # checkpoints saved from the base model lack this prefix (GPT-2's own "h.0...")
     ignored: tuple[str, ...] = ()  # regexes of Hugging Face tensors that are buffers, not weights
 
 
-LLAMA = Family("llama", tuple(LLAMA_ROWS), ("llama", "mistral", "qwen2", "qwen3"), "LlamaForCausalLM", "model.",
-               ignored=(r".*\.rotary_emb\.inv_freq$",))
-PHI3 = Family("phi3", tuple(PHI3_ROWS), ("phi3",), "Phi3ForCausalLM", "model.", ignored=(r".*\.rotary_emb\.inv_freq$",))
-GPT2 = Family("gpt2", tuple(GPT2_ROWS), ("gpt2",), "GPT2LMHeadModel", "transformer.",
-              ignored=(r".*\.attn\.(bias|masked_bias)$",))
-FAMILIES = (LLAMA, PHI3, GPT2)
+_ROTARY = (r".*\.rotary_emb\.inv_freq$",)
+LLAMA = Family("llama", tuple(LLAMA_ROWS), ("llama", "mistral", "qwen2", "qwen3"), "model.", ignored=_ROTARY)
+OLMO2 = Family("olmo2", tuple(OLMO2_ROWS), ("olmo2",), "model.", ignored=_ROTARY)
+GEMMA2 = Family("gemma2", tuple(GEMMA2_ROWS), ("gemma2",), "model.", ignored=_ROTARY)
+PHI3 = Family("phi3", tuple(PHI3_ROWS), ("phi3",), "model.", ignored=_ROTARY)
+GPT2 = Family("gpt2", tuple(GPT2_ROWS), ("gpt2",), "transformer.", ignored=(r".*\.attn\.(bias|masked_bias)$",))
+GPT_BIGCODE = Family("gpt_bigcode", tuple(GPT_BIGCODE_ROWS), ("gpt_bigcode",), "transformer.",
+                     ignored=(r".*\.attn\.(bias|masked_bias)$",))
+FAMILIES = (LLAMA, OLMO2, GEMMA2, PHI3, GPT2, GPT_BIGCODE)
 
 
 def family_of_model_type(model_type: str) -> Family:
@@ -225,11 +279,6 @@ def family_of_model_type(model_type: str) -> Family:
     known = ", ".join(t for family in FAMILIES for t in family.model_types)
     raise PlaitError(f"Hugging Face model_type {model_type!r} has no weight-name table in plait "
                      f"(plait.run.checkpoint.hf_map; tables for: {known})")
-
-
-def family_of_spec(spec: ModelSpec) -> Family:
-    """The table export writes a ``spec`` with: Llama's for arch llama, GPT-2's for arch gpt."""
-    return LLAMA if spec.arch == "llama" else GPT2
 
 
 _LAYER = re.compile(r"^layers\.(\d+)\.")

@@ -37,7 +37,8 @@ DEFAULTS: dict[str, dict] = {
     "olmo2": {**_LLAMA_LIKE, "rms_norm_eps": 1e-5},
     "gemma2": {**_LLAMA_LIKE, "head_dim": 256, "max_position_embeddings": 8192, "tie_word_embeddings": True,
                "hidden_activation": "gelu_pytorch_tanh", "hidden_act": None, "sliding_window": 4096,
-               "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 256},
+               "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 256,
+               "use_bidirectional_attention": None},
     "phi3": {**_LLAMA_LIKE, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "resid_pdrop": 0.0,
              "embd_pdrop": 0.0, "partial_rotary_factor": 1.0},
     "gpt2": {"n_inner": None, "n_positions": 1024, "tie_word_embeddings": True, "activation_function": "gelu_new",
@@ -46,6 +47,7 @@ DEFAULTS: dict[str, dict] = {
     "gpt_bigcode": {"n_inner": None, "n_positions": 1024, "tie_word_embeddings": True,
                     "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.1,
                     "embd_pdrop": 0.1, "attn_pdrop": 0.1, "multi_query": True,
+                    "num_key_value_heads": None,  # written by transformers as 1 (multi_query) or n_head; not read
                     "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False},
 }
 
@@ -77,4 +79,5 @@ REFUSED = {
     "num_experts_per_tok": "mixture-of-experts layers", "quantization_config": "quantized weights",
     "embedding_multiplier": "Granite's multipliers", "residual_multiplier": "Granite's multipliers",
     "attention_multiplier": "Granite's multipliers", "logits_scaling": "Granite's multipliers",
+    "use_bidirectional_attention": "bidirectional attention",
 }
