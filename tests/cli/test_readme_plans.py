@@ -1,7 +1,7 @@
-"""Every plan the README shows can be saved and handed to ``plait train --plan ... --dry-run``.
+"""Every plan the README and docs/*.md show can be saved and handed to ``plait train --plan ... --dry-run``.
 
 The planner ranks only layouts the runtime runs (``--any-runtime`` aside), so the top layout of
-each ``plait plan`` command in the README - in code blocks and inline - must pass every check
+each ``plait plan`` command in the README and the docs - in code blocks and inline - must pass every check
 ``plait train`` makes before launching. Commands with placeholders (``...``) or input files the
 checkout does not hold are skipped; so are ``--any-runtime`` ones, which say they rank layouts
 plait train does not run yet.
@@ -17,14 +17,18 @@ import pytest
 
 from plait.cli import main
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FILE_FLAGS = ("--calibration", "--runs", "--cluster")
 
 
 def readme_plan_commands() -> list[str]:
-    text = README.read_text(encoding="utf-8")
+    text = "\n".join(path.read_text(encoding="utf-8") for path in DOCUMENTS)
     commands = []
-    for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", text, flags=re.S):
+    # fences start a line; a block in another language (```toml, ```python) is skipped whole
+    for language, block in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M):
+        if language not in ("", "bash", "sh"):
+            continue
         joined = re.sub(r"\\\n\s*", " ", block)
         commands += [line.split("#")[0].strip() for line in joined.splitlines()]
     commands += re.findall(r"`(plait plan [^`]+)`", text)
@@ -58,9 +62,10 @@ def test_readme_plan_saves_and_dry_runs(command, tmp_path, capsys):
     if not runnable_in_this_checkout(argv):
         pytest.skip("needs a file the checkout does not hold, or asks for --any-runtime")
     argv = [a for a in argv if a not in ("--explain", "--json")]
-    if "--save" in argv:
-        i = argv.index("--save")
-        del argv[i:i + 2]
+    for flag in ("--save", "--plot"):  # the test writes only into tmp_path
+        if flag in argv:
+            i = argv.index(flag)
+            del argv[i:i + 2]
     plan = tmp_path / "plan.json"
     assert main([*argv, "--save", str(plan)]) == 0, capsys.readouterr()
     capsys.readouterr()

@@ -12,7 +12,7 @@ from plait.spec.layout import LAYOUT_KEYS, Layout, layout_keys_markdown
 from plait.spec.layout_keys import KeySpec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "layout-keys.md"
-README = DOC.parents[1] / "README.md"
+LAYOUTS_DOC = DOC.parent / "layouts.md"
 
 
 def test_docs_table_is_generated_from_the_declaration():
@@ -20,11 +20,11 @@ def test_docs_table_is_generated_from_the_declaration():
         "docs/layout-keys.md is stale: write plait.spec.layout.layout_keys_markdown() into it")
 
 
-def test_readme_table_is_generated_from_the_declaration():
-    text = README.read_text()
+def test_layouts_doc_table_is_generated_from_the_declaration():
+    text = LAYOUTS_DOC.read_text()
     start = text.index("-->\n", text.index("<!-- layout-keys:")) + len("-->\n")
     assert text[start:text.index("<!-- /layout-keys -->")] == layout_keys_markdown(), (
-        "the README's layout key table is stale: paste plait.spec.layout.layout_keys_markdown() between its markers")
+        "docs/layouts.md's layout key table is stale: paste plait.spec.layout.layout_keys_markdown() between its markers")
 
 
 def test_every_field_is_declared():

@@ -129,7 +129,7 @@ class Layout:
                                 "emulated on CPU)", choices=PRECISIONS)
     attn: str = layout_key("flash", "choice", "attention kernel: `flash` (FlashAttention-2), `sdpa` (what torch's "
                            "scaled_dot_product_attention picks on the device), `eager` (materializes the s×s "
-                           "scores); see README, kernel knobs", choices=ATTENTION_KERNELS)
+                           "scores); see docs/planner.md, kernel knobs", choices=ATTENTION_KERNELS)
     norm: str = layout_key("fused", "choice", "RMSNorm/LayerNorm kernel: `fused` (one kernel, saves input + "
                            "statistics) or `unfused` (the eager fp32 op chain)", choices=NORM_KERNELS)
     loss: str = layout_key("unfused", "choice", "cross entropy: `unfused` (full fp32 logits) or `fused` (chunks "

@@ -11,7 +11,7 @@ Tensor parallelism (torch 2.13 and 2.11): the token embedding is row-parallel, a
 and hands the first block an ``AsyncCollectiveTensor``. A compiled module fed such a tensor runs
 its forward, but the gradient it returns for that input bypasses the DTensor ``to_local()`` that
 made it: ``Redistribute.backward`` gets a plain Tensor and fails with ``AttributeError: 'Tensor'
-object has no attribute '_local_tensor'`` (repro in README, "torch.compile"). The workaround:
+object has no attribute '_local_tensor'`` (repro in docs/runtime.md, "torch.compile"). The workaround:
 a forward hook on the embedding turns an ``AsyncCollectiveTensor`` output into a plain tensor
 (``clone``: one copy of the embedding output, batch × seq × hidden elements per micro-batch,
 outside the compiled blocks). Blocks fed by another block or a pipeline receive plain tensors.
