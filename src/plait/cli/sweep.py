@@ -122,23 +122,17 @@ def _spec(args) -> SweepSpec:
 
 
 def _threads(args) -> int | None:
-    """OMP_NUM_THREADS of the runs' processes on CPU (None: GPU runs, left to plait train); warns
-    when processes × threads oversubscribe the cores."""
+    """OMP_NUM_THREADS of the runs' processes on CPU (None: GPU runs, left to plait train)."""
     import os
 
-    from plait.measure.sweep.threads import available_cores, oversubscription, threads_per_process
+    from plait.measure.sweep.threads import available_cores, threads_per_process
 
     if args.device != "cpu":
         from plait.run.launcher.device import uses_gpu
 
         if uses_gpu(args.device):
             return None
-    cores = available_cores()
-    threads = threads_per_process(args.threads_per_process, args.nproc_per_node, os.environ, cores)
-    warning = oversubscription(args.nproc_per_node, threads, cores)
-    if warning:
-        warn(warning)
-    return threads
+    return threads_per_process(args.threads_per_process, args.nproc_per_node, os.environ, available_cores())
 
 
 def run(args) -> int:
@@ -158,6 +152,12 @@ def run(args) -> int:
     cases = make_cases(spec, entries)
     if not cases:
         raise PlaitError("the sweep has no layouts; give --top K, --grid or --layout")
+    if spec.threads_per_process:  # after every input check: a refused sweep prints one line
+        from plait.measure.sweep.threads import available_cores, oversubscription
+
+        warning = oversubscription(spec.nproc_per_node, spec.threads_per_process, available_cores())
+        if warning:
+            warn(warning)
     out = console()
     basis = (f"predictions for {spec.prediction_gpu}" if spec.prediction_gpu else
              "predictions for the CPU of the calibration file" if spec.cpu_calibration else
