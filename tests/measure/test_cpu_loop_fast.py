@@ -46,6 +46,8 @@ def test_profile_plan_sweep_report_on_the_cpu(tmp_path, capsys):
         assert row.noisy in (True, False) and row.warmup_steps == 1 and row.measured_steps == 2
     summary = json.loads(summary_path(out).read_text())
     assert summary["predictions_recorded_for"] == "cpu (calibration)" and summary["step_time_error"]["n"] == 4
+    assert "predicted for the CPU described by the calibration file" in summary["note"]
+    assert all(r.calibration == str(profile.resolve()) for r in rows)
     rho = summary["rank_correlation"]["spearman"]
     assert rho is None or -1 <= rho <= 1  # a value, not a claim about this machine
 
@@ -53,4 +55,6 @@ def test_profile_plan_sweep_report_on_the_cpu(tmp_path, capsys):
     assert main(["report", "--sweep", str(out), "--out", str(report)]) == 0, capsys.readouterr().err[-3000:]
     for name in ("report.html", "report.md", "step_time.png", "memory.png"):
         assert (report / name).is_file() and (report / name).stat().st_size > 0, name
-    assert all(layout in (report / "report.md").read_text() for layout in ("mbs=1", "ckpt=full", "ckpt=selective"))
+    md = (report / "report.md").read_text()
+    assert all(layout in md for layout in ("mbs=1", "ckpt=full", "ckpt=selective"))
+    assert "predictions for the CPU of the sweep's calibration" in md and "no predictions were recorded" not in md

@@ -1,6 +1,7 @@
 """Every way of choosing layouts and predictions, end to end through ``plait report`` (issue 12: a
-broken path must not hide): ``--layout`` with a CPU profile's calibration, ``--grid`` with ``--gpu``,
-``--top K`` with a CPU profile. (``--layout`` with ``--gpu`` on 2 processes: test_sweep_predictions.py.)
+broken path must not hide): ``--grid`` with ``--gpu``,
+``--top K`` with a CPU profile. (``--layout`` with ``--gpu`` on 2 processes: test_sweep_predictions.py;
+``--layout`` with a CPU profile: test_cpu_loop_fast.py.)
 Each sweeps the tiny model on 1 process, 2 layouts, 3 steps (1 warm-up), then reports on its CSV."""
 
 from __future__ import annotations
@@ -53,16 +54,6 @@ def sweep_then_report(tmp_path, capsys, args, gpu=""):
     for name in REPORT_FILES:
         assert (report / name).is_file() and (report / name).stat().st_size > 0, name
     return rows, summary, (report / "report.md").read_text()
-
-
-def test_layouts_with_a_cpu_profile_record_cpu_predictions(tmp_path, capsys):
-    profile = cpu_profile(tmp_path)
-    rows, summary, md = sweep_then_report(tmp_path, capsys, ["--layout", "dp=1,mbs=1", "--layout", "dp=1,mbs=2",
-                                                              "--calibration", str(profile)])
-    assert summary["predictions_recorded_for"] == "cpu (calibration)"
-    assert "predicted for the CPU described by the calibration file" in summary["note"]
-    assert all(r.calibration == str(profile.resolve()) for r in rows)
-    assert "predictions for the CPU of the sweep's calibration" in md and "no predictions were recorded" not in md
 
 
 def test_grid_with_gpu_predictions(tmp_path, capsys):
