@@ -85,8 +85,10 @@ from __future__ import annotations
 
 import math
 
+from plait.plan.moe.memory import adjust_layer_items
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
+from plait.spec.moe.parts import is_extended
 
 BF16 = 2
 MASK = 1
@@ -166,6 +168,8 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
     # fused LayerNorm: mean and rstd; RMSNorm and every unfused chain: rstd
     stats_per_norm = 2 if model.arch == "gpt" and not unfused else 1
     items["norm_stats"] = 2 * stats_per_norm * FP32 * sb / rep
+    if is_extended(model):  # experts, MLA, attention extras: the mean layer's items (plait.plan.moe.memory)
+        items = adjust_layer_items(items, model, layout, seq_len, mbs, runtime)
     return items
 
 

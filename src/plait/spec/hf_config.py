@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.spec.moe.hf import MOE_TYPES, moe_from_hf_config
 from plait.spec.model import ModelSpec
 from plait.spec.serialize import read_json_file
 
@@ -65,7 +66,9 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
             max_seq_len=_integer(config.get("n_positions") or config.get("n_ctx") or 1024, "n_positions", source),
             tied_embeddings=bool(config.get("tie_word_embeddings", True)),
         )
+    if model_type in MOE_TYPES:  # mixture-of-experts families: plait.spec.moe.hf
+        return moe_from_hf_config(config, source, str(name))
     raise PlaitError(
         f"{source}: model_type={model_type or '(missing)'!r} is not supported; "
-        f"supported: {', '.join(LLAMA_TYPES + GPT_TYPES)}"
+        f"supported: {', '.join(LLAMA_TYPES + GPT_TYPES + MOE_TYPES)}"
     )

@@ -26,6 +26,8 @@ import json
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
+from plait.spec.moe import counts as moe_counts
+from plait.spec.moe.parts import AttentionExtras, MLASpec, MoESpec, attention_head_dim, coerce_parts, is_extended
 from plait.spec.serialize import dataclass_from_dict, parse_json
 
 ARCHS = ("llama", "gpt")
@@ -47,6 +49,10 @@ class ModelSpec:
     max_seq_len: int = 2048  # rows of the learned position table (gpt); RoPE context (llama)
     tied_embeddings: bool = False  # LM head shares the token-embedding matrix
     dropout: bool = False  # dropout layers present (their 1-byte masks are saved activations)
+    # optional parts (plait.spec.moe.parts; counted by plait.spec.moe.counts); None: absent
+    moe: MoESpec | None = None  # routed/shared experts
+    mla: MLASpec | None = None  # multi-head latent attention (DeepSeek-V2/V3)
+    attn_extras: AttentionExtras | None = None  # head_dim, Q/K/V biases, qk-norm, sliding window, sinks
 
     def __post_init__(self) -> None:
         problems = []
@@ -59,7 +65,9 @@ class ModelSpec:
             elif value > MAX_DIMENSION:  # larger sizes overflow the planner's float arithmetic
                 problems.append(f"{field}={value} is more than {MAX_DIMENSION} (2^31)")
         if not problems:
-            if self.hidden % self.n_heads:
+            problems += coerce_parts(self)
+        if not problems:
+            if self.hidden % self.n_heads and attention_head_dim(self) == self.hidden // self.n_heads:
                 problems.append(f"n_heads={self.n_heads} does not divide hidden={self.hidden}")
             if self.n_heads % self.n_kv_heads:
                 problems.append(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
@@ -69,7 +77,7 @@ class ModelSpec:
     # ----------------------------------------------------------------- shapes
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.n_heads
+        return self.hidden // self.n_heads if self.attn_extras is None else attention_head_dim(self)
 
     @property
     def kv_hidden(self) -> int:
@@ -78,14 +86,19 @@ class ModelSpec:
 
     # ------------------------------------------------------- parameter counts
     def layer_matmul_params(self) -> int:
-        """Weights of one block that take part in matmuls (no biases, no norms)."""
+        """Weights of one block that take part in matmuls (no biases, no norms). With experts: the
+        weights one token uses, averaged over the layers (``plait.spec.moe.counts``)."""
+        if is_extended(self):
+            return moe_counts.blocks_active_matmul(self) / self.n_layers
         h, f, kv = self.hidden, self.ffn_hidden, self.kv_hidden
         attention = h * h + 2 * h * kv + h * h  # Q, K, V, output projection
         mlp = 3 * h * f if self.arch == "llama" else 2 * h * f  # SwiGLU has gate, up, down
         return attention + mlp
 
     def layer_params(self) -> int:
-        """All parameters of one transformer block."""
+        """All parameters of one transformer block (with experts, MLA or extras: the mean over layers)."""
+        if is_extended(self):
+            return moe_counts.blocks_params(self) / self.n_layers
         h, f, kv = self.hidden, self.ffn_hidden, self.kv_hidden
         if self.arch == "llama":
             return self.layer_matmul_params() + 2 * h  # two RMSNorm weights
@@ -104,19 +117,29 @@ class ModelSpec:
         return token + positions + head
 
     def non_embedding_params(self) -> int:
+        if is_extended(self):
+            return moe_counts.blocks_params(self) + self.final_norm_params()
         return self.n_layers * self.layer_params() + self.final_norm_params()
 
     def total_params(self) -> int:
         """Exact number of parameters of the model (counts a tied matrix once)."""
         return self.non_embedding_params() + self.embedding_params()
 
+    def active_params(self) -> int:
+        """Parameters one token uses: total less the routed experts it skips (= total when dense)."""
+        return moe_counts.active_params(self)
+
     def matmul_params(self) -> int:
-        """Weights used in matmuls for every token: all blocks plus the LM head."""
+        """Weights used in matmuls for every token: all blocks plus the LM head (active ones with experts)."""
+        if is_extended(self):
+            return moe_counts.blocks_active_matmul(self) + self.vocab * self.hidden
         return self.n_layers * self.layer_matmul_params() + self.vocab * self.hidden
 
     # ------------------------------------------------------------------ FLOPs
     def attention_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
         """Forward FLOPs of Q·Kᵀ and P·V per token, summed over layers (see module doc)."""
+        if is_extended(self):
+            return moe_counts.attention_flops_per_token(self, seq_len, causal)
         full = 4.0 * seq_len * self.n_heads * self.head_dim * self.n_layers
         return full * (seq_len + 1) / (2.0 * seq_len) if causal else full
 
