@@ -185,7 +185,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     gpu, lay = cluster.gpu, layout
     m = lay.micro_batches(job.global_batch)
     tokens = job.seq_len / lay.cp * lay.mbs  # tokens of one micro-batch on one rank
-    if is_extended(model):  # experts, MLA, attention extras
+    if is_extended(model):  # experts, MLA
         times = moe_layer_times(model, gpu, params, lay, tokens, job.seq_len, runtime)
     else:
         times = layer_times(model, gpu, params, tokens, job.seq_len, lay.tp, lay.cp,

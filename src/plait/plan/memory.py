@@ -52,7 +52,6 @@ from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import LOSS_CHUNK_TOKENS, JobSpec, Layout
 from plait.spec.model import ModelSpec
-from plait.spec.moe.parts import is_extended
 from plait.spec.validate import stage_layers
 
 # items outside the allocator's count: CUDA context, NCCL buffers, fragmentation reserve
@@ -137,7 +136,7 @@ def stage_params(model: ModelSpec, layout: Layout) -> dict[str, float]:
     positions = model.max_seq_len * model.hidden if model.arch == "gpt" else 0
     head = model.vocab * model.hidden / t
     blocks = layers * layer_local
-    if is_extended(model):  # experts, MLA, extras: the non-expert parameters (plait.plan.moe.memory)
+    if model.moe is not None or model.mla is not None:  # experts, MLA: the non-expert parameters (plait.plan.moe.memory)
         blocks = stage_dense_blocks(model, layout, layers)
     first = blocks + token_embedding + positions
     last = blocks + model.final_norm_params() + head
@@ -160,7 +159,7 @@ def _model_states(params: float, model: ModelSpec, layout: Layout) -> tuple[floa
     if layout.zero >= 3:
         weights /= d
         layer = model.layer_params() / layout.tp
-        if is_extended(model):  # the non-expert part of an MoE layer (experts: expert_states)
+        if model.moe is not None or model.mla is not None:  # the non-expert part of an MoE layer (experts: expert_states)
             layer = dense_layer_local(model, layout, model.moe is not None)
         buffers = 2 * 2.0 * layer + 2.0 * layer  # two gathered layers + one unsharded grad
     host = 0.0
@@ -220,7 +219,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
         if model.moe is not None:  # routed experts: split by ep·etp, ZeRO over edp (plait.plan.moe.memory)
             experts = expert_states(model, layout, stage_layers(model, layout) * layout.vpp)
             weights, grads, optim, buffers, host = (a + b for a, b in zip((weights, grads, optim, buffers, host), experts))
-        moe_buffers = dispatch_buffer_bytes(model, layout, job.seq_len)
+        moe_buffers = dispatch_buffer_bytes(model, layout, job.seq_len) if model.moe is not None else 0.0
         is_first = stage == "first" or layout.pp == 1
         is_last = stage == "last" or layout.pp == 1
         # the last stage of 1F1B-type schedules holds one micro-batch; GPipe's holds them all

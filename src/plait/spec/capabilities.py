@@ -64,6 +64,9 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
 def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     """(rule id, message) of the mixture-of-experts features the planner models and the runtime does
     not run yet: routed experts, MLA, attention sinks, and the expert layout keys."""
+    if (model.moe is None and model.mla is None and not model.sinks and lay.ep == 1 and lay.etp == 1
+            and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
+        return []
     parts = [what for what, present in (("routed experts (moe)", model.moe is not None),
                                         ("multi-head latent attention (mla)", model.mla is not None),
                                         ("attention sinks (sinks)", model.sinks)) if present]

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 
 from plait.errors import PlaitError
 from plait.spec.moe import counts as moe_counts
-from plait.spec.moe.parts import MLASpec, MoESpec, coerce_parts, is_extended
+from plait.spec.moe.parts import MLASpec, MoESpec, coerce_parts
 from plait.spec.serialize import dataclass_from_dict, parse_json
 
 ARCHS = ("llama", "gpt")
@@ -205,13 +205,15 @@ class ModelSpec:
         return self.local_layers == "all" or layer % 2 == 0
 
     def local_layer_count(self) -> int:
+        if not self.sliding_window:  # the common case, asked for in the planner's inner loop
+            return 0
         return sum(self.is_local_layer(i) for i in range(self.n_layers))
 
     # ------------------------------------------------------- parameter counts
     def layer_matmul_params(self) -> int:
         """Weights of one block that take part in matmuls (no biases, no norms). With experts or
         MLA: the weights one token uses, averaged over the layers (``plait.spec.moe.counts``)."""
-        if is_extended(self):
+        if self.moe is not None or self.mla is not None:  # plait.spec.moe.parts.is_extended, inlined (hot)
             return moe_counts.blocks_active_matmul(self) / self.n_layers
         h, f, q, kv = self.hidden, self.ffn_hidden, self.q_hidden, self.kv_hidden
         attention = h * q + 2 * h * kv + q * h  # Q, K, V, output projection
@@ -243,7 +245,7 @@ class ModelSpec:
 
     def layer_params(self) -> int:
         """All parameters of one transformer block (with experts or MLA: the mean over layers)."""
-        if is_extended(self):
+        if self.moe is not None or self.mla is not None:  # plait.spec.moe.parts.is_extended, inlined (hot)
             return moe_counts.blocks_params(self) / self.n_layers
         return (self.layer_matmul_params() + self.layer_bias_params() + self.layer_norm_params()
                 + self.layer_sink_params())
@@ -263,7 +265,7 @@ class ModelSpec:
         return token + positions + head
 
     def non_embedding_params(self) -> int:
-        if is_extended(self):
+        if self.moe is not None or self.mla is not None:  # plait.spec.moe.parts.is_extended, inlined (hot)
             return moe_counts.blocks_params(self) + self.final_norm_params()
         return self.n_layers * self.layer_params() + self.final_norm_params()
 
@@ -277,7 +279,7 @@ class ModelSpec:
 
     def matmul_params(self) -> int:
         """Weights used in matmuls for every token: all blocks plus the LM head (active ones with experts)."""
-        if is_extended(self):
+        if self.moe is not None or self.mla is not None:  # plait.spec.moe.parts.is_extended, inlined (hot)
             return moe_counts.blocks_active_matmul(self) + self.vocab * self.hidden
         return self.n_layers * self.layer_matmul_params() + self.vocab * self.hidden
 
