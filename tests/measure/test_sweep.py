@@ -274,7 +274,10 @@ def test_sweep_where_every_layout_fails_says_why_and_exits_nonzero(tmp_path, cap
     (["--layout", "dp=2", "--data", "{missing}.tok"], "token file {missing}.tok not found"),
     (["--layout", "dp=2", "--gpu", "nope"], "nope"),
 ])
-def test_bad_sweep_input_is_one_line_exit_2(tmp_path, capsys, args, message):
+def test_bad_sweep_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, message):
+    # an in-process launch earlier in the session may have set OMP_NUM_THREADS (run.launcher.launch), and
+    # 2 processes x that many threads on a 2-core host add the oversubscription warning line
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     missing = str(tmp_path / "missing")  # a path this test knows does not exist
     args, message = [a.format(missing=missing) for a in args], message.format(missing=missing)
     code = main([*SWEEP, *args, "--out", str(tmp_path / "s.csv")])

@@ -92,7 +92,7 @@ def test_train_flags_give_the_tri_state(monkeypatch, flags, expected):
     pytest.importorskip("torch")
     seen = {}
 
-    def fake_start(request, job_file=None):
+    def fake_start(request, job_file=None):  # resolve.start's signature (job_file: the run's TOML record)
         seen["request"] = request
         return 0
 

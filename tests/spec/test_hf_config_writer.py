@@ -51,7 +51,7 @@ def test_transformers_reads_the_written_config_the_same(name):
     assert same_but_name(read(hf_config_of(spec), "transformers"), spec)
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", sorted(n for n, m in MODELS.items() if m.moe is None and m.mla is None))
 def test_presets_export_as_llama_or_gpt2(name):
     spec = MODELS[name]
     written = hf_config_of(spec)
@@ -80,3 +80,9 @@ def test_what_no_config_holds_is_refused_by_field():
     mistral_with_biases = dataclasses.replace(read(CONFIGS["Mistral-7B-v0.1"]), qkv_bias=True)
     with pytest.raises(PlaitError, match=r"a mistral config\.json cannot express qkv_bias=True;"):
         hf_config_of(mistral_with_biases)
+
+
+@pytest.mark.parametrize("name", ["tiny-moe", "deepseek-v3"])
+def test_moe_and_mla_presets_are_refused_by_name(name):
+    with pytest.raises(PlaitError, match="mixture-of-experts and MLA models cannot be exported"):
+        hf_config_of(MODELS[name])

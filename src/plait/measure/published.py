@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.measure.published_moe import megatron_flops_per_token
 from plait.measure.published_specs import (IncompleteRow, UnsupportedRow, implementation_params, num, row_problem,
                                            row_specs)
 from plait.plan.cost import estimate_step
@@ -90,6 +91,8 @@ def _source_flops_per_token(row: dict, model: ModelSpec, seq_len: int) -> tuple[
     """FLOPs per token behind a source's TFLOP/s or MFU figures."""
     source = row["source"].lower()
     l, h, v, s = model.n_layers, model.hidden, model.vocab, seq_len
+    if model.moe is not None:  # the MoE sources' TFLOP/s are Megatron-Core's counter (plait.measure.published_moe)
+        return megatron_flops_per_token(model, s), "Megatron-Core MoE counter (active experts, causal s/2)"
     if "narayanan" in source:
         return 96 * l * h * h * (1 + s / (6 * h) + v / (16 * l * h)), "Megatron Eq.3 (recompute, full square)"
     if "korthikanti" in source:

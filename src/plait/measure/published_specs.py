@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from plait.errors import PlaitError
+from plait.measure.published_moe import (MoERowError, is_moe_row, megatron_attention, moe_given, moe_gpu_type, moe_gpus_per_node,
+                                         moe_model_for_row)
 from plait.plan.activations import BF16, layer_items
 from plait.plan.complete import complete
 from plait.plan.memory import MemoryBreakdown, in_flight_microbatches
@@ -266,18 +268,26 @@ def _required(row: dict, notes: list[str]) -> tuple[int, int, int]:
 def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) -> RowSpecs:
     """The planner's inputs for one row, completing what the source omits (each completion noted)."""
     seq_len, n_gpus, gbs = _required(row, notes)
-    model = model_for_row(row, seq_len, notes)
-    if (integer(row, "ep") or 1) > 1:
-        raise UnsupportedRow("expert parallelism")
+    if is_moe_row(row):  # mixture of experts: plait.measure.published_moe
+        try:
+            model = moe_model_for_row(row, seq_len, notes)
+        except MoERowError as exc:
+            raise UnsupportedRow(str(exc)) from None
+    else:
+        model = model_for_row(row, seq_len, notes)
+    if (integer(row, "ep") or 1) > 1 and model.moe is None:
+        raise UnsupportedRow("expert parallelism on a dense model")
     try:
-        gpu = get_gpu(row["gpu_type"])
+        gpu = get_gpu(moe_gpu_type(row, notes))
     except PlaitError:
         raise UnsupportedRow(f"GPU {row['gpu_type']!r} has no spec") from None
-    per_node = integer(row, "gpus_per_node")
+    per_node = integer(row, "gpus_per_node") or (moe_gpus_per_node(row, gpu.name, notes) if model.moe else None)
     if per_node is None:
         per_node = DATA_DEFAULTS["gpus_per_node"]
         notes.append("8 GPUs per node assumed")
     cluster = cluster_for_gpu(gpu.name, n_gpus, per_node)
+    if model.moe is not None:  # the MoE sources run Megatron-Core with Transformer Engine
+        cluster = megatron_attention(cluster, notes)
     job = JobSpec(global_batch=gbs, seq_len=seq_len)
     runtime = runtime_of(row)
     given = _given_knobs(row, model, n_gpus, notes)
@@ -306,7 +316,10 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
 
 def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str]) -> dict:
     """The layout keys the row states ({Layout field: value}); the others are left to completion."""
-    given: dict = {k: v for k in ("tp", "pp", "dp", "cp", "vpp", "mbs") if (v := integer(row, k)) is not None}
+    given: dict = {k: v for k in ("tp", "pp", "dp", "cp", "vpp", "mbs", "ep", "etp") if (v := integer(row, k)) is not None}
+    if model.moe is not None and "etp" not in given:
+        given["etp"] = 1
+        notes.append("etp=1 assumed (not stated)")
     degrees = ("tp", "pp", "dp")
     if "cp" not in given and all(k in given for k in degrees):
         product = given["tp"] * given["pp"] * given["dp"]
@@ -338,6 +351,8 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str]) -> 
         given.update(ckpt=recompute[0], ckpt_layers=recompute[1], _op_level=recompute[2])
     elif (row.get("recompute") or "").strip():
         notes.append(f"recompute {row['recompute'].strip()!r} not understood: searched")
+    if model.moe is not None:  # Megatron's recompute modules, the all-to-all overlap
+        given.update(moe_given(row, notes))
     sp = (row.get("seq_parallel") or "").strip().lower()
     if sp in ("yes", "no") or given.get("tp") == 1:
         given["sp"] = sp == "yes" or given.get("tp") == 1
@@ -345,5 +360,6 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str]) -> 
     if not flash:
         notes.append("FlashAttention assumed")
     given["attn"] = "eager" if flash == "no" else "flash"
-    given["precision"] = "fp8" if "fp8" in (row.get("precision") or "").lower() else "bf16"
+    precision = (row.get("precision") or "").lower()
+    given["precision"] = "mxfp8" if "mxfp8" in precision else "fp8" if "fp8" in precision else "bf16"
     return given

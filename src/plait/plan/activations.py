@@ -95,6 +95,7 @@ from __future__ import annotations
 
 import math
 
+from plait.plan.moe.memory import adjust_layer_items
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
 
@@ -191,6 +192,8 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
         items["attn_post_norm_input"] = BF16 * sb * h / rep
         items["mlp_post_norm_input"] = BF16 * sb * h / rep
     items["norm_stats"] = norms * stats_per_norm * FP32 * sb / rep
+    if model.moe is not None or model.mla is not None:  # experts, MLA: the mean layer's items (plait.plan.moe.memory)
+        items = adjust_layer_items(items, model, layout, seq_len, mbs, runtime)
     return items
 
 

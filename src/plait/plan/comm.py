@@ -135,6 +135,24 @@ def all_to_all(cluster: ClusterSpec, group: GroupPlacement, nbytes: float) -> fl
                                     1 if r > 1 else 0, 1 if group.spans_nodes else 0))
 
 
+def all_to_all_hierarchical(cluster: ClusterSpec, group: GroupPlacement, nbytes: float,
+                            nic_bytes: float) -> float:
+    """HetuMoE's (and DeepEP's) two-level all-to-all of a rank's ``nbytes`` buffer: what goes to
+    another node crosses the network once per destination node, rail-aligned (to the GPU of the
+    same local rank there), and is fanned out over NVLink inside the node; ``nic_bytes`` is what
+    this rank sends over its NIC share after that aggregation (at most the flat all-to-all's
+    (n-r)/n · nbytes). NVLink carries (r-1)/r of the buffer (the intra-node exchange and the
+    fan-out); both levels run at once (pipelined), one latency each. Inside one node it is the
+    flat all-to-all."""
+    n, r = group.size, group.ranks_per_node
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    if not group.spans_nodes:
+        return all_to_all(cluster, group, nbytes)
+    nic = min(nic_bytes, (n - r) / n * nbytes)
+    return time_of(cluster, Traffic((r - 1) / r * nbytes, nic, 1 if r > 1 else 0, 1, concurrent=True))
+
+
 def send_recv(cluster: ClusterSpec, crosses_nodes: bool, nbytes: float) -> float:
     """Point-to-point transfer between neighbouring pipeline stages (over the NIC share when
     they are on different nodes)."""

@@ -34,7 +34,7 @@ from plait.spec.validate import errors_of, stage_layers, validate
 # the knobs completion searches when they are not given, in the order notes list them
 COMPLETABLE = ("tp", "pp", "dp", "cp", "mbs", "zero", "ckpt", "sp", "schedule", "vpp")
 # keys that ``candidate_layouts`` enumerates (the others are pinned afterwards)
-_ENUMERATED = ("tp", "pp", "dp", "cp", "mbs", "zero", "ckpt", "schedule", "vpp", "hsdp", "precision")
+_ENUMERATED = ("tp", "pp", "dp", "cp", "mbs", "zero", "ckpt", "schedule", "vpp", "hsdp", "precision", "ep", "etp")
 NEAR_BEST = 0.01  # layouts within this fraction of the best tokens/s count as equally fast
 
 

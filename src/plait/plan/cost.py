@@ -18,6 +18,11 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
       reduce-scatter of the step exposed (``_zero3_exposed``); hybrid sharding adds an
       all-reduce of the gradient shards across replicas (the only DP bytes that cross nodes
       when the shard group is inside a node).
+  experts (``plait.plan.moe.timing``): MoE, MLA and sliding-window layers get their own kernel
+      times; per MoE layer and micro-batch the exposed dispatch and combine all-to-all (forward,
+      backward, and the forward's again under ckpt=full), item ``ep_comm``; the routed experts'
+      gradients are reduced over the expert-data-parallel group (in ``dp_comm``) and their
+      optimizer step counted with the rest.
 
 MFU = model FLOPs (causal attention counted explicitly) / (step time · GPUs · dense bf16 peak).
 HFU uses hardware FLOPs (with recomputation). Collectives follow ``plait.plan.comm``.
@@ -33,10 +38,14 @@ from plait.plan.activations import checkpointed_layer_count, stage_layer_bytes
 from plait.plan.flops import hardware_flops_per_token
 from plait.plan.kernels import head_time, layer_times
 from plait.plan.memory import stage_params, zero_shard_degree
+from plait.plan.moe.memory import stage_expert_params, stage_layer_split
+from plait.plan.moe.timing import expert_dp_comm, moe_comm_layer, moe_layer_times
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import GroupPlacement, JobSpec, Layout, group_of
 from plait.spec.model import ModelSpec
+from plait.spec.moe.parts import is_extended
+from plait.spec.moe.layout import expert_data_parallel, expert_groups
 from plait.spec.validate import stage_layers
 
 BUBBLE_DIVISOR = {"gpipe": 1.0, "1f1b": 1.0, "zero-bubble": 3.0}
@@ -72,6 +81,7 @@ class StepBreakdown:
     model_flops_per_token: float
     hardware_flops_per_token: float
     peak_flops: float  # dense bf16 peak of one GPU, FLOP/s
+    ep_comm: float = 0.0  # exposed expert all-to-all (dispatch and combine)
 
     @property
     def tokens_per_s(self) -> float:
@@ -91,7 +101,7 @@ class StepBreakdown:
 
     def items(self) -> dict[str, float]:
         keys = ("compute", "elementwise", "recompute", "tp_comm", "cp_comm", "pp_comm", "bubble",
-                "dp_comm", "offload", "optimizer", "overhead")
+                "dp_comm", "ep_comm", "offload", "optimizer", "overhead")
         return {k: getattr(self, k) for k in keys}
 
     @property
@@ -175,8 +185,11 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     gpu, lay = cluster.gpu, layout
     m = lay.micro_batches(job.global_batch)
     tokens = job.seq_len / lay.cp * lay.mbs  # tokens of one micro-batch on one rank
-    times = layer_times(model, gpu, params, tokens, job.seq_len, lay.tp, lay.cp,
-                        lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime)
+    if is_extended(model):  # experts, MLA
+        times = moe_layer_times(model, gpu, params, lay, tokens, job.seq_len, runtime)
+    else:
+        times = layer_times(model, gpu, params, tokens, job.seq_len, lay.tp, lay.cp,
+                            lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime)
     groups = _groups(lay, cluster.gpus_per_node)
     layers = stage_layers(model, lay) * lay.vpp  # layers on the most loaded GPU
     n_ckpt = checkpointed_layer_count(model, lay, layers)
@@ -226,6 +239,12 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         crosses = groups["pp"].spans_nodes
         pp_mb = 2 * lay.vpp * comm.send_recv(cluster, crosses, sent)
 
+    # ---- expert all-to-all per micro-batch: the MoE layers of the stage (plait.plan.moe.timing)
+    ep_mb = 0.0
+    if model.moe is not None:
+        moe_layers = stage_layer_split(model, lay, layers)[1]
+        a2a_fwd, a2a_bwd = moe_comm_layer(model, cluster, lay, tokens, job.seq_len, params)
+        ep_mb = moe_layers * (a2a_fwd + a2a_bwd + params.moe_layer_overhead_s) + (n_ckpt * a2a_fwd * moe_layers / layers if lay.ckpt == "full" else 0.0)
     kernels_mb = layers * (times.gemm_fwd * 3 + times.attn_fwd + times.attn_bwd)
     elementwise_mb = layers * 3 * times.elementwise_fwd
     # the LM head stays bf16 under fp8/mxfp8: plait's runtime (torchao) converts only the blocks' linears
@@ -233,7 +252,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     recompute_mb = n_ckpt * recompute_layer
     tp_mb, cp_mb = layers * tp_layer, layers * cp_layer
     overhead_mb = params.microbatch_overhead_s * lay.vpp
-    body_mb = kernels_mb + elementwise_mb + recompute_mb + tp_mb + cp_mb + offload_mb + pp_mb + overhead_mb
+    body_mb = kernels_mb + elementwise_mb + recompute_mb + tp_mb + cp_mb + offload_mb + pp_mb + overhead_mb + ep_mb
     slowest_mb = body_mb + head_mb  # the last stage (or the only one) carries the head
     average_mb = body_mb + head_mb / lay.pp
 
@@ -262,9 +281,19 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
                                      lay.reshard, m, params)
         if lay.hsdp > 1:
             dp_comm += comm.all_reduce(cluster, groups["replicate"], grad_bytes / max(1, d // lay.cp))
+    if model.moe is not None and expert_data_parallel(lay) > 1:  # routed experts: over the expert-dp ranks
+        if lay.zero == 3:  # gathered layer by layer, as the dense weights
+            edp = expert_groups(lay, cluster.gpus_per_node)["edp"]
+            dp_comm += _zero3_exposed(cluster, edp, stage_expert_params(model, lay, layers), layers, times,
+                                      n_ckpt * recompute_layer, lay.reshard, m, params)
+        else:
+            dp_comm += _exposed(expert_dp_comm(model, cluster, lay, layers, params), bwd_window, params)
 
     # ---- optimizer
     opt_params = local / d if lay.zero >= 1 else local
+    if model.moe is not None:
+        experts = stage_expert_params(model, lay, layers)
+        opt_params += experts / expert_data_parallel(lay) if lay.zero >= 1 else experts
     optimizer = opt_params * params.optimizer_bytes_per_param / (gpu.hbm_bandwidth * gpu.memory_efficiency)
     offload_step = 0.0
     if lay.opt_offload:
@@ -292,4 +321,5 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         model_flops_per_token=model_flops,
         hardware_flops_per_token=hardware_flops_per_token(model, lay, job.seq_len),
         peak_flops=gpu.bf16_flops,
+        ep_comm=scale * ep_mb,
     )

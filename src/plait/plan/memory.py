@@ -47,6 +47,7 @@ from plait.plan.activations import (
     layer_items,
     stage_layer_bytes,
 )
+from plait.plan.moe.memory import dense_layer_local, dispatch_buffer_bytes, expert_states, stage_dense_blocks
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import LOSS_CHUNK_TOKENS, JobSpec, Layout
@@ -81,6 +82,7 @@ class MemoryBreakdown:
     capacity: float
     stage: str
     host_bytes: float = 0.0  # optimizer states and activations kept in host memory
+    moe_buffers: float = 0.0  # expert dispatch send/receive buffers of one layer (plait.plan.moe.memory)
 
     @property
     def model_states(self) -> float:
@@ -89,7 +91,8 @@ class MemoryBreakdown:
     @property
     def total(self) -> float:
         return (self.model_states + self.activations + self.embedding_activations + self.logits
-                + self.zero3_buffers + self.comm_buffers + self.cuda_context + self.fragmentation)
+                + self.zero3_buffers + self.comm_buffers + self.cuda_context + self.fragmentation
+                + self.moe_buffers)
 
     @property
     def allocated(self) -> float:
@@ -132,10 +135,13 @@ def stage_params(model: ModelSpec, layout: Layout) -> dict[str, float]:
     token_embedding = model.vocab * model.hidden / t
     positions = model.max_seq_len * model.hidden if model.arch == "gpt" else 0
     head = model.vocab * model.hidden / t
-    first = layers * layer_local + token_embedding + positions
-    last = layers * layer_local + model.final_norm_params() + head
+    blocks = layers * layer_local
+    if model.moe is not None or model.mla is not None:  # experts, MLA: the non-expert parameters (plait.plan.moe.memory)
+        blocks = stage_dense_blocks(model, layout, layers)
+    first = blocks + token_embedding + positions
+    last = blocks + model.final_norm_params() + head
     if layout.pp == 1:
-        both = layers * layer_local + token_embedding + positions + model.final_norm_params()
+        both = blocks + token_embedding + positions + model.final_norm_params()
         both += 0 if model.tied_embeddings else head
         return {"first": both, "last": both}
     return {"first": first, "last": last}
@@ -153,6 +159,8 @@ def _model_states(params: float, model: ModelSpec, layout: Layout) -> tuple[floa
     if layout.zero >= 3:
         weights /= d
         layer = model.layer_params() / layout.tp
+        if model.moe is not None or model.mla is not None:  # the non-expert part of an MoE layer (experts: expert_states)
+            layer = dense_layer_local(model, layout, model.moe is not None)
         buffers = 2 * 2.0 * layer + 2.0 * layer  # two gathered layers + one unsharded grad
     host = 0.0
     if layout.opt_offload:
@@ -208,6 +216,10 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
     local = stage_params(model, layout)
     for stage in ("first", "last"):
         weights, grads, optim, buffers, host = _model_states(local[stage], model, layout)
+        if model.moe is not None:  # routed experts: split by ep·etp, ZeRO over edp (plait.plan.moe.memory)
+            experts = expert_states(model, layout, stage_layers(model, layout) * layout.vpp)
+            weights, grads, optim, buffers, host = (a + b for a, b in zip((weights, grads, optim, buffers, host), experts))
+        moe_buffers = dispatch_buffer_bytes(model, layout, job.seq_len) if model.moe is not None else 0.0
         is_first = stage == "first" or layout.pp == 1
         is_last = stage == "last" or layout.pp == 1
         # the last stage of 1F1B-type schedules holds one micro-batch; GPipe's holds them all
@@ -215,14 +227,14 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
         stage_acts, offloaded = activation_bytes(model, layout, job, stage_in_flight, runtime,
                                                  stage=0 if is_first else layout.pp - 1)
         embed_acts = stage_in_flight * embed_per_mb if is_first else 0.0
-        dynamic = stage_acts + embed_acts + (logits if is_last else 0.0) + buffers
+        dynamic = stage_acts + embed_acts + (logits if is_last else 0.0) + buffers + moe_buffers
         candidates.append(MemoryBreakdown(
             weights=weights, gradients=grads, optimizer=optim, activations=stage_acts,
             embedding_activations=embed_acts,
             logits=logits if is_last else 0.0, zero3_buffers=buffers,
             comm_buffers=params.comm_buffer_bytes, cuda_context=params.cuda_context_bytes,
             fragmentation=params.fragmentation * dynamic, capacity=cluster.gpu.hbm_bytes,
-            stage="only" if layout.pp == 1 else stage, host_bytes=host + offloaded,
+            stage="only" if layout.pp == 1 else stage, host_bytes=host + offloaded, moe_buffers=moe_buffers,
         ))
     return max(candidates, key=lambda m: m.total)
 

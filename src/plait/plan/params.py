@@ -49,6 +49,12 @@ class CostParams:
         bandwidth, ``plait.plan.comm``: FSDP2's one collective per block does reach it). An
         implementation that gathers parameter by parameter with a host sync after each
         (DeepSpeed 0.3, 2021) runs far below its links: see ``plait.measure.published_specs``.
+    moe_load_imbalance: routed tokens of the most loaded expert-parallel rank over the mean (>= 1;
+        1.0: balanced, as force-balanced benchmarks run; routers trained with an auxiliary loss
+        stay within about 1.1-1.3): scales the expert GEMMs and the all-to-all (``plait.plan.moe.timing``).
+    moe_layer_overhead_s: fixed seconds per MoE layer and micro-batch, forward and backward together:
+        the dropless dispatch's host syncs (token counts to the host to size the all-to-all and the
+X
     """
 
     gemm_half_flops: float = 2.0e9
@@ -69,6 +75,8 @@ class CostParams:
     logits_bytes_per_element: float = 10.0
     fp8_gemm_efficiency: float = 0.50
     zero3_collective_bandwidth: float = 0.0
+    moe_load_imbalance: float = 1.0
+    moe_layer_overhead_s: float = 3.0e-3
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -132,6 +140,7 @@ PARAM_RANGES: dict[str, Range] = {
     "fragmentation": Range(0.0, 1.0),
     "logits_bytes_per_element": NON_NEGATIVE,
     "fp8_gemm_efficiency": EFFICIENCY,
+    "moe_load_imbalance": Range(1.0),
 }
 GPU_RANGES: dict[str, Range] = {
     "bf16_flops": POSITIVE, "fp8_flops": NON_NEGATIVE, "hbm_bytes": POSITIVE, "hbm_bandwidth": POSITIVE,

@@ -14,6 +14,11 @@ so trying the others would only multiply the candidates; they are evaluated when
 saves memory, so, like offload, it is tried for a layout that does not fit with ``unfused``
 (before offload, and kept only if it makes the layout fit), unless ``loss`` is pinned.
 
+Experts (a model with ``moe``): ep over the divisors of n_experts that divide tp·cp·dp (the
+expert ranks are carved out of them, ``plait.spec.moe.layout``), etp 1 and, with tp > 1, etp = tp;
+a dense model gets ep = etp = 1 (no extra candidates). ``moe_overlap`` is not enumerated: ``none``
+unless pinned (what a runtime without overlap does).
+
 Every plan carries the runtime rules it breaks (``plait.spec.capabilities``); with
 ``runnable=True`` only the layouts that ``plait train`` runs are kept.
 """
@@ -37,7 +42,7 @@ from plait.spec.validate import errors_of, validate
 
 CKPT_ORDER = CKPT_POLICIES  # tried in this order: cheapest recompute first
 # keys the enumeration does not vary (see the module docstring), with the value it uses unless pinned
-KERNEL_DEFAULTS = {"precision": "bf16", "attn": "flash", "norm": "fused", "loss": "unfused"}
+KERNEL_DEFAULTS = {"precision": "bf16", "attn": "flash", "norm": "fused", "loss": "unfused", "moe_overlap": "none"}
 
 
 @dataclass(frozen=True)
@@ -125,9 +130,11 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                             if zero and dp * cp == 1:
                                 continue
                             for hsdp in _hsdp_options(zero, dp, tp * cp, cluster.gpus_per_node, constraints):
-                                for ckpt in ckpts:
-                                    yield Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, zero=zero, hsdp=hsdp,
-                                                 ckpt=ckpt, schedule=schedule, split=split, **kernels)
+                                for ep, etp in _expert_options(model, tp, tp * cp * dp, constraints):
+                                    for ckpt in ckpts:
+                                        yield Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, zero=zero,
+                                                     hsdp=hsdp, ckpt=ckpt, schedule=schedule, split=split,
+                                                     ep=ep, etp=etp, **kernels)
 
 
 def _gcd(*values: int) -> int:
@@ -151,6 +158,18 @@ def _schedules(model: ModelSpec, pp: int, micro: int, constraints: SearchConstra
                     yield schedule, vpp
         elif not fixed_vpp or fixed_vpp == 1:
             yield schedule, 1
+
+
+def _expert_options(model: ModelSpec, tp: int, ranks: int, constraints: SearchConstraints):
+    """(ep, etp) pairs for ``ranks`` = tp·cp·dp ranks of a stage (module docstring)."""
+    if model.moe is None:
+        yield constraints.fixed_value("ep") or 1, constraints.fixed_value("etp") or 1
+        return
+    etps = _options(constraints, "etp", sorted({1, tp}))
+    for etp in etps:
+        for ep in _options(constraints, "ep", divisors(model.moe.n_experts)):
+            if ranks % (ep * etp) == 0 and model.moe.expert_ffn % etp == 0:
+                yield ep, etp
 
 
 def _hsdp_options(zero: int, dp: int, model_parallel: int, gpus_per_node: int, constraints: SearchConstraints):

@@ -30,7 +30,7 @@ RUNTIME_RULES = (
     "runtime-opt-offload", "runtime-compile-tp-ckpt", "runtime-fp8", "runtime-mxfp8-tp", "runtime-tied-embeddings-pp",
     "runtime-seq-len", "runtime-compile-zero-bubble", "runtime-async-tp-device", "runtime-async-tp-compile",
     "runtime-async-tp-sp", "runtime-attn-softcap", "runtime-qk-norm-tp", "runtime-norm-position-sp",
-    "runtime-cp-attention-options", "runtime-logit-softcap-loss", "runtime-rope-scaling",
+    "runtime-cp-attention-options", "runtime-logit-softcap-loss", "runtime-rope-scaling", "runtime-moe",
 )
 RUNTIME_ROPE_SCALINGS = ("linear", "llama3")  # rope_scaling types plait.run.modules.layers applies
 
@@ -58,7 +58,27 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
                     "and last pipeline stage on one GPU; use pp=1"))
     if job.seq_len > model.max_seq_len:
         out.append(("runtime-seq-len", f"seq_len={job.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"))
-    return out + _model_feature_rules(model, lay)
+    return out + _model_feature_rules(model, lay) + _moe_rules(model, lay)
+
+
+def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
+    """(rule id, message) of the mixture-of-experts features the planner models and the runtime does
+    not run yet: routed experts, MLA, attention sinks, and the expert layout keys."""
+    if (model.moe is None and model.mla is None and not model.sinks and lay.ep == 1 and lay.etp == 1
+            and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
+        return []
+    parts = [what for what, present in (("routed experts (moe)", model.moe is not None),
+                                        ("multi-head latent attention (mla)", model.mla is not None),
+                                        ("attention sinks (sinks)", model.sinks)) if present]
+    keys = [f"{key}={getattr(lay, key)}" for key, default in (("ep", 1), ("etp", 1), ("moe_overlap", "none"))
+            if getattr(lay, key) != default]
+    if not parts and not keys:
+        return []
+    # the model alone when it has the parts (one message for all its layouts), else the layout's keys
+    what = f"model {model.name} has {', '.join(parts)}" if parts else f"layout sets {', '.join(keys)}"
+    return [("runtime-moe", f"{what}: mixture-of-experts models and expert parallelism are planned but not "
+             "run by plait train yet; plan them with plait plan (--any-runtime ranks them), train a dense "
+             "model with ep=1, etp=1")]
 
 
 def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:

@@ -9,6 +9,8 @@ Two readers give the same ModelSpec (tests/spec/test_hf_configs.py checks it on 
     when transformers is installed.
 Either way the raw file is checked first: required sizes present, every key known (read, or known
 to change nothing plait models), and the features plait does not model refused by the key's name.
+Mixture-of-experts families (``plait.spec.moe.hf.MOE_TYPES``: Mixtral, Qwen2/3-MoE, OLMoE,
+DeepSeek-V2/V3, GPT-OSS) are read by ``plait.spec.moe.hf`` with either reader.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Callable
 from plait.errors import PlaitError
 from plait.spec.hf.families import DEFAULTS, GPT_FAMILIES, HARMLESS_KEYS, LLAMA_FAMILIES, READ_KEYS, REFUSED
 from plait.spec.model import ModelSpec, rope_scaling_pairs
+from plait.spec.moe.hf import MOE_TYPES, moe_from_hf_config
 from plait.spec.serialize import read_json_file
 
 READERS = ("plain", "transformers", "auto")
@@ -48,6 +51,8 @@ def model_from_hf_dict(config: dict, source: Path, reader: str = "plain") -> Mod
     """The ModelSpec of a config.json's contents (``source``: its path, for messages)."""
     if reader not in READERS:
         raise ValueError(f"reader must be one of {READERS}, not {reader!r}")
+    if str(config.get("model_type", "")).lower() in MOE_TYPES:  # mixture-of-experts families: plait.spec.moe.hf
+        return moe_from_hf_config(config, source, str(config.get("_name_or_path") or source.parent.name or "hf-model"))
     family = check_raw_config(config, source)
     if reader == "auto":
         reader = "transformers" if importlib.util.find_spec("transformers") else "plain"
@@ -65,7 +70,7 @@ def check_raw_config(config: dict, source: Path) -> str:
     family = str(config.get("model_type", "")).lower()
     if family not in LLAMA_FAMILIES + GPT_FAMILIES:
         raise PlaitError(f"{source}: model_type={family or '(missing)'!r} is not supported; "
-                         f"supported: {', '.join(LLAMA_FAMILIES + GPT_FAMILIES)}")
+                         f"supported: {', '.join(LLAMA_FAMILIES + GPT_FAMILIES + MOE_TYPES)}")
     if family in LLAMA_FAMILIES:
         for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"):
             _require(config, key, source=source)

@@ -43,6 +43,7 @@ LOSS_CHUNK_TOKENS = 1024  # loss=fused: tokens per cross-entropy chunk (runtime 
 CP_IMPLS = ("ring", "allgather", "torch", "ulysses")
 PARALLEL_DIMS = ("tp", "cp", "dp", "pp")
 SPLITS = ("even", "uneven")
+MOE_OVERLAPS = ("none", "shared", "chunked")
 
 
 def _default_schedule(vpp: int) -> str:
@@ -142,6 +143,17 @@ class Layout:
                               "`ring` (send/recv around the cp ring), `allgather`, `torch` (PyTorch's ring "
                               "attention), `ulysses` (all-to-all of heads; cp divides n_kv_heads/tp); the "
                               "planner models one", choices=CP_IMPLS)
+    # mixture of experts (plait.spec.moe.parts, plait.plan.moe.memory): ep·etp ranks carved out of tp·cp·dp
+    ep: int = layout_key(1, "int", "expert-parallel degree: each MoE layer's routed experts are split over ep "
+                         "ranks carved out of tp·cp·dp (Megatron-Core's expert mesh: etp innermost, then ep, then "
+                         "expert data parallel = tp·cp·dp/(ep·etp)); 1 for a dense model", runtime=False)
+    etp: int = layout_key(1, "int", "tensor-parallel degree inside each routed expert (its ffn split by etp)",
+                          runtime=False)
+    moe_overlap: str = layout_key("none", "choice", "how the expert all-to-all overlaps computation: `none`, "
+                                  "`shared` (behind the shared experts' and dense work of the same layer), "
+                                  "`chunked` (Comet/FSMoE-style: micro-batch chunks, one chunk's dispatch and "
+                                  "combine behind another's expert GEMMs); see plait.plan.moe.timing",
+                                  choices=MOE_OVERLAPS, runtime=False)
 
     def __post_init__(self) -> None:
         wrong = problems(self, LAYOUT_KEYS)

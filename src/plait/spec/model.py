@@ -34,6 +34,13 @@ presets read and write unchanged):
   * ``rope_scaling``: recorded as (key, value) pairs; changes no parameters, FLOPs or memory (it
     only stretches the rotary frequencies). The runtime applies ``linear`` and ``llama3``.
   * ``family``: the Hugging Face ``model_type`` the spec was read from (its weight names).
+  * ``sinks`` (GPT-OSS): one learned sink logit per head, a softmax column no value goes with:
+    n_heads parameters per layer; its FLOPs (one more score per query) and memory are negligible
+    and not counted.
+
+Optional parts (``plait.spec.moe.parts``; None: absent), counted by ``plait.spec.moe.counts``:
+``moe`` (routed and shared experts: ``total_params`` counts every expert, ``active_params`` and
+the FLOPs only those a token uses) and ``mla`` (DeepSeek's multi-head latent attention).
 
 FLOP conventions (one definition everywhere in plait):
   * A matmul of an (m x k) by a (k x n) matrix costs 2·m·k·n FLOPs. Biases, norms, softmax
@@ -55,6 +62,8 @@ import json
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
+from plait.spec.moe import counts as moe_counts
+from plait.spec.moe.parts import MLASpec, MoESpec, coerce_parts
 from plait.spec.serialize import dataclass_from_dict, parse_json
 
 ARCHS = ("llama", "gpt")
@@ -100,6 +109,10 @@ class ModelSpec:
     rope_scaling: tuple = ()  # (key, value) pairs of the config's rope_scaling, sorted; recorded only
     norm_eps: float = 1e-5  # epsilon of every norm
     family: str = ""  # Hugging Face model_type read from ("" for presets and plait model JSON)
+    sinks: bool = False  # one learned attention-sink logit per head (GPT-OSS): n_heads parameters a layer
+    # ---- optional parts (plait.spec.moe.parts; counted by plait.spec.moe.counts); None: absent
+    moe: MoESpec | None = None  # routed/shared experts
+    mla: MLASpec | None = None  # multi-head latent attention (DeepSeek-V2/V3)
 
     def __post_init__(self) -> None:
         gpt = self.arch == "gpt"
@@ -133,6 +146,8 @@ class ModelSpec:
             elif value > MAX_DIMENSION:  # larger sizes overflow the planner's float arithmetic
                 problems.append(f"{field}={value} is more than {MAX_DIMENSION} (2^31)")
         if not problems:
+            problems += coerce_parts(self)
+        if not problems:
             if self.n_heads % self.n_kv_heads:
                 problems.append(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
         problems += self._feature_problems()
@@ -146,7 +161,7 @@ class ModelSpec:
                                ("local_layers", LOCAL_LAYERS), ("activation", ACTIVATIONS)):
             if getattr(self, field) not in allowed:
                 problems.append(f"{field}={getattr(self, field)!r} is not one of {', '.join(allowed)}")
-        for field in ("qkv_bias", "attn_out_bias", "mlp_bias", "norm_offset", "tied_embeddings", "dropout"):
+        for field in ("qkv_bias", "attn_out_bias", "mlp_bias", "norm_offset", "tied_embeddings", "dropout", "sinks"):
             if not isinstance(getattr(self, field), bool):
                 problems.append(f"{field}={getattr(self, field)!r} must be true or false")
         if not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool) \
@@ -190,11 +205,16 @@ class ModelSpec:
         return self.local_layers == "all" or layer % 2 == 0
 
     def local_layer_count(self) -> int:
+        if not self.sliding_window:  # the common case, asked for in the planner's inner loop
+            return 0
         return sum(self.is_local_layer(i) for i in range(self.n_layers))
 
     # ------------------------------------------------------- parameter counts
     def layer_matmul_params(self) -> int:
-        """Weights of one block that take part in matmuls (no biases, no norms)."""
+        """Weights of one block that take part in matmuls (no biases, no norms). With experts or
+        MLA: the weights one token uses, averaged over the layers (``plait.spec.moe.counts``)."""
+        if self.moe is not None or self.mla is not None:  # plait.spec.moe.parts.is_extended, inlined (hot)
+            return moe_counts.blocks_active_matmul(self) / self.n_layers
         h, f, q, kv = self.hidden, self.ffn_hidden, self.q_hidden, self.kv_hidden
         attention = h * q + 2 * h * kv + q * h  # Q, K, V, output projection
         mlp = 3 * h * f if self.gated else 2 * h * f  # a gated MLP has gate, up, down
@@ -202,11 +222,17 @@ class ModelSpec:
 
     def layer_bias_params(self) -> int:
         """Bias elements of one block."""
-        h, f = self.hidden, self.ffn_hidden
+        return self.attention_bias_params() + self.mlp_bias_params()
+
+    def attention_bias_params(self) -> int:
+        """Bias elements of one block's Q, K, V and output projections."""
         qkv = self.q_hidden + 2 * self.kv_hidden if self.qkv_bias else 0
-        out = h if self.attn_out_bias else 0
-        mlp = ((2 * f if self.gated else f) + h) if self.mlp_bias else 0
-        return qkv + out + mlp
+        return qkv + (self.hidden if self.attn_out_bias else 0)
+
+    def mlp_bias_params(self) -> int:
+        """Bias elements of one (dense) MLP."""
+        f = self.ffn_hidden
+        return ((2 * f if self.gated else f) + self.hidden) if self.mlp_bias else 0
 
     def layer_norm_params(self) -> int:
         """Norm weights (and LayerNorm biases) of one block, q/k norms included."""
@@ -218,8 +244,15 @@ class ModelSpec:
         return norms + qk
 
     def layer_params(self) -> int:
-        """All parameters of one transformer block."""
-        return self.layer_matmul_params() + self.layer_bias_params() + self.layer_norm_params()
+        """All parameters of one transformer block (with experts or MLA: the mean over layers)."""
+        if self.moe is not None or self.mla is not None:  # plait.spec.moe.parts.is_extended, inlined (hot)
+            return moe_counts.blocks_params(self) / self.n_layers
+        return (self.layer_matmul_params() + self.layer_bias_params() + self.layer_norm_params()
+                + self.layer_sink_params())
+
+    def layer_sink_params(self) -> int:
+        """Attention-sink logits of one block (``sinks``: one per head)."""
+        return self.n_heads if self.sinks else 0
 
     def final_norm_params(self) -> int:
         return self.hidden if self.arch == "llama" else 2 * self.hidden
@@ -232,14 +265,22 @@ class ModelSpec:
         return token + positions + head
 
     def non_embedding_params(self) -> int:
+        if self.moe is not None or self.mla is not None:  # plait.spec.moe.parts.is_extended, inlined (hot)
+            return moe_counts.blocks_params(self) + self.final_norm_params()
         return self.n_layers * self.layer_params() + self.final_norm_params()
 
     def total_params(self) -> int:
         """Exact number of parameters of the model (counts a tied matrix once)."""
         return self.non_embedding_params() + self.embedding_params()
 
+    def active_params(self) -> int:
+        """Parameters one token uses: total less the routed experts it skips (= total when dense)."""
+        return moe_counts.active_params(self)
+
     def matmul_params(self) -> int:
-        """Weights used in matmuls for every token: all blocks plus the LM head."""
+        """Weights used in matmuls for every token: all blocks plus the LM head (active ones with experts)."""
+        if self.moe is not None or self.mla is not None:  # plait.spec.moe.parts.is_extended, inlined (hot)
+            return moe_counts.blocks_active_matmul(self) + self.vocab * self.hidden
         return self.n_layers * self.layer_matmul_params() + self.vocab * self.hidden
 
     # ------------------------------------------------------------------ FLOPs
@@ -258,7 +299,10 @@ class ModelSpec:
 
     def attention_flops_per_token(self, seq_len: int, causal: bool = True) -> float:
         """Forward FLOPs of Q·Kᵀ and P·V per token, summed over layers (see module doc): 2·2 FLOPs
-        per key seen and element of a query head, sliding-window layers seeing fewer keys."""
+        per key seen and element of a query head, sliding-window layers seeing fewer keys (MLA:
+        ``plait.spec.moe.counts``, its query/key and value widths differ)."""
+        if self.mla is not None:
+            return moe_counts.attention_flops_per_token(self, seq_len, causal)
         local = self.local_layer_count()
         keys = (local * self.keys_per_query(seq_len, True, causal)
                 + (self.n_layers - local) * self.keys_per_query(seq_len, False, causal))

@@ -14,6 +14,8 @@ Sources:
     released config.json files (vocabulary 128,256, 8 KV heads; 3.2-1B ties its embeddings).
   * ``tiny``, ``tiny-gpt``, ``llama-125m``, ``gpt-125m``: small models for the runtime tests and examples
     (``gpt-125m`` is GPT-3 Small from Brown et al. 2020).
+  * mixture-of-experts presets (Mixtral, Qwen3-MoE, OLMoE, DeepSeek-V3, GPT-OSS, ``tiny-moe``):
+    ``plait.spec.moe.presets``, each with its source.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 from plait.errors import PlaitError
 from plait.spec.hf_config import model_from_hf_config
 from plait.spec.model import ModelSpec
+from plait.spec.moe.presets import MOE_PRESETS
 
 
 def _megatron(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -71,7 +74,7 @@ _PRESETS = [
               n_kv_heads=4, vocab=512, max_seq_len=256),
 ]
 
-MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _PRESETS}
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _PRESETS + MOE_PRESETS}
 
 
 def get_model(name: str) -> ModelSpec:

@@ -12,6 +12,7 @@ from plait.errors import PlaitError
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import FP8_PRECISIONS, JobSpec, Layout, placement
 from plait.spec.model import ModelSpec
+from plait.spec.moe.layout import moe_rule_errors
 from plait.spec.units import divisors
 
 
@@ -125,6 +126,9 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
         error("hsdp-divides-dp", f"hsdp={lay.hsdp} replicas do not divide dp={lay.dp}")
     if lay.hsdp > 1 and lay.zero == 0:
         error("hsdp-needs-zero", "hsdp>1 (hybrid sharding) needs zero >= 1")
+    # ---- experts (plait.spec.moe.layout)
+    for rule, message in moe_rule_errors(model, lay):
+        error(rule, message)
     # ---- checkpointing, offload, precision
     per_stage = -(-model.n_layers // lay.pp)
     if lay.ckpt_layers > per_stage:

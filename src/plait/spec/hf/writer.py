@@ -118,6 +118,9 @@ def hf_config_of(spec: ModelSpec, dtype: str = "float32") -> dict:
     """The config.json of ``spec``: its own family's, or the first candidate's that reads back as ``spec``;
     PlaitError naming what no family's config can hold."""
     families = (spec.family,) if spec.family else CANDIDATES[spec.arch]
+    if spec.moe is not None or spec.mla is not None:  # the MoE families' tables come with their runtime
+        raise PlaitError(f"model {spec.name}: mixture-of-experts and MLA models cannot be exported in a Hugging "
+                         "Face format yet (plait train does not run them yet either)")
     if spec.family and spec.family not in ARCHITECTURES:
         raise PlaitError(f"model {spec.name}: plait cannot write a config.json of model_type {spec.family!r} "
                          f"(it writes {', '.join(ARCHITECTURES)})")

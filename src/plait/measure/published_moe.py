@@ -1,0 +1,190 @@
+"""Published mixture-of-experts runs (``shared/data/published_moe_runs.csv``): the row's model, GPU and
+the source's FLOP counter.
+
+Model (``moe_model_for_row``): a row whose dimensions (n_layers, hidden, n_heads, n_experts, top_k,
+moe_ffn_hidden) are those of a MoE preset takes the preset (``plait.spec.moe.presets``: exact
+head_dim, Q/K norms, MLA, sliding windows, biases, which the CSV does not carry), noted. Otherwise
+``llama-moe`` rows are built from the columns (head_dim = hidden / n_heads, noted); ``deepseek-moe``
+rows without a preset lack the MLA ranks and ``qwen3-next`` (linear/gated hybrid attention) is not
+modelled: both are unsupported. ``moe_layer_freq`` is 1 (every layer) or Megatron's
+``[0]*n+[1]*m`` (the first n dense).
+
+GPU (``moe_gpu_type``): the sources' system names map to presets by ``plait.spec.gpu_names``, except
+the Megatron-MoE-ModelZoo's "h100 (NVLink4, IB 8x50GB/s)": eight H100 on NVLink4 with one
+400 Gb/s NIC each is the DGX/HGX H100 SXM5 node (H100 NVL, the PCIe card, pairs GPUs over bridges
+and has no NVLink4 switch), so ``h100-sxm``, noted.
+
+FLOP counter (``megatron_flops_per_token``): the sources report TFLOP/s from Megatron-Core's own
+counter (``num_floating_point_operations`` in Megatron-LM's training.py): per token
+    12·L·h·(ffn·1.5·dense/L + (f_e·k + f_s·n)·1.5·moe/L)            MLP, SwiGLU (3/2)
+  + 12·L·h²·(1 + g/a + s/(2h))·(a·d/h)                              GQA attention, causal (s/2)
+  + 6·L·(MLA projections + s·a·(d_qk + d_v)/2)                      MLA attention instead
+  + 6·h·V                                                           logits
+(L layers, s sequence, V vocabulary, g KV heads, d head_dim). Checked against the rows that report
+both TFLOP/s and throughput: Qwen3-235B-A22B 245 TFLOP/s at 1663.4 tokens/s is 1.473e11 FLOPs per
+token, the formula gives 1.480e11 (0.5%, the TFLOP/s are rounded). It differs from plait's model
+FLOPs (``ModelSpec.model_flops_per_token``: 6 × the active matmul weights + causal attention) in
+three places: plait counts the router GEMM (2·h·E per token forward), Megatron leaves it out;
+plait counts a local layer's sliding window (GPT-OSS), Megatron the full causal square; and
+Megatron's MLA projection count adds the latent norms as weights. For the MoE presets the
+difference is under 2% (README, MoE validation).
+"""
+
+from __future__ import annotations
+
+import re
+
+from plait.spec.model import ModelSpec
+from plait.spec.moe.parts import MoESpec
+from plait.spec.moe.presets import MOE_PRESETS
+
+MOE_ARCHS = ("llama-moe", "deepseek-moe", "gpt-oss", "qwen3-next")
+GPU_TYPES = {"h100 (nvlink4, ib 8x50gb/s)": "h100-sxm"}  # module docstring
+
+
+class MoERowError(Exception):
+    """A MoE row plait cannot model (the reason as message); the caller maps it to its own status."""
+
+
+def is_moe_row(row: dict) -> bool:
+    arch = (row.get("arch") or "").strip().lower()
+    return arch in MOE_ARCHS or bool((row.get("n_experts") or "").strip())
+
+
+def moe_gpu_type(row: dict, notes: list[str]) -> str:
+    """The GPU name to look up for a row (``GPU_TYPES`` first, noted)."""
+    text = (row.get("gpu_type") or "").strip()
+    mapped = GPU_TYPES.get(text.lower())
+    if mapped:
+        notes.append(f"gpu_type {text!r} read as {mapped} (NVLink4 x8 with 400 Gb/s NICs: the SXM5 node)")
+        return mapped
+    return text
+
+
+def _int(row: dict, key: str) -> int | None:
+    text = (row.get(key) or "").strip()
+    try:
+        return int(float(text)) if text else None
+    except ValueError:
+        return None
+
+
+def _first_dense(text: str) -> int | None:
+    """Leading dense layers from ``moe_layer_freq`` (1, or ``[0]*n+[1]*m``); None when not that form."""
+    text = text.replace(" ", "")
+    if text in ("", "1"):
+        return 0
+    match = re.fullmatch(r"\[0\]\*(\d+)\+\[1\]\*(\d+)", text)
+    return int(match.group(1)) if match else None
+
+
+def moe_model_for_row(row: dict, seq_len: int, notes: list[str]) -> ModelSpec:
+    """The model of a MoE row (module docstring); raises MoERowError when plait cannot model it."""
+    arch = (row.get("arch") or "").strip().lower()
+    if arch == "qwen3-next":
+        raise MoERowError("qwen3-next's hybrid linear/gated attention is not modelled")
+    dims = {k: _int(row, k) for k in ("n_layers", "hidden", "n_heads", "n_experts", "top_k", "moe_ffn_hidden")}
+    missing = [k for k, v in dims.items() if v is None]
+    if missing:
+        raise MoERowError(f"MoE dimensions not given ({', '.join(missing)})")
+    for preset in MOE_PRESETS:
+        moe = preset.moe
+        if (preset.n_layers, preset.hidden, preset.n_heads, moe.n_experts, moe.top_k, moe.expert_ffn) == (
+                dims["n_layers"], dims["hidden"], dims["n_heads"], dims["n_experts"], dims["top_k"],
+                dims["moe_ffn_hidden"]):
+            notes.append(f"model: preset {preset.name} (same dimensions; head_dim, norms, MLA and windows from it)")
+            return preset
+    if arch == "deepseek-moe":
+        raise MoERowError("an MLA model without a preset: the CSV has no MLA ranks")
+    first_dense = _first_dense(row.get("moe_layer_freq") or "")
+    if first_dense is None:
+        raise MoERowError(f"moe_layer_freq {row.get('moe_layer_freq')!r} is not 1 or [0]*n+[1]*m")
+    shared = _int(row, "n_shared_experts") or 0
+    heads = dims["n_heads"]
+    notes.append("head_dim = hidden / n_heads assumed (no preset with these dimensions)")
+    return ModelSpec(
+        name=row["id"], arch="llama", n_layers=dims["n_layers"], hidden=dims["hidden"],
+        ffn_hidden=_int(row, "ffn_hidden") or dims["moe_ffn_hidden"], n_heads=heads,
+        n_kv_heads=_int(row, "n_kv_heads") or heads, vocab=_int(row, "vocab") or 32000, max_seq_len=max(seq_len, 2048),
+        moe=MoESpec(dims["n_experts"], dims["top_k"], dims["moe_ffn_hidden"], n_shared=shared, first_dense=first_dense),
+    )
+
+
+def megatron_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Megatron-Core's model FLOPs per token for ``model`` (module docstring)."""
+    from plait.spec.moe.parts import moe_layer_count
+
+    layers, h, s, a = model.n_layers, model.hidden, seq_len, model.n_heads
+    moe = model.moe
+    n_moe = moe_layer_count(model) if moe is not None else 0
+    dense_ffn = model.ffn_hidden * 1.5 * (layers - n_moe) / layers
+    routed = (moe.expert_ffn * moe.top_k + moe.shared_width * moe.n_shared) * 1.5 * n_moe / layers if moe else 0.0
+    mlp = 12.0 * layers * h * (dense_ffn + routed)
+    mla = model.mla
+    if mla is not None:
+        q = (mla.q_lora_rank * (h + a * mla.qk_head_dim + 1) if mla.q_lora_rank else h * a * mla.qk_head_dim)
+        kv = mla.kv_lora_rank * (h + a * (mla.qk_nope_head_dim + mla.v_head_dim) + 1) + h * mla.qk_rope_head_dim
+        core = s * a * mla.qk_head_dim / 2.0 + s * a * mla.v_head_dim / 2.0
+        attention = 6.0 * layers * (q + kv + a * mla.v_head_dim * h + core)
+    else:
+        ratio = model.q_hidden / h
+        attention = 12.0 * layers * h * h * (1 + model.n_kv_heads / a + s / h / 2.0) * ratio
+    return mlp + attention + 6.0 * h * model.vocab
+
+
+NVL72_GPUS_PER_DOMAIN = 64  # GB200 NVL72: a 72-GPU NVLink domain, of which jobs use 64 (powers of two)
+
+
+def moe_gpus_per_node(row: dict, gpu_name: str, notes: list[str]) -> int | None:
+    """GPUs per NVLink domain for a MoE row that leaves ``gpus_per_node`` empty: GB200 NVL72's rack
+    (the expert all-to-all stays on NVLink inside it), else None (the caller's default)."""
+    if gpu_name != "gb200" or (row.get("gpus_per_node") or "").strip():
+        return None
+    n_gpus = _int(row, "n_gpus") or NVL72_GPUS_PER_DOMAIN
+    per_domain = NVL72_GPUS_PER_DOMAIN if n_gpus % NVL72_GPUS_PER_DOMAIN == 0 else min(n_gpus, 8)
+    notes.append(f"GB200 NVL72: {per_domain} GPUs per NVLink domain assumed (gpus_per_node not stated)")
+    return per_domain
+
+
+def moe_given(row: dict, notes: list[str]) -> dict:
+    """Layout keys a MoE row states in words: Megatron's fine-grained recompute modules and the
+    expert all-to-all overlap.
+
+    ``selective(norm, act)`` (Megatron ``--recompute-modules layernorm moe_act``: norms and the
+    experts' activation functions recomputed, GEMM outputs kept) is plait's ``balanced``;
+    ``selective(layernorm, moe)`` (the whole MoE block recomputed from its input) is closest to
+    ``full``; "1f1b overlap" (one micro-batch's all-to-all behind another's compute) is
+    ``moe_overlap=chunked``.
+    """
+    out: dict = {}
+    text = (row.get("recompute") or "").strip().lower()
+    modules = set(re.findall(r"[a-z_]+", text.partition("(")[2]))
+    if text.startswith("selective(") and "moe" in modules:
+        out.update(ckpt="full", ckpt_layers=0, _op_level=False)
+        notes.append(f"recompute {text!r} (the MoE block recomputed) read as ckpt=full")
+    elif text.startswith("selective(") and modules & {"act", "moe_act"}:
+        out.update(ckpt="balanced", ckpt_layers=0, _op_level=False)
+        notes.append(f"recompute {text!r} (norms and activations recomputed) read as ckpt=balanced")
+    if "1f1b overlap" in (row.get("notes") or "").lower():
+        out["moe_overlap"] = "chunked"
+        notes.append("EP all-to-all overlapped with another micro-batch's compute: moe_overlap=chunked")
+    return out
+
+
+# Megatron-Core runs attention through Transformer Engine's cuDNN fused attention, a
+# FlashAttention-3-class kernel on Hopper and Blackwell: Shah et al. 2024 ("FlashAttention-3")
+# measure 0.6-0.75 of the H100's bf16 peak forward at long sequences, where plait's GPU presets
+# carry FlashAttention-2 under PyTorch (0.22 on H100). Half of the peak, for forward and backward
+# alike (the backward's 2.5x FLOPs at the same rate), is applied to the MoE sources' rows.
+TE_ATTENTION_EFFICIENCY = 0.5
+
+
+def megatron_attention(cluster, notes: list[str]):
+    """``cluster`` with its GPU's attention efficiency at ``TE_ATTENTION_EFFICIENCY`` (noted)."""
+    from dataclasses import replace
+
+    if cluster.gpu.attention_efficiency >= TE_ATTENTION_EFFICIENCY:
+        return cluster
+    notes.append(f"attention: Transformer Engine's fused kernel, {TE_ATTENTION_EFFICIENCY:g} of the peak "
+                 f"(the {cluster.gpu.name} preset's {cluster.gpu.attention_efficiency:g} is FlashAttention-2)")
+    return replace(cluster, gpu=replace(cluster.gpu, attention_efficiency=TE_ATTENTION_EFFICIENCY))

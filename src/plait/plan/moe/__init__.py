@@ -1,0 +1,5 @@
+"""The planner's mixture-of-experts side (no torch).
+
+  memory    parameters per rank, expert model states, the MoE block's saved activations
+  timing    MoE/MLA/sliding-window layer kernel times, the expert all-to-all and its overlap
+"""

@@ -1,0 +1,173 @@
+"""Memory of mixture-of-experts and MLA models: parameters per rank, expert model states, saved activations.
+
+Parameters on one rank (``stage_dense_params``, ``stage_expert_params``): the most loaded pipeline
+stage holds ``stage_layers · vpp`` layers, as many of them MoE layers as the model has (at most
+all): the worst case for DeepSeek-V3, whose three dense layers sit on the first stage.
+  * dense part (attention, dense MLPs, shared experts, router, norms; embeddings and LM head as
+    for a dense model): matmul weights split by tp (the router is replicated), model states as a
+    dense model's (ZeRO over dp·cp, ``plait.plan.memory``).
+  * routed experts: n_experts / ep experts per MoE layer, each split by etp; 2 + 2 + 12 bytes per
+    parameter, ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the
+    weights over the expert-data-parallel ranks edp = tp·cp·dp / (ep·etp) (``expert_states``).
+
+Saved activations of one MoE block (``moe_layer_saved_bytes``, one layer and micro-batch; the
+runtime's memory-truth test compares with it). T tokens on the rank enter the block (s·b, or
+s·b/tp with sequence parallelism: the router and the dispatch see the sequence shard), R =
+T·top_k·etp·c tokens reach its experts after dispatch (c: the capacity factor, 1 when dropless
+and balanced):
+  moe_router_probs     4·T·E        fp32 router probabilities (softmax or sigmoid output)
+  moe_combine_weights  4·T·k        fp32 top-k weights (the combine's gradient w.r.t. expert outputs)
+  moe_dispatched       2·R·h        tokens after dispatch: input of the experts' gate/up GEMM
+  moe_up               2·2·R·f/etp  gate and up outputs
+  moe_act_out          2·2·R·f/etp  silu(gate) and silu(gate)·up (input of the down GEMM)
+  moe_expert_out       2·R·h        expert outputs (the combine's gradient w.r.t. the weights)
+  moe_shared_up        2·2·S·n·f_s/tp   shared experts' gate and up outputs (S = s·b: the shared
+  moe_shared_act_out   2·2·S·n·f_s/tp   experts take the gathered norm output, as a dense MLP)
+The block's input norm items (``mlp_norm_input``, ``mlp_norm_output``) are the dense layer's.
+Transient buffers (item ``moe_buffers`` of the memory): the dispatch send and receive buffers of one
+layer, 2·2·R·h bytes, live during its forward and again in its backward.
+
+MLA attention (``mla_items``): Q and K of width a·(d_nope + d_rope), V of a·d_v, the attention
+output a·d_v (all /tp), and the latents (Q latent r_q, its norm output, KV latent r_kv + d_rope and
+its norm output: 2·(2·r_q + 2·r_kv + d_rope) bytes per token, replicated).
+"""
+
+from __future__ import annotations
+
+from plait.spec.layout import Layout
+from plait.spec.moe.parts import moe_layer_count
+from plait.spec.moe.counts import (attention_matmul_params, attention_other_params, dense_mlp_params,
+                                   routed_expert_params, router_params)
+from plait.spec.moe.layout import expert_data_parallel
+
+BF16, FP32 = 2, 4  # bytes per element (as plait.plan.activations)
+MOE_ITEMS = ("moe_router_probs", "moe_combine_weights", "moe_dispatched", "moe_up", "moe_act_out",
+             "moe_expert_out", "moe_shared_up", "moe_shared_act_out")
+
+
+def stage_layer_split(model, layout: Layout, layers: int) -> tuple[int, int]:
+    """(dense, MoE) layers on the most loaded stage of ``layers`` layers (module docstring)."""
+    moe = min(layers, moe_layer_count(model)) if model.moe is not None else 0
+    return layers - moe, moe
+
+
+def dense_layer_local(model, layout: Layout, moe_layer: bool) -> float:
+    """Non-expert parameters of one layer on one rank (matmul weights split by tp)."""
+    t = layout.tp
+    out = attention_matmul_params(model) / t + attention_other_params(model) + model.layer_norm_params()
+    if not moe_layer:
+        return out + dense_mlp_params(model) / t + model.mlp_bias_params()
+    moe = model.moe
+    shared = moe.n_shared * 3 * model.hidden * moe.shared_width / t + (model.hidden if moe.shared_gate else 0)
+    return out + router_params(model) + shared
+
+
+def expert_layer_local(model, layout: Layout) -> float:
+    """Routed-expert parameters of one MoE layer on one rank: n_experts / ep experts split by etp."""
+    return model.moe.n_experts / layout.ep * routed_expert_params(model) / layout.etp
+
+
+def stage_dense_blocks(model, layout: Layout, layers: int) -> float:
+    """Non-expert parameters of ``layers`` blocks of the most loaded stage on one rank."""
+    dense, moe = stage_layer_split(model, layout, layers)
+    return dense * dense_layer_local(model, layout, False) + moe * dense_layer_local(model, layout, True)
+
+
+def stage_expert_params(model, layout: Layout, layers: int) -> float:
+    """Routed-expert parameters on one rank of the most loaded stage."""
+    if model.moe is None:
+        return 0.0
+    return stage_layer_split(model, layout, layers)[1] * expert_layer_local(model, layout)
+
+
+def expert_states(model, layout: Layout, layers: int) -> tuple[float, float, float, float, float]:
+    """(weights, gradients, optimizer, ZeRO-3 buffers, host bytes) of the routed experts on one rank."""
+    params = stage_expert_params(model, layout, layers)
+    if params == 0.0:
+        return 0.0, 0.0, 0.0, 0.0, 0.0
+    d = expert_data_parallel(layout)
+    weights, grads, optim, buffers = 2.0 * params, 2.0 * params, 12.0 * params, 0.0
+    if layout.zero >= 1:
+        optim /= d
+    if layout.zero >= 2:
+        grads /= d
+    if layout.zero >= 3:
+        weights /= d
+        layer = expert_layer_local(model, layout)
+        buffers = 2 * 2.0 * layer + 2.0 * layer  # two gathered layers of experts + one unsharded grad
+    host = 0.0
+    if layout.opt_offload:
+        host, optim = optim, 0.0
+    return weights, grads, optim, buffers, host
+
+
+def routed_tokens(model, layout: Layout, seq_len: int, mbs: int | None = None, load: float = 1.0) -> tuple[float, float]:
+    """(T, R): tokens entering the MoE block on a rank, and routed tokens its experts compute
+    (``load``: the most loaded rank's share over the mean; a capacity factor caps it)."""
+    b = layout.mbs if mbs is None else mbs
+    rep = layout.tp if layout.sequence_parallel else 1
+    tokens = seq_len / layout.cp * b / rep
+    moe = model.moe
+    factor = min(load, moe.capacity_factor) if moe.capacity_factor else load
+    return tokens, tokens * moe.top_k * layout.etp * factor
+
+
+def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None = None, *,
+                          runtime: str = "torch") -> dict[str, float]:
+    """Bytes one MoE block (router to combine, and the shared experts) saves for its backward, for
+    one micro-batch, by item (module docstring). ``runtime`` is accepted for symmetry with
+    ``plait.plan.activations.layer_items``: both runtimes save the same tensors here."""
+    moe, h = model.moe, model.hidden
+    tokens, routed = routed_tokens(model, layout, seq_len, mbs)
+    f = moe.expert_ffn / layout.etp
+    b = layout.mbs if mbs is None else mbs
+    full = seq_len / layout.cp * b  # the shared experts see the gathered sequence, as a dense MLP
+    shared = moe.n_shared * moe.shared_width / layout.tp
+    return {
+        "moe_router_probs": FP32 * tokens * moe.n_experts,
+        "moe_combine_weights": FP32 * tokens * moe.top_k,
+        "moe_dispatched": BF16 * routed * h,
+        "moe_up": 2 * BF16 * routed * f,
+        "moe_act_out": 2 * BF16 * routed * f,
+        "moe_expert_out": BF16 * routed * h,
+        "moe_shared_up": 2 * BF16 * full * shared,
+        "moe_shared_act_out": 2 * BF16 * full * shared,
+    }
+
+
+def dispatch_buffer_bytes(model, layout: Layout, seq_len: int) -> float:
+    """Send and receive buffers of one MoE layer's dispatch (or combine), bytes."""
+    if model.moe is None:
+        return 0.0
+    return 2 * BF16 * routed_tokens(model, layout, seq_len)[1] * model.hidden
+
+
+def mla_items(model, layout: Layout, seq_len: int, b: int) -> dict[str, float]:
+    """Saved bytes of an MLA attention block that differ from GQA's (module docstring)."""
+    mla, a, t = model.mla, model.n_heads, layout.tp
+    sb = seq_len / layout.cp * b
+    return {"q": BF16 * sb * a * mla.qk_head_dim / t,
+            "kv": BF16 * sb * a * (mla.qk_head_dim + mla.v_head_dim) / t,
+            "attn_out": BF16 * sb * a * mla.v_head_dim / t,
+            "mla_latents": BF16 * sb * (2 * mla.q_lora_rank + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim)}
+
+
+def adjust_layer_items(items: dict[str, float], model, layout: Layout, seq_len: int, mbs: int | None,
+                       runtime: str) -> dict[str, float]:
+    """``plait.plan.activations.layer_items`` of a dense layer, made those of the model's mean layer:
+    MLA's attention widths, and for an MoE model the MoE block's items in place of the dense MLP's,
+    weighted by the fraction of MoE layers (the rest keep the dense MLP's). A GQA model's head_dim,
+    Q/K norms and windows are already in ``layer_items`` (ModelSpec fields): nothing is added here."""
+    out = dict(items)
+    b = layout.mbs if mbs is None else mbs
+    if model.mla is not None:
+        out.update(mla_items(model, layout, seq_len, b))
+        out.pop("attn_kv_repeat", None)
+    if model.moe is None:
+        return out
+    fraction = moe_layer_count(model) / model.n_layers
+    for key in ("mlp_up", "mlp_act_out"):
+        out[key] = (1.0 - fraction) * out[key]
+    for key, value in moe_layer_saved_bytes(model, layout, seq_len, mbs, runtime=runtime).items():
+        out[key] = fraction * value
+    return out

@@ -1,0 +1,194 @@
+"""Time of mixture-of-experts, MLA and sliding-window layers, and of the expert all-to-all. Seconds.
+
+``moe_layer_times`` gives a ``LayerTimes`` (``plait.plan.kernels``) of the model's mean layer (dense
+and MoE layers weighted by their counts), so the step model of ``plait.plan.cost`` applies as for a
+dense model:
+  * attention GEMMs at their real widths (MLA's down/up projections; a head_dim override), the
+    attention core (FlashAttention's curve) on (d_qk + d_v) per key with the keys a query sees
+    (causal, and at most ``sliding_window`` on a local layer, averaged over the layers);
+  * router GEMM (T_r × h × E, T_r = tokens on the rank after sequence parallelism), shared experts
+    as a dense MLP of n_shared·f_s split by tp, and the routed experts as two grouped GEMMs
+    (``grouped_gemm_time``): n_experts/ep experts, each on m = R / (n_experts/ep) tokens, R =
+    T_r·top_k·etp·load; the efficiency curve is taken at one expert's FLOPs (a grouped GEMM of small
+    per-expert GEMMs under-fills the GPU like each of them: "tokens-per-expert efficiency"), with
+    one launch for the group and the roofline on all the experts' weights;
+  * the attention core counts only the keys a query sees in a sliding-window layer, as
+    FlashAttention's and Transformer Engine's windowed kernels compute them (the MoE sources run
+    Megatron-Core); a dense model's ``plait.plan.kernels`` prices plait's runtime, whose SDPA with
+    an explicit window mask computes the whole square;
+  * the dense layer's kernels (``plait.plan.kernels.layer_times``) are used for their element-wise
+    work only (the GEMMs and the attention core are priced here, never twice); biases, Q/K norms
+    and sinks add no GEMM time;
+  * element-wise work of the dense layer plus the dispatch's permute/unpermute (``PERMUTE_PASSES``
+    bf16 passes over R·h), and the router's softmax over T_r·E in fp32.
+``load`` is ``CostParams.moe_load_imbalance``: the most loaded rank's routed tokens over the mean
+(1.0: balanced, as the force-balanced benchmarks run; a router trained with an auxiliary loss
+typically stays within 1.1-1.3 of the mean); a capacity factor caps it. It scales the expert GEMMs
+and the all-to-all, since the slowest rank sets the pace.
+
+Expert all-to-all (``expert_a2a``): per MoE layer, dispatch and combine in the forward and both
+again in the backward, each moving T_r·top_k·h bf16 from every rank, over the ep group placed as
+Megatron places it (``plait.spec.moe.layout``). Across nodes it is the hierarchical all-to-all
+(``plait.plan.comm.all_to_all_hierarchical``): a token crosses the network once per destination
+node (``remote_nodes_per_token``: the expected distinct other nodes among its top-k experts under
+balanced routing, capped by group-limited routing), then fans out over NVLink. etp > 1 adds the
+all-gather (and reduce-scatter) of the routed tokens over the etp group. Overlap (``Layout.moe_overlap``):
+  none     every all-to-all is exposed;
+  shared   dispatch and combine hide behind the shared experts' GEMMs of the same layer;
+  chunked  the micro-batch runs in ``MOE_CHUNKS`` chunks, one chunk's all-to-all behind another's
+           expert GEMMs: exposed = max(0, comm - gemm) + min(comm, gemm) / MOE_CHUNKS.
+Hidden communication slows the compute it shares the GPU with by ``CostParams.overlap_slowdown``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from plait.plan import comm
+from plait.plan.kernels import BF16, LayerTimes, gemm_time, layer_times
+from plait.plan.moe.memory import routed_tokens, stage_expert_params
+from plait.plan.params import CostParams
+from plait.spec.hardware import ClusterSpec, GpuSpec
+from plait.spec.layout import FP8_PRECISIONS, Layout
+from plait.spec.moe.parts import moe_layer_count
+from plait.spec.moe.counts import mean_keys_per_query
+from plait.spec.moe.layout import expert_data_parallel, expert_groups
+
+MOE_CHUNKS = 4  # moe_overlap=chunked: chunks per micro-batch (Comet and FSMoE pipeline 2-8)
+PERMUTE_PASSES = 4.0  # dispatch permute and combine unpermute: read + write of R·h bf16 each, forward
+
+
+def grouped_gemm_time(gpu: GpuSpec, params: CostParams, groups: float, m: float, k: float, n: float,
+                      precision: str = "bf16") -> float:
+    """``groups`` GEMMs of (m×k)·(k×n) in one grouped kernel, seconds (module docstring)."""
+    if groups <= 0 or m <= 0:
+        return 0.0
+    one = gemm_time(gpu, params, m, k, n, precision) - gpu.kernel_overhead
+    operand = 1.0 if precision in FP8_PRECISIONS else BF16
+    weights = groups * operand * k * n / (gpu.hbm_bandwidth * gpu.memory_efficiency)
+    return max(groups * one, weights) + gpu.kernel_overhead
+
+
+@lru_cache(maxsize=16384)
+def moe_mlp_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tokens: float,
+                  seq_len: int) -> tuple[float, float, float]:
+    """Forward (router, shared experts, routed experts) GEMM seconds of one MoE layer, one micro-batch."""
+    moe, h, t, p = model.moe, model.hidden, layout.tp, layout.precision
+    t_r, routed = routed_tokens(model, layout, seq_len, load=params.moe_load_imbalance)
+    router = gemm_time(gpu, params, t_r, h, moe.n_experts, "bf16")
+    shared = 0.0
+    if moe.n_shared:
+        width = moe.n_shared * moe.shared_width
+        shared = gemm_time(gpu, params, tokens, h, 2 * width / t, p) + gemm_time(gpu, params, tokens, width / t, h, p)
+    local = moe.n_experts / layout.ep
+    m, f = routed / local, moe.expert_ffn / layout.etp
+    experts = grouped_gemm_time(gpu, params, local, m, h, 2 * f, p) + grouped_gemm_time(gpu, params, local, m, f, h, p)
+    return router, shared, experts
+
+
+def _attention_gemms(model, gpu: GpuSpec, params: CostParams, tokens: float, t: int, p: str) -> float:
+    h, a, mla = model.hidden, model.n_heads, model.mla
+    if mla is not None:
+        out = gemm_time(gpu, params, tokens, h, mla.kv_lora_rank + mla.qk_rope_head_dim, p)
+        out += gemm_time(gpu, params, tokens, mla.kv_lora_rank, a * (mla.qk_nope_head_dim + mla.v_head_dim) / t, p)
+        if mla.q_lora_rank:
+            out += gemm_time(gpu, params, tokens, h, mla.q_lora_rank, p)
+            out += gemm_time(gpu, params, tokens, mla.q_lora_rank, a * mla.qk_head_dim / t, p)
+        else:
+            out += gemm_time(gpu, params, tokens, h, a * mla.qk_head_dim / t, p)
+        return out + gemm_time(gpu, params, tokens, a * mla.v_head_dim / t, h, p)
+    q, g = model.q_hidden, model.kv_hidden
+    return gemm_time(gpu, params, tokens, h, (q + 2 * g) / t, p) + gemm_time(gpu, params, tokens, q / t, h, p)
+
+
+@lru_cache(maxsize=16384)
+def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tokens: float, seq_len: int,
+                    runtime: str = "torch") -> LayerTimes:
+    """Kernel times of the model's mean layer for ``tokens`` on this rank (module docstring)."""
+    t, cp, p = layout.tp, layout.cp, layout.precision
+    dense = layer_times(model, gpu, params, tokens, seq_len, t, cp, layout.sequence_parallel, "flash", p,
+                        layout.norm, runtime)
+    h, f = model.hidden, model.ffn_hidden
+    dense_mlp = gemm_time(gpu, params, tokens, h, 2 * f / t, p) + gemm_time(gpu, params, tokens, f / t, h, p)
+    fraction = moe_layer_count(model) / model.n_layers
+    gemm = _attention_gemms(model, gpu, params, tokens, t, p) + (1.0 - fraction) * dense_mlp
+    elementwise = dense.elementwise_fwd
+    if model.moe is not None:
+        gemm += fraction * sum(moe_mlp_times(model, gpu, params, layout, tokens, seq_len))
+        t_r, routed = routed_tokens(model, layout, seq_len, load=params.moe_load_imbalance)
+        moved = PERMUTE_PASSES * BF16 * routed * h + 2 * 4.0 * t_r * model.moe.n_experts
+        elementwise += fraction * (moved / (gpu.hbm_bandwidth * gpu.memory_efficiency) + 6 * gpu.kernel_overhead)
+    # attention core: (d_qk + d_v) per key, the keys of each layer's window, averaged over layers
+    keys = mean_keys_per_query(model, seq_len)
+    if model.mla is not None:
+        width = model.n_heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
+    else:
+        width = 2 * model.q_hidden
+    flops = 2.0 * (tokens / (seq_len / cp)) * width / t * (seq_len / cp) * keys
+    peak = gpu.bf16_flops * gpu.attention_efficiency
+    attn_fwd = flops / peak * (flops + params.gemm_half_flops) / flops + gpu.kernel_overhead
+    return LayerTimes(gemm, attn_fwd, params.flash_backward_factor * attn_fwd, elementwise, 0.0)
+
+
+def remote_nodes_per_token(moe, nodes: int) -> float:
+    """Expected other nodes a token's top-k experts lie on, experts spread evenly over ``nodes``."""
+    if nodes <= 1:
+        return 0.0
+    experts, k = moe.n_experts, moe.top_k
+    per_node = experts / nodes
+    miss = 1.0
+    for i in range(k):  # P(no chosen expert on a given node): C(E - E/N, k) / C(E, k)
+        miss *= max(0.0, (experts - per_node - i) / (experts - i))
+    hit = nodes * (1.0 - miss)
+    if moe.n_groups > 1:  # group-limited routing: at most topk_groups groups
+        hit = min(hit, moe.topk_groups * max(1.0, nodes / moe.n_groups))
+    return hit * (nodes - 1) / nodes
+
+
+def expert_a2a(model, cluster: ClusterSpec, layout: Layout, seq_len: int, params: CostParams) -> float:
+    """One dispatch (or one combine) of one MoE layer and micro-batch, seconds (module docstring)."""
+    groups = expert_groups(layout, cluster.gpus_per_node)
+    load = params.moe_load_imbalance
+    t_r, routed = routed_tokens(model, layout, seq_len, load=load)
+    sent = BF16 * t_r * model.moe.top_k * model.hidden * load
+    nic = BF16 * t_r * model.hidden * load * remote_nodes_per_token(model.moe, groups["ep"].nodes)
+    seconds = comm.all_to_all_hierarchical(cluster, groups["ep"], sent, nic)
+    if layout.etp > 1:
+        seconds += comm.all_gather(cluster, groups["etp"], BF16 * routed * model.hidden)
+    return seconds
+
+
+def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, seq_len: int,
+                   params: CostParams) -> tuple[float, float]:
+    """(forward, backward) exposed all-to-all seconds of one MoE layer and micro-batch."""
+    a2a = expert_a2a(model, cluster, layout, seq_len, params)
+    if a2a <= 0.0:
+        return 0.0, 0.0
+    _, shared, experts = moe_mlp_times(model, cluster.gpu, params, layout, tokens, seq_len)
+    out = []
+    for factor in (1.0, 2.0):  # the backward's GEMMs take twice the forward's
+        moved = 2.0 * a2a  # dispatch and combine
+        if layout.moe_overlap == "shared":
+            window = factor * shared
+            hidden = min(moved, window)
+            out.append(moved - hidden + params.overlap_slowdown * hidden)
+        elif layout.moe_overlap == "chunked":
+            window = factor * experts
+            hidden = min(moved, window) * (1.0 - 1.0 / MOE_CHUNKS)
+            out.append(moved - hidden + params.overlap_slowdown * hidden)
+        else:
+            out.append(moved)
+    return out[0], out[1]
+
+
+def expert_dp_comm(model, cluster: ClusterSpec, layout: Layout, layers: int, params: CostParams) -> float:
+    """Routed experts' gradient reduction of one step over the expert-data-parallel group (before
+    overlap): all-reduce (ZeRO 0), else reduce-scatter and the all-gather of the updated weights."""
+    params_local = stage_expert_params(model, layout, layers)
+    group = expert_groups(layout, cluster.gpus_per_node)["edp"]
+    if params_local == 0.0 or expert_data_parallel(layout) <= 1:
+        return 0.0
+    grads = params.grad_reduce_bytes * params_local
+    if layout.zero == 0:
+        return comm.all_reduce(cluster, group, grads)
+    return comm.reduce_scatter(cluster, group, grads) + comm.all_gather(cluster, group, 2.0 * params_local)

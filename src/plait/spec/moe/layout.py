@@ -1,0 +1,77 @@
+"""Expert parallelism on a layout: the validator's MoE rules and where the expert groups lie.
+
+Megatron-Core's expert mesh (as torchtitan's): the tp·cp·dp ranks of one pipeline stage are
+re-divided for the experts into etp (innermost) × ep × expert-data-parallel, edp = tp·cp·dp /
+(ep·etp). Each rank holds n_experts / ep routed experts of each MoE layer, each split etp ways;
+the routed experts' gradients are reduced (and, with ZeRO, their states sharded) over the edp
+ranks that hold the same experts. Attention, dense MLPs, shared experts and the router keep the
+dense layout (tp, and ZeRO over dp·cp).
+"""
+
+from __future__ import annotations
+
+from plait.spec.layout import GroupPlacement, Layout
+from plait.spec.units import divisors
+
+_NON_PP = ("tp", "cp", "dp")
+
+
+def expert_data_parallel(layout: Layout) -> int:
+    """Ranks holding the same routed experts (tp·cp·dp / (ep·etp); at least 1)."""
+    return max(1, layout.tp * layout.cp * layout.dp // (layout.ep * layout.etp))
+
+
+def _non_pp_ranks(layout: Layout) -> list[int]:
+    """Global ranks of the tp·cp·dp ranks of pipeline stage 0, in Megatron's order (tp innermost)."""
+    strides, stride = {}, 1
+    for dim in layout.order.split("-"):
+        strides[dim] = stride
+        stride *= getattr(layout, dim)
+    ranks = [0]
+    for dim in _NON_PP:
+        ranks = [r + k * strides[dim] for k in range(getattr(layout, dim)) for r in ranks]
+    return ranks
+
+
+def _placement(ranks: list[int], gpus_per_node: int) -> GroupPlacement:
+    size = len(ranks)
+    nodes = len({r // gpus_per_node for r in ranks}) if size > 1 else 1
+    stride = ranks[1] - ranks[0] if size > 1 else 1
+    return GroupPlacement(size, stride, nodes, max(1, size // nodes))
+
+
+def expert_groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
+    """Placement of the group holding rank 0 for ``ep`` (the all-to-all), ``etp`` and ``edp``
+    (the routed experts' gradient reduction)."""
+    ranks = _non_pp_ranks(layout)
+    ep, etp = layout.ep, layout.etp
+    return {
+        "etp": _placement(ranks[:etp], gpus_per_node),
+        "ep": _placement(ranks[0:ep * etp:etp], gpus_per_node),
+        "edp": _placement(ranks[0::ep * etp], gpus_per_node),
+    }
+
+
+def moe_rule_errors(model, layout: Layout) -> list[tuple[str, str]]:
+    """(rule, message) of every MoE rule ``layout`` breaks for ``model``."""
+    ep, etp = layout.ep, layout.etp
+    moe = model.moe
+    if moe is None:
+        if ep > 1 or etp > 1:
+            return [("moe-dense-ep", f"ep={ep}, etp={etp} but {model.name} is dense (no experts): use ep=1, etp=1")]
+        return []
+    out = []
+    ranks = layout.tp * layout.cp * layout.dp
+    if moe.n_experts % ep:
+        fits = [d for d in divisors(moe.n_experts) if ranks % (d * etp) == 0]
+        out.append(("ep-divides-experts", f"ep={ep} does not divide n_experts={moe.n_experts}; "
+                    f"ep that would: {', '.join(map(str, fits)) or 'none'}"))
+    if ranks % (ep * etp):
+        out.append(("ep-carved", f"ep·etp = {ep}·{etp} = {ep * etp} does not divide tp·cp·dp = "
+                    f"{layout.tp}·{layout.cp}·{layout.dp} = {ranks}: expert-parallel ranks are carved out of "
+                    "tp·cp·dp"))
+    if moe.expert_ffn % etp:
+        out.append(("etp-divides-expert-ffn", f"etp={etp} does not divide the expert ffn {moe.expert_ffn}"))
+    if moe.n_shared and moe.shared_width % layout.tp:
+        out.append(("tp-divides-shared-ffn", f"tp={layout.tp} does not divide the shared expert ffn {moe.shared_width}"))
+    return out

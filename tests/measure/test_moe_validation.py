@@ -1,0 +1,72 @@
+"""``plait validate`` on the published MoE runs (shared/data/published_moe_runs.csv)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from plait.measure.published import error_summary, predict_runs, read_runs
+from plait.measure.published_moe import megatron_flops_per_token, moe_given
+from plait.spec.models import MODELS
+
+RUNS = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_moe_runs.csv"
+
+
+@pytest.fixture(scope="module")
+def results():
+    return predict_runs(RUNS)
+
+
+def test_median_mfu_error_bar(results):
+    summary = error_summary(results)
+    assert summary["complete"] == 30 and summary["coverage"] == 1.0
+    assert summary["overall"]["median_abs_error"] <= 5.0
+
+
+def test_errors_are_not_all_one_sign(results):
+    signs = [r.mfu_error_points > 0 for r in results if r.mfu_error_points is not None]
+    assert 0.25 < sum(signs) / len(signs) < 0.75
+
+
+def test_what_is_not_modelled_is_unsupported_with_the_reason(results):
+    by_id = {r.id: r for r in results}
+    assert "qwen3-next" in by_id["mz-qwen3next-80b-h100-128g"].status
+    assert by_id["mz-qwen3-235b-h100-ep8-pp32-a2a"].status.startswith("unsupported: pp·vpp = 96 stages")
+
+
+def test_rows_take_the_preset_ep_and_precision(results):
+    by_id = {r.id: r for r in results}
+    notes = by_id["mbridge-2511-b200-dsv3-256g"].notes
+    assert "model: preset deepseek-v3 (same dimensions; head_dim, norms, MLA and windows from it)" in notes
+    layout = next(n for n in notes if n.startswith("layout "))
+    assert "ep=8" in layout and "precision=mxfp8" in layout
+    gb200 = by_id["mbridge-2511-gb200-q235-256g"].notes
+    assert any(n.startswith("GB200 NVL72: 64 GPUs per NVLink domain") for n in gb200)
+
+
+def test_megatron_counter_matches_the_rows_that_report_both():
+    """Rows with TFLOP/s and a step time give Megatron's FLOPs per token; the formula agrees within
+    the rounding of the TFLOP/s (3 significant digits) plus 0.5%."""
+    for row in read_runs(RUNS):
+        if row["id"].startswith("mz-qwen3-235b-h100-ep32") and row["reported_iter_time_s"]:
+            tokens = float(row["gbs"]) * 4096 / 256 / float(row["reported_iter_time_s"])
+            measured = float(row["reported_tflops_per_gpu"]) * 1e12 / tokens
+            assert megatron_flops_per_token(MODELS["qwen3-235b-a22b"], 4096) == pytest.approx(measured, rel=0.01)
+
+
+def test_plait_and_megatron_flops_agree_within_two_percent_except_windows():
+    for name in ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"):
+        ratio = MODELS[name].model_flops_per_token(4096) / megatron_flops_per_token(MODELS[name], 4096)
+        assert 1.0 <= ratio < 1.02  # plait adds the router GEMM
+    oss = MODELS["gpt-oss-120b"]  # plait counts the 128-token windows of half of the layers
+    assert statistics.fmean([oss.model_flops_per_token(4096) / megatron_flops_per_token(oss, 4096)]) < 0.96
+
+
+@pytest.mark.parametrize("text,policy", [("selective(norm, act)", "balanced"), ("selective(layernorm, moe)", "full"),
+                                         ("full", None)])
+def test_megatron_recompute_modules(text, policy):
+    notes: list[str] = []
+    given = moe_given({"recompute": text, "notes": ""}, notes)
+    assert given.get("ckpt") == policy and len(notes) == (policy is not None)

@@ -1,0 +1,115 @@
+"""The planner on mixture-of-experts models: expert sharding, saved activations, all-to-all, search."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import comb
+
+import pytest
+
+from plait.cli import main
+from plait.plan import comm
+from plait.plan.cost import estimate_step
+from plait.plan.memory import estimate_memory
+from plait.plan.moe.memory import moe_layer_saved_bytes
+from plait.plan.moe.timing import remote_nodes_per_token
+from plait.plan.params import DEFAULT_PARAMS
+from plait.plan.search import SearchConstraints, candidate_layouts, search
+from plait.spec.hardware import get_cluster
+from plait.spec.layout import JobSpec, Layout
+from plait.spec.models import MODELS
+from plait.spec.moe.counts import blocks_params, expert_params_total
+
+MIXTRAL = MODELS["mixtral-8x7b"]
+CLUSTER = get_cluster("dgx-h100", 64)
+JOB = JobSpec(512, 4096)
+
+
+def test_expert_states_are_sharded_by_ep_and_the_expert_data_parallel_group():
+    memory = estimate_memory(MIXTRAL, CLUSTER, JOB, Layout.parse("dp=64,ep=8,zero=1,ckpt=full"))
+    experts = expert_params_total(MIXTRAL)
+    dense = MIXTRAL.total_params() - experts
+    norms = MIXTRAL.total_params() - blocks_params(MIXTRAL)  # embeddings, head, final norm: all dense
+    assert dense > norms
+    assert memory.weights == pytest.approx(2 * (dense + experts / 8))
+    # optimizer: dense states over dp = 64 ranks, the experts' over edp = 64 / 8 = 8 ranks
+    assert memory.optimizer == pytest.approx(12 * (dense / 64 + experts / 8 / 8))
+    zero3 = estimate_memory(MIXTRAL, CLUSTER, JOB, Layout.parse("dp=64,ep=8,zero=3,ckpt=full"))
+    assert zero3.weights == pytest.approx(2 * (dense / 64 + experts / 8 / 8))
+
+
+def test_moe_block_saved_bytes_item_by_item():
+    tiny = MODELS["tiny-moe"]
+    layout = Layout.parse("dp=1,mbs=2")
+    tokens, h, e, k, f, fs = 256 * 2, 128, 8, 2, 96, 96
+    routed = tokens * k
+    assert moe_layer_saved_bytes(tiny, layout, 256) == {
+        "moe_router_probs": 4 * tokens * e, "moe_combine_weights": 4 * tokens * k,
+        "moe_dispatched": 2 * routed * h, "moe_up": 2 * 2 * routed * f, "moe_act_out": 2 * 2 * routed * f,
+        "moe_expert_out": 2 * routed * h, "moe_shared_up": 2 * 2 * tokens * fs, "moe_shared_act_out": 2 * 2 * tokens * fs,
+    }
+    # sequence parallelism hands the router and dispatch a tp shard; the shared experts split their ffn
+    sp = moe_layer_saved_bytes(tiny, Layout.parse("tp=2,mbs=2"), 256)
+    assert sp["moe_dispatched"] == 2 * routed / 2 * h and sp["moe_shared_up"] == 2 * 2 * tokens * fs / 2
+    capped = replace(tiny, moe=replace(tiny.moe, capacity_factor=1.25))
+    assert moe_layer_saved_bytes(capped, layout, 256)["moe_dispatched"] == 2 * routed * h  # balanced: under the cap
+
+
+def test_remote_nodes_per_token():
+    top1 = replace(MIXTRAL.moe, top_k=1)
+    assert remote_nodes_per_token(top1, 4) == pytest.approx(3 / 4)
+    miss = comb(4, 2) / comb(8, 2)  # 8 experts on 2 nodes, top-2: no expert on a given node
+    assert remote_nodes_per_token(MIXTRAL.moe, 2) == pytest.approx(2 * (1 - miss) / 2)
+    v3 = MODELS["deepseek-v3"].moe  # group-limited: at most 4 of 8 nodes
+    assert remote_nodes_per_token(v3, 8) == pytest.approx(4 * 7 / 8)
+
+
+def test_hierarchical_all_to_all_never_slower_than_flat():
+    from plait.spec.layout import GroupPlacement
+
+    group = GroupPlacement(32, 1, 4, 8)
+    flat = comm.all_to_all(CLUSTER, group, 1e8)
+    assert comm.all_to_all_hierarchical(CLUSTER, group, 1e8, 1e8) <= flat  # both levels at once
+    assert comm.all_to_all_hierarchical(CLUSTER, group, 1e8, 1e7) < flat
+    inside = GroupPlacement(8, 1, 1, 8)
+    assert comm.all_to_all_hierarchical(CLUSTER, inside, 1e8, 0.0) == comm.all_to_all(CLUSTER, inside, 1e8)
+
+
+def test_all_to_all_is_itemized_and_overlap_hides_part_of_it():
+    base = "dp=64,ep=8,zero=1,ckpt=selective,mbs=2"
+    none = estimate_step(MIXTRAL, CLUSTER, JOB, Layout.parse(base))
+    chunked = estimate_step(MIXTRAL, CLUSTER, JOB, Layout.parse(base + ",moe_overlap=chunked"))
+    assert none.items()["ep_comm"] > chunked.ep_comm > 0
+    assert estimate_step(MIXTRAL, CLUSTER, JOB, Layout.parse("dp=64,zero=1,ckpt=selective,mbs=2")).ep_comm == (
+        pytest.approx(32 * 4 * DEFAULT_PARAMS.moe_layer_overhead_s))  # ep=1: the fixed cost of 32 layers x 4 micro-batches
+    # across nodes the all-to-all costs more than inside one
+    wide = estimate_step(MIXTRAL, CLUSTER, JOB, Layout.parse("tp=8,dp=8,ep=8,zero=1,ckpt=selective,mbs=2,order=dp-tp-cp-pp"))
+    narrow = estimate_step(MIXTRAL, CLUSTER, JOB, Layout.parse("tp=8,dp=8,ep=8,zero=1,ckpt=selective,mbs=2"))
+    assert wide.ep_comm > narrow.ep_comm
+
+
+def test_mfu_counts_active_parameters():
+    step = estimate_step(MIXTRAL, CLUSTER, JOB, Layout.parse("dp=64,ep=8,zero=1,ckpt=selective"))
+    assert step.model_flops_per_token == MIXTRAL.model_flops_per_token(4096)
+    assert step.model_flops_per_token < 6 * MIXTRAL.total_params() / 3
+
+
+def test_dense_models_get_no_expert_candidates():
+    llama = MODELS["llama3-8b"]
+    layouts = list(candidate_layouts(llama, CLUSTER, JOB, SearchConstraints(fixed=(("tp", 1), ("pp", 1)))))
+    assert layouts and {(lay.ep, lay.etp) for lay in layouts} == {(1, 1)}
+
+
+def test_search_ranks_expert_parallel_layouts():
+    fixed = (("ckpt", "selective"), ("pp", 1), ("tp", 1), ("zero", 1))
+    result = search(MIXTRAL, CLUSTER, JOB, SearchConstraints(fixed=fixed))
+    # ZeRO-1 without pp: 16 bytes per expert parameter fit only split 4 or 8 ways
+    assert {p.layout.ep for p in result.plans} == {4, 8} and result.rejected_oom > 0
+    assert result.plans[0].layout.ep > 1
+
+
+def test_plan_explain_itemizes_the_expert_all_to_all(capsys):
+    code = main(["plan", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "512",
+                 "--seq-len", "4096", "--layout", "dp=64,ep=8,zero=1,ckpt=selective", "--explain"])
+    out = capsys.readouterr().out
+    assert code == 0 and "ep comm" in out and "ep=8" in out
