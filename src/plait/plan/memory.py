@@ -49,6 +49,7 @@ from plait.plan.activations import (
 )
 from plait.plan.moe.memory import dense_layer_local, dispatch_buffer_bytes, expert_states, stage_dense_blocks
 from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.plan.states import sharded_states
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import LOSS_CHUNK_TOKENS, JobSpec, Layout
 from plait.spec.model import ModelSpec
@@ -147,25 +148,12 @@ def stage_params(model: ModelSpec, layout: Layout) -> dict[str, float]:
     return {"first": first, "last": last}
 
 
-def _model_states(params: float, model: ModelSpec, layout: Layout) -> tuple[float, float, float, float, float]:
+def model_states(params: float, model: ModelSpec, layout: Layout) -> tuple[float, float, float, float, float]:
     """(weights, gradients, optimizer, zero-3 buffers, host bytes) for ``params`` local parameters."""
-    d = zero_shard_degree(layout)
-    weights, grads, optim = 2.0 * params, 2.0 * params, 12.0 * params
-    buffers = 0.0
-    if layout.zero >= 1:
-        optim /= d
-    if layout.zero >= 2:
-        grads /= d
-    if layout.zero >= 3:
-        weights /= d
-        layer = model.layer_params() / layout.tp
-        if model.moe is not None or model.mla is not None:  # the non-expert part of an MoE layer (experts: expert_states)
-            layer = dense_layer_local(model, layout, model.moe is not None)
-        buffers = 2 * 2.0 * layer + 2.0 * layer  # two gathered layers + one unsharded grad
-    host = 0.0
-    if layout.opt_offload:
-        host, optim = optim, 0.0
-    return weights, grads, optim, buffers, host
+    layer = model.layer_params() / layout.tp
+    if model.moe is not None or model.mla is not None:  # the non-expert part of an MoE layer (experts: expert_states)
+        layer = dense_layer_local(model, layout, model.moe is not None)
+    return sharded_states(params, layout, zero_shard_degree(layout), layer)
 
 
 def in_flight_microbatches(layout: Layout, micro_batches: int) -> float:
@@ -215,7 +203,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
     candidates = []
     local = stage_params(model, layout)
     for stage in ("first", "last"):
-        weights, grads, optim, buffers, host = _model_states(local[stage], model, layout)
+        weights, grads, optim, buffers, host = model_states(local[stage], model, layout)
         if model.moe is not None:  # routed experts: split by ep·etp, ZeRO over edp (plait.plan.moe.memory)
             experts = expert_states(model, layout, stage_layers(model, layout) * layout.vpp)
             weights, grads, optim, buffers, host = (a + b for a, b in zip((weights, grads, optim, buffers, host), experts))

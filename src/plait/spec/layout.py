@@ -323,6 +323,15 @@ def placement(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
     return out
 
 
+def rank_strides(layout: Layout) -> dict[str, int]:
+    """{dimension: distance between consecutive ranks along it} in ``layout.order`` (innermost first)."""
+    strides, stride = {}, 1
+    for dim in layout.order.split("-"):
+        strides[dim] = stride
+        stride *= getattr(layout, dim)
+    return strides
+
+
 def group_of(layout: Layout, gpus_per_node: int, dims: tuple[str, ...], inner_dp: int | None = None,
              dp_step: int = 1) -> GroupPlacement:
     """Placement of the group holding rank 0 that varies the dimensions ``dims`` together.
@@ -330,10 +339,7 @@ def group_of(layout: Layout, gpus_per_node: int, dims: tuple[str, ...], inner_dp
     ``inner_dp`` limits the dp extent to its first ``inner_dp`` indices (a hybrid-sharding shard
     group); ``dp_step`` takes every ``dp_step``-th dp index (a hybrid-sharding replica group).
     """
-    strides, stride = {}, 1
-    for dim in layout.order.split("-"):
-        strides[dim] = stride
-        stride *= getattr(layout, dim)
+    strides = rank_strides(layout)
     ranks = [0]
     for dim in dims:
         count = getattr(layout, dim)

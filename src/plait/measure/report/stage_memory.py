@@ -14,7 +14,7 @@ from __future__ import annotations
 from plait.plan.activations import BF16
 from plait.plan.memory import (
     MemoryBreakdown,
-    _model_states,  # the planner's own rule for weights, gradients, optimizer states under ZeRO
+    model_states,  # the planner's own rule for weights, gradients, optimizer states under ZeRO
     activation_bytes,
     estimate_memory,
     in_flight_microbatches,
@@ -56,7 +56,7 @@ def stage_memories(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout:
     for rank in range(layout.pp):
         first, last = rank == 0, rank == layout.pp - 1
         held = local["first"] if first else local["last"] if last else layers_only
-        weights, grads, optim, buffers, host = _model_states(held, model, layout)
+        weights, grads, optim, buffers, host = model_states(held, model, layout)
         in_flight = stage_in_flight(layout, m, rank)
         acts, offloaded = activation_bytes(model, layout, job, in_flight, stage=rank)
         embed_acts = in_flight * embed_per_mb if first else 0.0

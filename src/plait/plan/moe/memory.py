@@ -34,6 +34,7 @@ its norm output: 2·(2·r_q + 2·r_kv + d_rope) bytes per token, replicated).
 
 from __future__ import annotations
 
+from plait.plan.states import sharded_states
 from plait.spec.layout import Layout
 from plait.spec.moe.parts import moe_layer_count
 from plait.spec.moe.counts import (attention_matmul_params, attention_other_params, dense_mlp_params,
@@ -85,20 +86,8 @@ def expert_states(model, layout: Layout, layers: int) -> tuple[float, float, flo
     params = stage_expert_params(model, layout, layers)
     if params == 0.0:
         return 0.0, 0.0, 0.0, 0.0, 0.0
-    d = expert_data_parallel(layout)
-    weights, grads, optim, buffers = 2.0 * params, 2.0 * params, 12.0 * params, 0.0
-    if layout.zero >= 1:
-        optim /= d
-    if layout.zero >= 2:
-        grads /= d
-    if layout.zero >= 3:
-        weights /= d
-        layer = expert_layer_local(model, layout)
-        buffers = 2 * 2.0 * layer + 2.0 * layer  # two gathered layers of experts + one unsharded grad
-    host = 0.0
-    if layout.opt_offload:
-        host, optim = optim, 0.0
-    return weights, grads, optim, buffers, host
+    layer = expert_layer_local(model, layout) if layout.zero >= 3 else 0.0  # gathered: one layer of experts
+    return sharded_states(params, layout, expert_data_parallel(layout), layer)
 
 
 def routed_tokens(model, layout: Layout, seq_len: int, mbs: int | None = None, load: float = 1.0) -> tuple[float, float]:

@@ -10,7 +10,7 @@ dense layout (tp, and ZeRO over dp·cp).
 
 from __future__ import annotations
 
-from plait.spec.layout import GroupPlacement, Layout
+from plait.spec.layout import GroupPlacement, Layout, rank_strides
 from plait.spec.units import divisors
 
 _NON_PP = ("tp", "cp", "dp")
@@ -23,10 +23,7 @@ def expert_data_parallel(layout: Layout) -> int:
 
 def _non_pp_ranks(layout: Layout) -> list[int]:
     """Global ranks of the tp·cp·dp ranks of pipeline stage 0, in Megatron's order (tp innermost)."""
-    strides, stride = {}, 1
-    for dim in layout.order.split("-"):
-        strides[dim] = stride
-        stride *= getattr(layout, dim)
+    strides = rank_strides(layout)
     ranks = [0]
     for dim in _NON_PP:
         ranks = [r + k * strides[dim] for k in range(getattr(layout, dim)) for r in ranks]
