@@ -168,6 +168,7 @@ def train_step(setup: StepSetup, step: int, ledger: StepLedger, stop=None, sync:
     inputs, labels = local_batch(setup.source, job, pdims, step, device)
     set_lr(setup.optimizer, pending.lr)
     local = forward_backward(setup.parts, pdims, inputs, labels, setup.n_micro)
+    setup.parts.sync_expert_gradients()
     local = setup.faults.at(step, "after-backward", local)
     loss_and_stop = reduce_loss_and_stop(local, pdims, device, stop is not None and stop.is_set())
     grad_norm = clip_grad_norm(setup.parts.parameters(), config.optim.grad_clip, pdims)

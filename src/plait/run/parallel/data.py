@@ -40,13 +40,14 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from plait.run.modules.moe import GroupedExperts
 from plait.run.parallel.mesh import ParallelDims
 
 
 def uses_fsdp(pdims: ParallelDims) -> bool:
     """Whether data parallelism runs through FSDP2 (else DDP or nothing)."""
     layout = pdims.layout
-    return layout.zero > 0 or (pdims.grad_sync_size > 1 and (layout.tp > 1 or layout.pp > 1))
+    return layout.zero > 0 or (pdims.grad_sync_size > 1 and (layout.tp > 1 or layout.pp > 1 or layout.ep > 1))
 
 
 def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
@@ -75,8 +76,18 @@ def apply_fsdp(model: nn.Module, pdims: ParallelDims, device_type: str) -> None:
     reshard = layout.zero == 3 and layout.reshard
     options = {"mesh": pdims.dp_mesh, "mp_policy": mixed_precision(device_type)}
     for modules, reshard_unit in unit_groups(model, reshard):
-        fully_shard(modules if len(modules) > 1 else modules[0], reshard_after_forward=reshard_unit, **options)
-    fully_shard(model, reshard_after_forward=reshard, **options)
+        fully_shard(modules if len(modules) > 1 else modules[0], reshard_after_forward=reshard_unit,
+                    ignored_params=_sharded_experts(modules), **options)
+    fully_shard(model, reshard_after_forward=reshard, ignored_params=_sharded_experts([model]), **options)
+
+
+def _sharded_experts(modules: list[nn.Module]) -> set[nn.Parameter] | None:
+    """Expert-parallel expert weights (DTensors over the ep mesh) in ``modules``: FSDP leaves them
+    alone; their gradients are reduced over the expert-data-parallel ranks instead
+    (``plait.run.parallel.expert``)."""
+    found = {p for module in modules for m in module.modules() if isinstance(m, GroupedExperts)
+             for p in m.parameters() if isinstance(p, DTensor)}
+    return found or None
 
 
 def apply_ddp(model: nn.Module, pdims: ParallelDims) -> nn.Module:
