@@ -1,29 +1,44 @@
 """Task bodies of the mixture-of-experts runtime tests (tests/run/test_moe_parity.py), run on every
 rank of a DistPool and, for the reference, in one process.
 
-``train_layouts`` trains ``tiny-moe`` under several layouts in one pool round trip (each layout a
-run of its own on the same ranks; layouts needing fewer ranks than the pool are not given here).
+``train_layouts`` trains ``tiny-moe`` under several layouts in one pool round trip (each layout is
+a run of its own on the same ranks), so that a test pays for one task, not one per layout.
 """
 
 from __future__ import annotations
 
-import torch.distributed as dist
+import os
 
+import checkpoint_tasks
 from runtime_tasks import in_one_process, train_layout
 
 MODEL = "tiny-moe"  # 4 layers (the first dense), hidden 128, 8 experts top-2, one shared expert
-STEPS = 2
+STEPS = 3
+GLOBAL_BATCH = 4  # 4 micro-batches of one sequence: dp=4 leaves one per rank
+RUN = {"model": MODEL, "steps": STEPS, "global_batch": GLOBAL_BATCH}
 
 
-def train_layouts(layouts: list[str], steps: int = STEPS, **kwargs) -> list[dict]:
-    """``runtime_tasks.train_layout`` of ``tiny-moe`` for each layout, in order; parameters on rank 0."""
-    return [train_layout(layout, model=MODEL, steps=steps, part_fields=(), **kwargs) for layout in layouts]
+def train_layouts(layouts: list[str]) -> list[dict]:
+    """``runtime_tasks.train_layout`` of ``tiny-moe`` for each layout, in order (parameters on rank 0)."""
+    return [train_layout(layout, part_fields=(), **RUN) for layout in layouts]
 
 
-def reference(steps: int = STEPS, **kwargs) -> dict:
+def reference() -> dict:
     """The single-process run of ``tiny-moe``."""
-    return in_one_process(train_layout, "dp=1", model=MODEL, steps=steps, part_fields=(), **kwargs)
+    return in_one_process(train_layout, "dp=1", part_fields=(), **RUN)
 
 
-def world_size() -> int:
-    return dist.get_world_size()
+def resume_across_ep(root: str, layouts: tuple[str, str, str]) -> list[dict]:
+    """Step 0 under ``layouts[0]`` (checkpoint at step 1), step 1 under ``layouts[1]`` resumed from it
+    (checkpoint at step 2), step 2 under ``layouts[2]`` resumed from that: the three runs' reports."""
+    from plait.run.checkpoint import store
+
+    out, resume = [], None
+    for index, layout in enumerate(layouts):
+        folder = os.path.join(root, f"run{index}")
+        extra = {"resume_from": resume} if resume else {}
+        last = index == len(layouts) - 1
+        out.append(checkpoint_tasks.train(layout, stop_after=None if last else 1, with_params=last,
+                                          checkpoint_dir=folder, **RUN, **extra))
+        resume = os.path.join(folder, store.final_name(index + 1))
+    return out

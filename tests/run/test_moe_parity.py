@@ -1,0 +1,77 @@
+"""Mixture-of-experts runtime: every expert-parallel layout trains ``tiny-moe`` as one process does.
+
+``tiny-moe`` (4 layers, the first dense; 8 routed experts top-2 with an auxiliary loss of weight
+0.01, one shared expert) trains 3 AdamW steps on a global batch of 4 × 32 tokens, fp32 on gloo
+ranks, and is compared with the single-process run (the same micro-batches of one sequence):
+
+  * losses and global gradient norms of every step: relative difference ≤ tolerances.LOSS_RTOL;
+  * every parameter after the 3 steps, gathered to full tensors (experts included): absolute
+    difference ≤ the AdamW bound of tests/support/tolerances.py for tiny-moe's parameter count.
+
+Layouts (one pool task per world size, several runs each): ep=2 (dp=2: ep carved out of dp, edp
+= 1), ep=2 with FSDP2 ZeRO-3, ep=2 with full activation checkpointing (the all-to-all recomputed),
+dp=4 × ep=2 (edp = 2: expert gradients summed over it), dp=2 × tp=2 × ep=2 (the MoE MLP replicated
+over tp, sequence parallel), pp=2 × dp=2 × ep=2 (MoE layers inside stages). And a checkpoint
+chain across ep degrees: ep=2 -> ep=1 -> ep=2, one step each, resumed from DCP, against the same
+uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+
+import moe_tasks
+import tolerances
+
+from plait.spec.models import get_model
+
+LOSS_RTOL = tolerances.LOSS_RTOL
+PARAM_ATOL = tolerances.adamw_atol(tolerances.TINY_LR, moe_tasks.STEPS, tolerances.TINY_EPS,
+                                   1.0 / math.sqrt(get_model(moe_tasks.MODEL).total_params()),
+                                   tolerances.TINY_LONGEST_SUM, tolerances.TINY_LAYERS)  # ≈ 1.6e-4
+
+LAYOUTS_2 = ["dp=2,ep=2", "dp=2,ep=2,zero=3", "dp=2,ep=2,ckpt=full"]
+LAYOUTS_4 = ["dp=4,ep=2", "dp=2,tp=2,ep=2", "pp=2,dp=2,ep=2"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return moe_tasks.reference()
+
+
+def assert_same_training(result: dict, reference: dict, layout: str, start: int = 0) -> None:
+    for step, (got, want) in enumerate(zip(result["losses"], reference["losses"][start:], strict=True)):
+        assert abs(got - want) <= LOSS_RTOL * abs(want), f"{layout}: step {start + step} loss {got} vs {want}"
+    for step, (got, want) in enumerate(zip(result["grad_norms"], reference["grad_norms"][start:], strict=True)):
+        assert abs(got - want) <= LOSS_RTOL * abs(want), f"{layout}: step {start + step} gradient norm {got} vs {want}"
+    params = result["params"]
+    assert set(params) == set(reference["params"]), f"{layout}: parameter names differ"
+    worst = max(((params[name] - value).abs().max().item(), name) for name, value in reference["params"].items())
+    assert worst[0] <= PARAM_ATOL, f"{layout}: parameter {worst[1]} differs by {worst[0]:.3g}"
+
+
+def test_the_reference_routes_and_balances(reference):
+    assert "layers.1.feed_forward.experts.w1" in reference["params"]
+    assert reference["params"]["layers.1.feed_forward.experts.w1"].shape == (8, 128, 96)
+    assert reference["losses"][2] < reference["losses"][0]
+
+
+@pytest.mark.parametrize("world,layouts", [(2, LAYOUTS_2), (4, LAYOUTS_4)], ids=["2-ranks", "4-ranks"])
+def test_expert_parallel_layouts_match_one_process(dist_pool, reference, world, layouts):
+    out = dist_pool(world).run(moe_tasks.train_layouts, layouts, timeout=300)
+    for index, layout in enumerate(layouts):
+        assert_same_training(out[0][index], reference, layout)
+        assert all(rank[index]["losses"] == out[0][index]["losses"] for rank in out), f"{layout}: ranks disagree"
+
+
+def test_checkpoints_resume_across_ep_degrees(dist_pool, reference, tmp_path):
+    runs = dist_pool(2).run(moe_tasks.resume_across_ep, str(tmp_path), ("dp=2,ep=2", "dp=2", "dp=2,ep=2"),
+                            timeout=300)[0]
+    assert [run["steps"] for run in runs] == [[0], [1], [2]]
+    for start, run in enumerate(runs[:2]):
+        assert run["losses"][0] == pytest.approx(reference["losses"][start], rel=LOSS_RTOL)
+    assert_same_training(runs[2], reference, "ep=2 -> ep=1 -> ep=2", start=2)
