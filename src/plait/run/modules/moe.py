@@ -12,8 +12,8 @@ top-k):
   3. experts: SwiGLU per expert, out = (silu(x·W1_e) ⊙ x·W3_e)·W2_e, as a grouped GEMM over the
      rows of each expert (``torch._grouped_mm`` on CUDA in bf16, else one GEMM per expert: the
      CPU path; every expert runs, also with no rows, so every expert weight gets a gradient).
-  4. combine: each token's output is the sum over its k experts of weight·expert output (fp32
-     accumulation), plus the shared experts (one SwiGLU of width n_shared·shared_ffn: n_shared
+  4. combine: the outputs back in (token, slot) order; each token's output is the sum over its k
+     experts of weight·expert output (fp32 accumulation), plus the shared experts (one SwiGLU of width n_shared·shared_ffn: n_shared
      experts side by side are one wider MLP), times sigmoid(x·w_g) when ``shared_gate``.
 
 Auxiliary loss (Switch Transformer's): aux = coef · E · Σ_e f_e · P_e, where f_e is the fraction
@@ -152,9 +152,10 @@ class MoEFeedForward(nn.Module):
         counts = torch.bincount(flat, minlength=self.n_experts)
         rows, local_counts, state = self.dispatcher.dispatch(x[token_of], counts)
         out = self.dispatcher.combine(self.experts(rows, local_counts), state)
-        weighted = out * weights.reshape(-1)[order].unsqueeze(-1)  # fp32: the weights are fp32
-        y = torch.zeros(x.shape, dtype=weighted.dtype, device=x.device).index_add(0, token_of, weighted)
-        y = y.to(x.dtype)
+        out = out[order.argsort()].view(x.shape[0], self.top_k, -1)  # back to (token, slot) order
+        # Σ_slots weight·output, accumulated in fp32 (the weights are fp32); saves the expert outputs
+        # and the weights, nothing of the fp32 product
+        y = (out * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
         if self.shared is not None:
             shared = self.shared(x)
             if self.shared_gate is not None:
