@@ -65,9 +65,9 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     """(rule id, message) of the mixture-of-experts features the planner models and the runtime does
     not run yet. The runtime (``plait.run.modules.moe``, ``plait.run.parallel.expert``) runs GQA
     models with softmax-routed and shared SwiGLU experts, dropless, with ep carved out of dp·cp;
-    refused: MLA, attention sinks, the sigmoid router, GPT-OSS's expert biases and activation, the
-    router bias, the shared-expert gate under tp, a capacity factor, etp > 1, moe_overlap, and
-    cp > 1 or ep not dividing dp·cp for an MoE model."""
+    refused: MLA, attention sinks, the sigmoid router, group-limited routing, a route scale,
+    GPT-OSS's expert and router biases and activation, a capacity factor, etp > 1, moe_overlap,
+    and cp > 1 or ep not dividing dp·cp for an MoE model."""
     if (model.moe is None and model.mla is None and not model.sinks and lay.ep == 1 and lay.etp == 1
             and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
         return []
