@@ -85,3 +85,17 @@ def moe_router_grad_without_aux(x: torch.Tensor) -> torch.Tensor:
     layer.aux_coef = 0.0
     layer(x).square().mean().backward()
     return layer.router.weight.grad
+
+
+def test_compiled_blocks_leave_moe_blocks_eager_and_train_the_same():
+    from plait.run.parallel.compile import compile_blocks
+
+    tokens = torch.randint(0, SPEC.vocab, (1, 16), generator=torch.Generator().manual_seed(3))
+    eager, compiled = build_model(SPEC, "cpu"), build_model(SPEC, "cpu")
+    for model in (eager, compiled):
+        init_weights(model, SPEC, seed=7, device="cpu")
+    compile_blocks([compiled], "aot_eager", tensor_parallel=False)
+    compiled_blocks = {name for name, block in compiled.layers.items() if block._compiled_call_impl is not None}
+    assert compiled_blocks == {"0"}  # layer 0 is dense (first_dense=1); 1-3 are MoE
+    losses = [model(tokens).logsumexp(-1).mean() for model in (eager, compiled)]
+    assert abs(losses[0].item() - losses[1].item()) <= tolerances.LOSS_RTOL * abs(losses[0].item())

@@ -25,6 +25,7 @@ JOB = JobSpec(global_batch=8, seq_len=64)
     (get_model("gpt-oss-120b"), "dp=2", "attention sinks (sinks)"),
     (get_model("tiny-moe"), "tp=2,etp=2,moe_overlap=shared", "layout sets etp=2, moe_overlap=shared"),
     (get_model("tiny-moe"), "dp=2,cp=2", "cp=2 with an MoE model"),
+    (get_model("tiny-moe"), "dp=2,precision=fp8", "precision=fp8 with an MoE model"),
     (get_model("tiny-moe"), "tp=2,ep=2", "ep=2 not dividing dp·cp = 1"),
     (dataclasses.replace(get_model("tiny"), sinks=True), "dp=2", "attention sinks (sinks)"),
     (get_model("tiny"), "dp=2,ep=2", "layout sets ep=2 for a dense model"),

@@ -67,7 +67,7 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     models with softmax-routed and shared SwiGLU experts, dropless, with ep carved out of dp·cp;
     refused: MLA, attention sinks, the sigmoid router, group-limited routing, a route scale,
     GPT-OSS's expert and router biases and activation, a capacity factor, etp > 1, moe_overlap,
-    and cp > 1 or ep not dividing dp·cp for an MoE model."""
+    and fp8, cp > 1 or ep not dividing dp·cp for an MoE model."""
     if (model.moe is None and model.mla is None and not model.sinks and lay.ep == 1 and lay.etp == 1
             and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
         return []
@@ -83,6 +83,8 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
         ("group-limited routing (moe.n_groups > 1)", moe is not None and moe.n_groups > 1)) if present]
     keys = [f"{key}={getattr(lay, key)}" for key, default in (("etp", 1), ("moe_overlap", "none"))
             if getattr(lay, key) != default]
+    if moe is not None and lay.precision in FP8_PRECISIONS:
+        keys.append(f"precision={lay.precision} with an MoE model")
     if moe is not None and lay.cp > 1:
         keys.append(f"cp={lay.cp} with an MoE model")
     if moe is not None and (lay.dp * lay.cp) % lay.ep:
@@ -93,7 +95,7 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
         return []
     what = f"model {model.name} has {', '.join(parts)}" if parts else f"layout sets {', '.join(keys)}"
     return [("runtime-moe", f"{what}: planned but not run by plait train yet; plait train runs softmax-routed, "
-             "dropless MoE models with ep dividing dp·cp, etp=1, moe_overlap=none, cp=1 (plait plan "
+             "dropless MoE models with ep dividing dp·cp, etp=1, moe_overlap=none, cp=1, bf16 (plait plan "
              "--any-runtime ranks the rest)")]
 
 
