@@ -66,12 +66,18 @@ class LocalDispatcher:
         return out
 
 
+def use_grouped_mm(x: torch.Tensor) -> bool:
+    """Whether ``expert_forward`` runs ``torch._grouped_mm`` by default: CUDA, bf16, a torch that has it."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+
+
 def expert_forward(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w3: torch.Tensor,
-                   w2: torch.Tensor) -> torch.Tensor:
+                   w2: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
     """SwiGLU of rows ``x`` (grouped: ``counts[e]`` rows for local expert e) through the experts
-    w1, w3 (E_l, h, f) and w2 (E_l, f, h); one output row per input row."""
+    w1, w3 (E_l, h, f) and w2 (E_l, f, h); one output row per input row. ``grouped``: one
+    ``torch._grouped_mm`` per projection (None: ``use_grouped_mm``), else one GEMM per expert."""
     w1, w3, w2 = (w.to(x.dtype) for w in (w1, w3, w2))  # fp32 master weights under bf16 compute
-    if x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
+    if use_grouped_mm(x) if grouped is None else grouped:
         offsets = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
         gate = torch._grouped_mm(x, w1, offs=offsets)
         up = torch._grouped_mm(x, w3, offs=offsets)
