@@ -28,6 +28,23 @@ def reference() -> dict:
     return in_one_process(train_layout, "dp=1", part_fields=(), **RUN)
 
 
+def expert_weight_placement(layout: str) -> dict:
+    """The placement and local shape of layer 1's ``experts.w1`` on this rank under ``layout``."""
+    import torch
+
+    from plait.run.parallel.mesh import build_parallel_dims
+    from plait.run.parallel.parallelize import build_model_parts
+    from plait.spec.layout import Layout
+    from plait.spec.models import get_model
+
+    lay = Layout.parse(layout)
+    parts = build_model_parts(get_model(MODEL), build_parallel_dims(lay, "cpu"), torch.device("cpu"), 0,
+                              lay.micro_batches(GLOBAL_BATCH))
+    weight = dict(parts.named_parameters())["layers.1.feed_forward.experts.w1"]
+    return {"mesh": list(weight.device_mesh.mesh_dim_names), "placements": [str(p) for p in weight.placements],
+            "local": tuple(weight.to_local().shape)}
+
+
 def resume_across_ep(root: str, layouts: tuple[str, str, str]) -> list[dict]:
     """Step 0 under ``layouts[0]`` (checkpoint at step 1), step 1 under ``layouts[1]`` resumed from it
     (checkpoint at step 2), step 2 under ``layouts[2]`` resumed from that: the three runs' reports."""

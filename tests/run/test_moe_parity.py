@@ -10,10 +10,11 @@ ranks, and is compared with the single-process run (the same micro-batches of on
 
 Layouts (one pool task per world size, several runs each): ep=2 (dp=2: ep carved out of dp, edp
 = 1), ep=2 with FSDP2 ZeRO-3, ep=2 with full activation checkpointing (the all-to-all recomputed),
-dp=4 × ep=2 (edp = 2: expert gradients summed over it), dp=2 × tp=2 × ep=2 (the MoE MLP replicated
-over tp, sequence parallel), pp=2 × dp=2 × ep=2 (MoE layers inside stages). And a checkpoint
-chain across ep degrees: ep=2 -> ep=1 -> ep=2, one step each, resumed from DCP, against the same
-uninterrupted run.
+dp=4 × ep=2 with ZeRO-3 (edp = 2: FSDP shards the experts over it), dp=2 × tp=2 × ep=2 (the MoE
+MLP replicated over tp, sequence parallel), pp=2 × dp=2 × ep=2 (MoE layers inside stages). And a
+checkpoint chain across ep degrees on 4 ranks: ep=2 (ZeRO-3) -> ep=1 -> ep=2 (zero=0: experts
+replicated over edp = 2, gradients summed by the runtime), one step each, resumed from DCP,
+against the same uninterrupted run.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ PARAM_ATOL = tolerances.adamw_atol(tolerances.TINY_LR, moe_tasks.STEPS, toleranc
                                    tolerances.TINY_LONGEST_SUM, tolerances.TINY_LAYERS)  # ≈ 1.6e-4
 
 LAYOUTS_2 = ["dp=2,ep=2", "dp=2,ep=2,zero=3", "dp=2,ep=2,ckpt=full"]
-LAYOUTS_4 = ["dp=4,ep=2", "dp=2,tp=2,ep=2", "pp=2,dp=2,ep=2"]
+LAYOUTS_4 = ["dp=4,ep=2,zero=3", "dp=2,tp=2,ep=2", "pp=2,dp=2,ep=2"]
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +69,18 @@ def test_expert_parallel_layouts_match_one_process(dist_pool, reference, world, 
         assert all(rank[index]["losses"] == out[0][index]["losses"] for rank in out), f"{layout}: ranks disagree"
 
 
+def test_zero_shards_the_experts_over_the_expert_data_parallel_ranks(dist_pool):
+    """dp=4, ep=2, ZeRO-3: 4 experts per ep rank, each expert's weight split over edp = 2 ranks."""
+    out = dist_pool(4).run(moe_tasks.expert_weight_placement, "dp=4,ep=2,zero=3")
+    for rank in out:  # str(placement): S(0) is Shard(dim=0), _S(0, 2) FSDP's _StridedShard(dim=0, sf=2)
+        assert rank["mesh"] == ["edp", "ep"] and rank["local"] == (2, 128, 96), rank
+        assert rank["placements"] == ["_S(0, 2)", "S(0)"], rank  # ep: Shard(0); edp: a strided Shard(0) inside it
+
+
 def test_checkpoints_resume_across_ep_degrees(dist_pool, reference, tmp_path):
-    runs = dist_pool(2).run(moe_tasks.resume_across_ep, str(tmp_path), ("dp=2,ep=2", "dp=2", "dp=2,ep=2"),
+    """ep=2 with experts ZeRO-3-sharded over edp -> ep=1 (DDP) -> ep=2 replicated over edp = 2 (summed
+    there by the runtime): one step each, each resumed from the previous run's DCP checkpoint."""
+    runs = dist_pool(4).run(moe_tasks.resume_across_ep, str(tmp_path), ("dp=4,ep=2,zero=3", "dp=4", "dp=4,ep=2"),
                             timeout=300)[0]
     assert [run["steps"] for run in runs] == [[0], [1], [2]]
     for start, run in enumerate(runs[:2]):

@@ -16,14 +16,15 @@ their expert with ``all_to_all_single`` and variable split sizes (the per-expert
 exchanged first, one small all-to-all, and read on the host), regrouped by local expert for the
 grouped GEMM, and the outputs sent back the same way (the backward runs the reverse exchanges).
 
-Gradients. Data parallelism (DDP is replaced by FSDP2 replication when ep > 1) leaves the expert
-weights out (``ignored_params``): after the backward, ``sync_gradients`` sums each expert's
-gradient over the edp ranks that hold the same experts and divides by dp·cp. An expert's local
-gradient already sums the contributions of the tokens of all ep ranks of its group (the
-all-to-all's backward brings them), so the result is (1/(dp·cp)) Σ over all ranks: the gradient
-of the global mean loss, as for every other parameter. Expert weights and optimizer states are
-therefore replicated over edp (not sharded by ZeRO; the planner's ``expert_states`` assumes they
-are: with edp = 1, the tested layouts, both agree).
+Gradients. An expert's local gradient already sums the contributions of the tokens of all ep
+ranks of its group (the all-to-all's backward brings them). With ZeRO (zero >= 1) and edp > 1,
+each MoE layer's experts are an FSDP2 unit on the edp mesh (``plait.run.parallel.data``): their
+weights, optimizer states and gradients are sharded over edp too (as the planner's
+``expert_states`` assumes) and FSDP averages the gradients over edp; ``sync_gradients`` then
+divides by ep. Otherwise (zero=0, or edp = 1) data parallelism (FSDP2 replication replaces DDP
+when ep > 1) leaves the expert weights out (``ignored_params``) and ``sync_gradients`` sums each
+expert's gradient over edp and divides by dp·cp. Either way the result is (1/(dp·cp)) Σ over all
+ranks: the gradient of the global mean loss, as for every other parameter.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class ExpertParallel:
         self.mesh = DeviceMesh(device_type, ranks, mesh_dim_names=EXPERT_MESH_DIMS)
         self.ep_mesh = self.mesh["ep"]
         self.edp = self.data_parallel // self.ep
+        # ZeRO (zero >= 1) over edp > 1 ranks: FSDP2 shards the experts over edp and averages their
+        # gradients there (plait.run.parallel.data); else they are replicated and summed here
+        self.sharded = layout.zero >= 1 and self.edp > 1
+        self.edp_mesh = self.mesh["edp"] if self.sharded else None
 
     def apply(self, model: nn.Module) -> None:
         """Shard every MoE layer's experts of ``model`` (a model or stage, still on meta) over ep."""
@@ -117,14 +122,16 @@ class ExpertParallel:
     @torch.no_grad()
     def sync_gradients(self, chunks: list[nn.Module]) -> None:
         """Sum the expert gradients over edp and divide by dp·cp (module docstring); after the backward."""
-        group = self.mesh.get_group("edp") if self.edp > 1 else None
+        group = self.mesh.get_group("edp") if self.edp > 1 and not self.sharded else None
+        # FSDP already averaged over edp: what is left is 1/ep; else the sum over edp, 1/(dp·cp)
+        divisor = self.ep if self.sharded else self.data_parallel
         for param in expert_parameters(chunks):
             if param.grad is None:
                 continue
             local = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
             if group is not None:
                 dist.all_reduce(local, group=group)
-            local.div_(self.data_parallel)
+            local.div_(divisor)
 
 
 def expert_parameters(chunks: list[nn.Module]) -> list[nn.Parameter]:

@@ -119,7 +119,7 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
     fsdp = pdims.grad_sync_size > 1 and uses_fsdp(pdims)
     if fsdp:
         for chunk in chunks:
-            apply_fsdp(chunk, pdims, device.type)
+            apply_fsdp(chunk, pdims, device.type, experts.edp_mesh if experts is not None else None)
     for chunk in chunks:
         chunk.to_empty(device=device)
         chunk.tie_embeddings()  # to_empty untied plain (non-DTensor) parameters
