@@ -23,6 +23,27 @@ def train_layouts(layouts: list[str]) -> list[dict]:
     return [train_layout(layout, part_fields=(), **RUN) for layout in layouts]
 
 
+def train_capped(layouts: list[str]) -> list[dict]:
+    """Losses and gradient norms of ``tiny-moe`` with capacity factor 1.0 (token dropping) per layout."""
+    import dataclasses
+
+    import torch
+
+    from plait.run.trainer import run_training
+    from plait.spec.models import get_model
+    from runtime_tasks import make_config
+
+    spec = get_model(MODEL)
+    capped = dataclasses.replace(spec, moe=dataclasses.replace(spec.moe, capacity_factor=1.0))
+    out = []
+    for layout in layouts:
+        config = make_config(layout, **RUN)
+        config = dataclasses.replace(config, job=dataclasses.replace(config.job, model=capped))
+        result = run_training(config, device=torch.device("cpu"))
+        out.append({"losses": [r.loss for r in result.records], "grad_norms": [r.grad_norm for r in result.records]})
+    return out
+
+
 def reference() -> dict:
     """The single-process run of ``tiny-moe``."""
     return in_one_process(train_layout, "dp=1", part_fields=(), **RUN)

@@ -123,3 +123,32 @@ def test_the_grouped_gemm_path_equals_the_per_expert_loop():
     for got, want in zip(grads_g, grads_l):
         assert (got - want).abs().max().item() <= bound * want.abs().max().item()
     assert grads_g[0][1].abs().sum().item() == 0.0  # expert 1 had no rows
+
+
+def test_a_capacity_factor_drops_the_lowest_scored_pairs_of_full_experts():
+    import dataclasses
+
+    capped_spec = dataclasses.replace(SPEC, moe=dataclasses.replace(SPEC.moe, capacity_factor=1.0))
+    torch.manual_seed(4)
+    dropless = moe_layer()
+    capped = MoEFeedForward(capped_spec)
+    capped.load_state_dict(dropless.state_dict())
+    x = torch.randn(1, 24, SPEC.hidden)
+    x2 = x.reshape(-1, SPEC.hidden)
+    probs, weights, ids = dropless.route(x2)
+    capacity = 24 * SPEC.moe.top_k // SPEC.moe.n_experts  # ceil(1.0 · T·k / E) = 6
+    # the expected output: the per-token sum without the pairs beyond each expert's capacity
+    scores = probs.gather(1, ids)
+    keep = torch.ones_like(ids, dtype=torch.bool)
+    for e in range(SPEC.moe.n_experts):
+        pairs = (ids == e).nonzero().tolist()
+        pairs.sort(key=lambda p: -scores[p[0], p[1]].item())
+        for t, j in pairs[capacity:]:
+            keep[t, j] = False
+    assert not keep.all(), "the test needs an expert over capacity"
+    w1, w3, w2 = dropless.experts.w1, dropless.experts.w3, dropless.experts.w2
+    want = torch.stack([dropless.shared(x2[t]) + sum(
+        weights[t, j] * ((F.silu(x2[t] @ w1[ids[t, j]]) * (x2[t] @ w3[ids[t, j]])) @ w2[ids[t, j]])
+        for j in range(SPEC.moe.top_k) if keep[t, j]) for t in range(24)])
+    got = capped(x).reshape(-1, SPEC.hidden)
+    assert (got - want).abs().max().item() <= tolerances.reduction_rtol(SPEC.hidden) * 4 * want.abs().max().item()

@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("torch")
 
 import moe_tasks
+import runtime_tasks
 import tolerances
 
 from plait.spec.models import get_model
@@ -67,6 +68,17 @@ def test_expert_parallel_layouts_match_one_process(dist_pool, reference, world, 
     for index, layout in enumerate(layouts):
         assert_same_training(out[0][index], reference, layout)
         assert all(rank[index]["losses"] == out[0][index]["losses"] for rank in out), f"{layout}: ranks disagree"
+
+
+def test_token_dropping_matches_one_process(dist_pool, reference):
+    """Capacity factor 1.0: each expert keeps its best ceil(T·k/E) pairs of every micro-batch, before
+    the dispatch, so ep=2 drops what one process drops."""
+    want = runtime_tasks.in_one_process(moe_tasks.train_capped, ["dp=1"])[0]
+    got = dist_pool(2).run(moe_tasks.train_capped, ["dp=2,ep=2"], timeout=300)[0][0]
+    assert want["losses"][0] != reference["losses"][0], "capacity 1.0 dropped nothing"
+    for key in ("losses", "grad_norms"):
+        for step, (a, b) in enumerate(zip(got[key], want[key], strict=True)):
+            assert abs(a - b) <= LOSS_RTOL * abs(b), f"capacity 1.0, ep=2: step {step} {key} {a} vs {b}"
 
 
 def test_zero_shards_the_experts_over_the_expert_data_parallel_ranks(dist_pool):

@@ -64,9 +64,10 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
 def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     """(rule id, message) of the mixture-of-experts features the planner models and the runtime does
     not run yet. The runtime (``plait.run.modules.moe``, ``plait.run.parallel.expert``) runs GQA
-    models with softmax-routed and shared SwiGLU experts, dropless, with ep carved out of dp·cp;
+    models with softmax-routed and shared SwiGLU experts, dropless or with a capacity factor, with
+    ep carved out of dp·cp;
     refused: MLA, attention sinks, the sigmoid router, group-limited routing, a route scale,
-    GPT-OSS's expert and router biases and activation, a capacity factor, etp > 1, moe_overlap,
+    GPT-OSS's expert and router biases and activation, etp > 1, moe_overlap,
     and fp8, cp > 1 or ep not dividing dp·cp for an MoE model."""
     if (model.moe is None and model.mla is None and not model.sinks and lay.ep == 1 and lay.etp == 1
             and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
@@ -78,7 +79,6 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
         ("a sigmoid router (moe.router=sigmoid)", moe is not None and moe.router != "softmax"),
         ("expert or router biases", moe is not None and (moe.expert_bias or moe.router_bias)),
         ("the clamped SwiGLU experts (moe.activation=oai)", moe is not None and moe.activation != "silu"),
-        ("token dropping (moe.capacity_factor > 0)", moe is not None and not moe.dropless),
         ("a routed output scale (moe.route_scale != 1)", moe is not None and moe.route_scale != 1.0),
         ("group-limited routing (moe.n_groups > 1)", moe is not None and moe.n_groups > 1)) if present]
     keys = [f"{key}={getattr(lay, key)}" for key, default in (("etp", 1), ("moe_overlap", "none"))
@@ -95,7 +95,7 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
         return []
     what = f"model {model.name} has {', '.join(parts)}" if parts else f"layout sets {', '.join(keys)}"
     return [("runtime-moe", f"{what}: planned but not run by plait train yet; plait train runs softmax-routed, "
-             "dropless MoE models with ep dividing dp·cp, etp=1, moe_overlap=none, cp=1, bf16 (plait plan "
+             "MoE models with ep dividing dp·cp, etp=1, moe_overlap=none, cp=1, bf16 (plait plan "
              "--any-runtime ranks the rest)")]
 
 

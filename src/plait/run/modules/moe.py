@@ -12,6 +12,9 @@ top-k):
   3. experts: SwiGLU per expert, out = (silu(x·W1_e) ⊙ x·W3_e)·W2_e, as a grouped GEMM over the
      rows of each expert (``torch._grouped_mm`` on CUDA in bf16, else one GEMM per expert: the
      CPU path; every expert runs, also with no rows, so every expert weight gets a gradient).
+     With ``capacity_factor`` c > 0 each expert first keeps only its ceil(c·T·k/E) pairs of
+     highest router probability (per micro-batch, before any dispatch); the dropped pairs add
+     nothing (the token keeps its other experts and the residual).
   4. combine: the outputs back in (token, slot) order; each token's output is the sum over its k
      experts of weight·expert output (fp32 accumulation), plus the shared experts (one SwiGLU of width n_shared·shared_ffn: n_shared
      experts side by side are one wider MLP), times sigmoid(x·w_g) when ``shared_gate``.
@@ -32,6 +35,8 @@ Parameters (names in checkpoints): ``router.weight`` (E, h); ``experts.w1`` / ``
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -128,6 +133,7 @@ class MoEFeedForward(nn.Module):
         moe = spec.moe
         self.n_experts, self.top_k, self.norm_topk = moe.n_experts, moe.top_k, moe.norm_topk
         self.aux_coef = moe.aux_loss_coef
+        self.capacity_factor = moe.capacity_factor  # 0: dropless
         self.router = nn.Linear(spec.hidden, moe.n_experts, bias=moe.router_bias)
         self.experts = GroupedExperts(moe.n_experts, spec.hidden, moe.expert_ffn)
         self.shared = SharedExperts(spec.hidden, moe.n_shared * moe.shared_width) if moe.n_shared else None
@@ -143,6 +149,18 @@ class MoEFeedForward(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return probs, weights, ids
 
+    def within_capacity(self, scores: torch.Tensor, flat: torch.Tensor, counts: torch.Tensor):
+        """Token dropping (``capacity_factor`` c > 0): each expert keeps its ``ceil(c·T·k/E)`` pairs of
+        highest router probability. Returns (the kept pairs' flat (token·k + slot) indices, grouped
+        by expert, best first; kept pairs per expert)."""
+        capacity = math.ceil(self.capacity_factor * flat.shape[0] / self.n_experts)
+        by_score = scores.argsort(descending=True, stable=True)
+        order = by_score[flat[by_score].argsort(stable=True)]  # by expert, then by descending score
+        starts = counts.cumsum(0) - counts
+        rank_in_expert = torch.arange(flat.shape[0], device=flat.device) - starts.repeat_interleave(counts)
+        keep = rank_in_expert < capacity
+        return order[keep], counts.clamp(max=capacity)
+
     def aux_loss(self, probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """coef · E · Σ_e f_e · P_e over this micro-batch's tokens (module docstring)."""
         fraction = counts.to(probs.dtype) / (probs.shape[0] * self.top_k)
@@ -153,12 +171,19 @@ class MoEFeedForward(nn.Module):
         x = x.reshape(-1, shape[-1])
         probs, weights, ids = self.route(x)
         flat = ids.reshape(-1)
-        order = flat.argsort(stable=True)  # (token, expert) pairs grouped by expert
-        token_of = order // self.top_k
         counts = torch.bincount(flat, minlength=self.n_experts)
-        rows, local_counts, state = self.dispatcher.dispatch(x[token_of], counts)
+        if self.capacity_factor:
+            order, kept = self.within_capacity(probs.gather(1, ids).reshape(-1).detach(), flat, counts)
+        else:
+            order, kept = flat.argsort(stable=True), counts  # (token, slot) pairs grouped by expert
+        token_of = order // self.top_k
+        rows, local_counts, state = self.dispatcher.dispatch(x[token_of], kept)
         out = self.dispatcher.combine(self.experts(rows, local_counts), state)
-        out = out[order.argsort()].view(x.shape[0], self.top_k, -1)  # back to (token, slot) order
+        if self.capacity_factor:  # dropped pairs contribute zeros
+            out = out.new_zeros((flat.shape[0], out.shape[-1])).index_copy(0, order, out)
+        else:
+            out = out[order.argsort()]
+        out = out.view(x.shape[0], self.top_k, -1)  # back to (token, slot) order
         # Σ_slots weight·output, accumulated in fp32 (the weights are fp32); saves the expert outputs
         # and the weights, nothing of the fp32 product
         y = (out * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
