@@ -11,7 +11,8 @@ ranks, and is compared with the single-process run (the same micro-batches of on
 Layouts (one pool task per world size, several runs each): ep=2 (dp=2: ep carved out of dp, edp
 = 1), ep=2 with FSDP2 ZeRO-3, ep=2 with full activation checkpointing (the all-to-all recomputed),
 dp=4 × ep=2 with ZeRO-3 (edp = 2: FSDP shards the experts over it), dp=2 × tp=2 × ep=2 (the MoE
-MLP replicated over tp, sequence parallel), pp=2 × dp=2 × ep=2 (MoE layers inside stages). And a
+MLP replicated over tp, sequence parallel), pp=2 × dp=2 × ep=2 (MoE layers inside stages), dp=4 ×
+ep=4 with ckpt=balanced, HSDP (2 × 2) × ep=2. And a
 checkpoint chain across ep degrees on 4 ranks: ep=2 (ZeRO-3) -> ep=1 -> ep=2 (zero=0: experts
 replicated over edp = 2, gradients summed by the runtime), one step each, resumed from DCP,
 against the same uninterrupted run.
@@ -37,7 +38,7 @@ PARAM_ATOL = tolerances.adamw_atol(tolerances.TINY_LR, moe_tasks.STEPS, toleranc
                                    tolerances.TINY_LONGEST_SUM, tolerances.TINY_LAYERS)  # ≈ 1.6e-4
 
 LAYOUTS_2 = ["dp=2,ep=2", "dp=2,ep=2,zero=3", "dp=2,ep=2,ckpt=full"]
-LAYOUTS_4 = ["dp=4,ep=2,zero=3", "dp=2,tp=2,ep=2", "pp=2,dp=2,ep=2"]
+LAYOUTS_4 = ["dp=4,ep=2,zero=3", "dp=2,tp=2,ep=2", "pp=2,dp=2,ep=2", "dp=4,ep=4,ckpt=balanced", "dp=4,zero=3,hsdp=2,ep=2"]
 
 
 @pytest.fixture(scope="module")
