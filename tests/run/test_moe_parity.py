@@ -38,7 +38,8 @@ PARAM_ATOL = tolerances.adamw_atol(tolerances.TINY_LR, moe_tasks.STEPS, toleranc
                                    tolerances.TINY_LONGEST_SUM, tolerances.TINY_LAYERS)  # ≈ 1.6e-4
 
 LAYOUTS_2 = ["dp=2,ep=2", "dp=2,ep=2,zero=3", "dp=2,ep=2,ckpt=full"]
-LAYOUTS_4 = ["dp=4,ep=2,zero=3", "dp=2,tp=2,ep=2", "pp=2,dp=2,ep=2", "dp=4,ep=4,ckpt=balanced", "dp=4,zero=3,hsdp=2,ep=2"]
+LAYOUTS_4 = ["dp=4,ep=2,zero=3", "dp=2,tp=2,ep=2", "pp=2,dp=2,ep=2", "dp=4,ep=4,ckpt=balanced",
+             "dp=4,zero=3,hsdp=2,ep=2"]
 
 
 @pytest.fixture(scope="module")
