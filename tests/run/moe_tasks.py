@@ -7,10 +7,14 @@ a run of its own on the same ranks), so that a test pays for one task, not one p
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import checkpoint_tasks
+import runtime_tasks
 from runtime_tasks import in_one_process, train_layout
+
+from plait.spec.models import get_model
 
 MODEL = "tiny-moe"  # 4 layers (the first dense), hidden 128, 8 experts top-2, one shared expert
 STEPS = 3
@@ -23,25 +27,33 @@ def train_layouts(layouts: list[str]) -> list[dict]:
     return [train_layout(layout, part_fields=(), **RUN) for layout in layouts]
 
 
-def train_capped(layouts: list[str]) -> list[dict]:
-    """Losses and gradient norms of ``tiny-moe`` with capacity factor 1.0 (token dropping) per layout."""
+# MoESpec changes of the variants the tests train (tiny-moe's sizes)
+VARIANTS = {
+    "capped": {"capacity_factor": 1.0},  # token dropping
+    "deepseek": {"router": "sigmoid", "n_groups": 4, "topk_groups": 2, "route_scale": 2.5},  # bias-balanced
+}
+
+
+def train_variant(variant: str, layouts: list[str], **kwargs) -> list[dict]:
+    """Steps, losses and gradient norms of ``tiny-moe`` with ``VARIANTS[variant]``, per layout;
+    ``kwargs``: ``checkpoint_tasks.train``'s (stop_after, checkpoint_dir=, resume_from=, ...)."""
     import dataclasses
 
-    import torch
-
-    from plait.run.trainer import run_training
-    from plait.spec.models import get_model
-    from runtime_tasks import make_config
-
     spec = get_model(MODEL)
-    capped = dataclasses.replace(spec, moe=dataclasses.replace(spec.moe, capacity_factor=1.0))
-    out = []
-    for layout in layouts:
-        config = make_config(layout, **RUN)
-        config = dataclasses.replace(config, job=dataclasses.replace(config.job, model=capped))
-        result = run_training(config, device=torch.device("cpu"))
-        out.append({"losses": [r.loss for r in result.records], "grad_norms": [r.grad_norm for r in result.records]})
-    return out
+    model = dataclasses.replace(spec, moe=dataclasses.replace(spec.moe, **VARIANTS[variant]))
+    with patched_model(model):
+        return [checkpoint_tasks.train(layout, with_params=False, **RUN, **kwargs) for layout in layouts]
+
+
+@contextlib.contextmanager
+def patched_model(model):
+    """``runtime_tasks.make_config`` builds its job with ``model`` whatever name it is given."""
+    original = runtime_tasks.get_model
+    runtime_tasks.get_model = lambda name: model
+    try:
+        yield
+    finally:
+        runtime_tasks.get_model = original
 
 
 def reference() -> dict:

@@ -68,7 +68,7 @@ def test_the_aux_loss_gradient_is_injected_with_its_scale():
     injected(x).square().mean().backward()
     explicit.aux_coef = 0.0  # no injection: add 0.25·aux to the loss by hand
     x2 = x.reshape(-1, SPEC.hidden)
-    probs, _, ids = explicit.route(x2)
+    probs, _, ids, _ = explicit.route(x2)
     counts = torch.bincount(ids.reshape(-1), minlength=SPEC.moe.n_experts)
     explicit.aux_coef = SPEC.moe.aux_loss_coef
     aux = explicit.aux_loss(probs, counts)
@@ -135,7 +135,7 @@ def test_a_capacity_factor_drops_the_lowest_scored_pairs_of_full_experts():
     capped.load_state_dict(dropless.state_dict())
     x = torch.randn(1, 24, SPEC.hidden)
     x2 = x.reshape(-1, SPEC.hidden)
-    probs, weights, ids = dropless.route(x2)
+    probs, weights, ids, _ = dropless.route(x2)
     capacity = 24 * SPEC.moe.top_k // SPEC.moe.n_experts  # ceil(1.0 · T·k / E) = 6
     # the expected output: the per-token sum without the pairs beyond each expert's capacity
     scores = probs.gather(1, ids)
@@ -152,3 +152,37 @@ def test_a_capacity_factor_drops_the_lowest_scored_pairs_of_full_experts():
         for j in range(SPEC.moe.top_k) if keep[t, j]) for t in range(24)])
     got = capped(x).reshape(-1, SPEC.hidden)
     assert (got - want).abs().max().item() <= tolerances.reduction_rtol(SPEC.hidden) * 4 * want.abs().max().item()
+
+
+def test_the_sigmoid_router_chooses_within_the_best_groups_on_biased_scores():
+    import dataclasses
+
+    spec = dataclasses.replace(SPEC, moe=dataclasses.replace(SPEC.moe, router="sigmoid", n_groups=4, topk_groups=2,
+                                                             route_scale=2.5))
+    layer = MoEFeedForward(spec)
+    generator = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        layer.router.weight.copy_(torch.randn(layer.router.weight.shape, generator=generator) * 0.1)
+        layer.score_bias.copy_(torch.randn(8, generator=generator) * 0.05)
+    x = torch.randn(16, SPEC.hidden, generator=generator)
+    _, weights, ids, _ = layer.route(x)
+    scores = torch.sigmoid(layer.router(x)).detach()
+    for t in range(16):
+        choice = (scores[t] + layer.score_bias).tolist()
+        groups = sorted(range(4), key=lambda g: -sum(sorted(choice[2 * g:2 * g + 2], reverse=True)[:2]))[:2]
+        allowed = [e for g in groups for e in (2 * g, 2 * g + 1)]
+        chosen = sorted(allowed, key=lambda e: -choice[e])[:2]
+        assert sorted(ids[t].tolist()) == sorted(chosen)
+        want = scores[t, ids[t]] / scores[t, ids[t]].sum() * 2.5
+        assert torch.allclose(weights[t].detach(), want, rtol=4 * tolerances.U, atol=0)
+    assert layer.expert_load.sum().item() == 16 * 2  # training forward: the pairs are counted
+
+
+def test_the_balancing_bias_moves_towards_the_mean_load():
+    import dataclasses
+
+    layer = MoEFeedForward(dataclasses.replace(SPEC, moe=dataclasses.replace(SPEC.moe, router="sigmoid")))
+    layer.reset_buffers()
+    layer.update_score_bias(torch.tensor([0.0, 1, 2, 3, 4, 5, 6, 7]))  # mean 3.5
+    step = 1e-3
+    assert layer.score_bias.tolist() == pytest.approx([step] * 4 + [-step] * 4)

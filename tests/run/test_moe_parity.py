@@ -72,15 +72,29 @@ def test_expert_parallel_layouts_match_one_process(dist_pool, reference, world, 
         assert all(rank[index]["losses"] == out[0][index]["losses"] for rank in out), f"{layout}: ranks disagree"
 
 
-def test_token_dropping_matches_one_process(dist_pool, reference):
-    """Capacity factor 1.0: each expert keeps its best ceil(T·k/E) pairs of every micro-batch, before
-    the dispatch, so ep=2 drops what one process drops."""
-    want = runtime_tasks.in_one_process(moe_tasks.train_capped, ["dp=1"])[0]
-    got = dist_pool(2).run(moe_tasks.train_capped, ["dp=2,ep=2"], timeout=300)[0][0]
-    assert want["losses"][0] != reference["losses"][0], "capacity 1.0 dropped nothing"
+@pytest.mark.parametrize("variant", sorted(moe_tasks.VARIANTS))
+def test_routing_variants_match_one_process(dist_pool, reference, variant):
+    """capped: capacity factor 1.0, each expert keeps its best ceil(T·k/E) pairs of every micro-batch
+    before the dispatch; deepseek: the sigmoid router with 4 groups (2 chosen), route scale 2.5 and
+    its balancing bias, moved after every step by the load summed over the data-parallel ranks."""
+    want = runtime_tasks.in_one_process(moe_tasks.train_variant, variant, ["dp=1"])[0]
+    got = dist_pool(2).run(moe_tasks.train_variant, variant, ["dp=2,ep=2"], timeout=300)[0][0]
+    assert want["losses"][0] != reference["losses"][0], f"{variant}: routed as tiny-moe"
     for key in ("losses", "grad_norms"):
         for step, (a, b) in enumerate(zip(got[key], want[key], strict=True)):
-            assert abs(a - b) <= LOSS_RTOL * abs(b), f"capacity 1.0, ep=2: step {step} {key} {a} vs {b}"
+            assert abs(a - b) <= LOSS_RTOL * abs(b), f"{variant}, ep=2: step {step} {key} {a} vs {b}"
+
+
+def test_the_sigmoid_routers_bias_resumes_exactly(dist_pool, tmp_path):
+    """The balancing bias is checkpointed with the parameters: a run stopped after 2 steps and resumed
+    takes its 3rd step exactly as the uninterrupted run."""
+    pool = dist_pool(2)
+    full = pool.run(moe_tasks.train_variant, "deepseek", ["dp=2,ep=2"])[0][0]
+    pool.run(moe_tasks.train_variant, "deepseek", ["dp=2,ep=2"], stop_after=2, checkpoint_dir=str(tmp_path))
+    resumed = pool.run(moe_tasks.train_variant, "deepseek", ["dp=2,ep=2"],
+                       resume_from=str(tmp_path / "step_00000002"))[0][0]
+    assert resumed["steps"] == [2] and resumed["losses"] == full["losses"][2:]
+    assert resumed["grad_norms"] == full["grad_norms"][2:]
 
 
 def test_zero_shards_the_experts_over_the_expert_data_parallel_ranks(dist_pool):

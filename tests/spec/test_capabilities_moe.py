@@ -21,7 +21,7 @@ JOB = JobSpec(global_batch=8, seq_len=64)
 
 @pytest.mark.parametrize("model,layout,named", [
     (get_model("deepseek-v3"), "dp=2", "multi-head latent attention (mla)"),
-    (get_model("deepseek-v3"), "dp=2", "a sigmoid router (moe.router=sigmoid)"),
+    (get_model("gpt-oss-120b"), "dp=2", "expert or router biases"),
     (get_model("gpt-oss-120b"), "dp=2", "attention sinks (sinks)"),
     (get_model("tiny-moe"), "tp=2,etp=2,moe_overlap=shared", "layout sets etp=2, moe_overlap=shared"),
     (get_model("tiny-moe"), "dp=2,cp=2", "cp=2 with an MoE model"),
@@ -47,6 +47,13 @@ def test_dense_models_with_dense_layouts_break_no_moe_rule():
                                     "dp=4,ep=4"])
 def test_the_runtime_runs_tiny_moe_with_ep_carved_out_of_dp(layout):
     assert runtime_violations(get_model("tiny-moe"), Layout.parse(layout), JOB) == []
+
+
+def test_the_runtime_runs_deepseek_routing_without_mla():
+    tiny = get_model("tiny-moe")
+    routed = dataclasses.replace(tiny, moe=dataclasses.replace(tiny.moe, router="sigmoid", n_groups=4, topk_groups=2,
+                                                               route_scale=2.5, capacity_factor=1.25))
+    assert runtime_violations(routed, Layout.parse("dp=2,ep=2"), JOB) == []
 
 
 def test_the_runnable_search_keeps_runnable_expert_layouts_and_any_runtime_ranks_the_rest():

@@ -324,6 +324,8 @@ def init_weights(model: nn.Module, spec: ModelSpec, seed: int, device: torch.dev
             param.copy_(full)
     cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, device, spec.rope_theta, spec.rope_scaling)
     for module in model.modules():
+        if isinstance(module, MoEFeedForward):
+            module.reset_buffers()
         if isinstance(module, Transformer):
             module.rope_cos = cos
             module.rope_sin = sin

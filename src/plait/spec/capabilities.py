@@ -64,11 +64,10 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
 def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     """(rule id, message) of the mixture-of-experts features the planner models and the runtime does
     not run yet. The runtime (``plait.run.modules.moe``, ``plait.run.parallel.expert``) runs GQA
-    models with softmax-routed and shared SwiGLU experts, dropless or with a capacity factor, with
-    ep carved out of dp·cp;
-    refused: MLA, attention sinks, the sigmoid router, group-limited routing, a route scale,
-    GPT-OSS's expert and router biases and activation, etp > 1, moe_overlap,
-    and fp8, cp > 1 or ep not dividing dp·cp for an MoE model."""
+    models with routed (softmax or bias-balanced sigmoid router, group-limited routing, route
+    scale) and shared SwiGLU experts, dropless or with a capacity factor, with ep carved out of
+    dp·cp; refused: MLA, attention sinks, GPT-OSS's expert and router biases and activation,
+    etp > 1, moe_overlap, and fp8, cp > 1 or ep not dividing dp·cp for an MoE model."""
     if (model.moe is None and model.mla is None and not model.sinks and lay.ep == 1 and lay.etp == 1
             and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
         return []
@@ -76,11 +75,9 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     parts = [what for what, present in (
         ("multi-head latent attention (mla)", model.mla is not None),
         ("attention sinks (sinks)", model.sinks),
-        ("a sigmoid router (moe.router=sigmoid)", moe is not None and moe.router != "softmax"),
         ("expert or router biases", moe is not None and (moe.expert_bias or moe.router_bias)),
-        ("the clamped SwiGLU experts (moe.activation=oai)", moe is not None and moe.activation != "silu"),
-        ("a routed output scale (moe.route_scale != 1)", moe is not None and moe.route_scale != 1.0),
-        ("group-limited routing (moe.n_groups > 1)", moe is not None and moe.n_groups > 1)) if present]
+        ("the clamped SwiGLU experts (moe.activation=oai)", moe is not None and moe.activation != "silu"))
+        if present]
     keys = [f"{key}={getattr(lay, key)}" for key, default in (("etp", 1), ("moe_overlap", "none"))
             if getattr(lay, key) != default]
     if moe is not None and lay.precision in FP8_PRECISIONS:
@@ -94,8 +91,8 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     if not parts and not keys:
         return []
     what = f"model {model.name} has {', '.join(parts)}" if parts else f"layout sets {', '.join(keys)}"
-    return [("runtime-moe", f"{what}: planned but not run by plait train yet; plait train runs softmax-routed, "
-             "MoE models with ep dividing dp·cp, etp=1, moe_overlap=none, cp=1, bf16 (plait plan "
+    return [("runtime-moe", f"{what}: planned but not run by plait train yet; plait train runs GQA MoE models "
+             "with SwiGLU experts, ep dividing dp·cp, etp=1, moe_overlap=none, cp=1, bf16 (plait plan "
              "--any-runtime ranks the rest)")]
 
 

@@ -4,7 +4,14 @@ experts as a grouped GEMM, shared experts, and the auxiliary load-balancing loss
 Forward of ``MoEFeedForward`` on the T = batch·seq tokens it is given (hidden h, E routed experts,
 top-k):
   1. router: logits = x·W_r (h -> E, fp32), probabilities = softmax(logits); each token takes its
-     top-k experts, their weights renormalized to sum to one when ``norm_topk``.
+     top-k experts, their weights renormalized to sum to one when ``norm_topk``. The sigmoid
+     router (DeepSeek-V3) scores s = sigmoid(logits), chooses the top-k of s + b (b: the
+     ``score_bias`` buffer, within each token's best ``topk_groups`` of ``n_groups`` expert groups,
+     a group scored by its two best choices) and weighs them by s (renormalized with
+     ``norm_topk``); the aux loss then uses s / Σs as probabilities. After every optimizer step b
+     moves by ``BIAS_UPDATE_RATE`` towards balance (``update_score_bias``; the load is summed over
+     the step's micro-batches and the data-parallel ranks: ``plait.run.parallel.expert``). Weights
+     are multiplied by ``route_scale``.
   2. dispatch: the T·k (token, expert) pairs sorted by expert; the token rows gathered in that
      order. With expert parallelism (``plait.run.parallel.expert``) the ``dispatcher`` sends each
      rank the rows of the experts it holds (all-to-all) and brings the outputs back; without it
@@ -31,7 +38,8 @@ the same under any dp/ep/tp/pp split: parity holds.
 
 Parameters (names in checkpoints): ``router.weight`` (E, h); ``experts.w1`` / ``experts.w3``
 (E, h, f) and ``experts.w2`` (E, f, h): expert-major, so expert parallelism shards dim 0;
-``shared.w1/w2/w3`` (nn.Linear); ``shared_gate.weight`` (1, h).
+``shared.w1/w2/w3`` (nn.Linear); ``shared_gate.weight`` (1, h); the sigmoid router's ``score_bias``
+(E,), a buffer that checkpoints save with the parameters.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from plait.spec.model import ModelSpec
+
+BIAS_UPDATE_RATE = 1e-3  # sigmoid router: bias step per optimizer step (DeepSeek-V3's gamma)
 
 
 class AuxLossGradient(torch.autograd.Function):
@@ -134,6 +144,12 @@ class MoEFeedForward(nn.Module):
         self.n_experts, self.top_k, self.norm_topk = moe.n_experts, moe.top_k, moe.norm_topk
         self.aux_coef = moe.aux_loss_coef
         self.capacity_factor = moe.capacity_factor  # 0: dropless
+        self.router_type, self.route_scale = moe.router, moe.route_scale
+        self.n_groups, self.topk_groups = moe.n_groups, moe.topk_groups
+        if moe.router == "sigmoid":  # the balancing bias: checkpointed, moved by a rule, not by gradients
+            self.register_buffer("score_bias", torch.zeros(moe.n_experts, dtype=torch.float32))
+        # routed pairs per expert since the last optimizer step (training forwards; not checkpointed)
+        self.register_buffer("expert_load", torch.zeros(moe.n_experts, dtype=torch.float32), persistent=False)
         self.router = nn.Linear(spec.hidden, moe.n_experts, bias=moe.router_bias)
         self.experts = GroupedExperts(moe.n_experts, spec.hidden, moe.expert_ffn)
         self.shared = SharedExperts(spec.hidden, moe.n_shared * moe.shared_width) if moe.n_shared else None
@@ -142,12 +158,51 @@ class MoEFeedForward(nn.Module):
         self.aux_grad_scale = 1.0  # 1/micro-batches without a pipeline (set by build_model_parts)
 
     def route(self, x: torch.Tensor):
-        """(fp32 probabilities (T, E), top-k weights (T, k), top-k expert ids (T, k))."""
-        probs = F.softmax(self.router(x).float(), dim=-1)
-        weights, ids = probs.topk(self.top_k, dim=-1)
+        """(fp32 probabilities (T, E) for the aux loss, top-k weights (T, k), top-k expert ids (T, k),
+        the routing scores (T, E) without gradient: what token dropping ranks pairs by)."""
+        logits = self.router(x).float()
+        if self.router_type == "softmax":
+            probs = F.softmax(logits, dim=-1)
+            weights, ids = probs.topk(self.top_k, dim=-1)
+            scores = probs.detach()
+        else:  # sigmoid: choose on score + balancing bias (within the best groups), weigh by the score
+            sig = torch.sigmoid(logits)
+            scores = sig.detach()
+            ids = self.limit_groups(scores + self.score_bias).topk(self.top_k, dim=-1).indices
+            weights = sig.gather(1, ids)
+            probs = sig / sig.sum(dim=-1, keepdim=True)
         if self.norm_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return probs, weights, ids
+        if self.route_scale != 1.0:
+            weights = weights * self.route_scale
+        if self.training and torch._C._current_graph_task_id() == -1:  # not a recomputation in backward
+            with torch.no_grad():
+                self.expert_load += torch.bincount(ids.reshape(-1), minlength=self.n_experts).to(self.expert_load)
+        return probs, weights, ids, scores
+
+    @torch.no_grad()
+    def reset_buffers(self) -> None:
+        """Zero the balancing bias and the load counts (after ``to_empty`` off the meta device)."""
+        for buffer in self.buffers(recurse=False):
+            buffer.zero_()
+
+    def limit_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """``choice`` (T, E) with the experts outside each token's best ``topk_groups`` of ``n_groups``
+        groups set to -inf; a group's score is the sum of its two best choices (DeepSeek-V3)."""
+        if self.n_groups == 1:
+            return choice
+        tokens = choice.shape[0]
+        grouped = choice.view(tokens, self.n_groups, -1)
+        best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+        keep = torch.zeros_like(best, dtype=torch.bool).scatter(1, best.topk(self.topk_groups, dim=-1).indices, True)
+        return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(tokens, -1)
+
+    @torch.no_grad()
+    def update_score_bias(self, load: torch.Tensor) -> None:
+        """Sigmoid router's balancing step (after an optimizer step): each expert's bias moves by
+        ``BIAS_UPDATE_RATE`` towards balance, ``+rate`` if its routed pairs ``load`` (summed over the
+        step's micro-batches and data-parallel ranks) are below the mean, ``-rate`` if above."""
+        self.score_bias += BIAS_UPDATE_RATE * torch.sign(load.mean() - load)
 
     def within_capacity(self, scores: torch.Tensor, flat: torch.Tensor, counts: torch.Tensor):
         """Token dropping (``capacity_factor`` c > 0): each expert keeps its ``ceil(c·T·k/E)`` pairs of
@@ -169,11 +224,11 @@ class MoEFeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        probs, weights, ids = self.route(x)
+        probs, weights, ids, scores = self.route(x)
         flat = ids.reshape(-1)
         counts = torch.bincount(flat, minlength=self.n_experts)
         if self.capacity_factor:
-            order, kept = self.within_capacity(probs.gather(1, ids).reshape(-1).detach(), flat, counts)
+            order, kept = self.within_capacity(scores.gather(1, ids).reshape(-1), flat, counts)
         else:
             order, kept = flat.argsort(stable=True), counts  # (token, slot) pairs grouped by expert
         token_of = order // self.top_k

@@ -103,4 +103,7 @@ def apply_ddp(model: nn.Module, pdims: ParallelDims) -> nn.Module:
     """Wrap ``model`` in DDP over the dp_replicate (×cp) group (zero=0 without tensor parallelism)."""
     if any(isinstance(p, DTensor) for p in model.parameters()):
         raise ValueError("DDP cannot hold DTensor parameters; use FSDP2 replication")
-    return DistributedDataParallel(model, process_group=pdims.replicate_group, gradient_as_bucket_view=True)
+    # no buffer broadcast: every rank computes the same RoPE tables, and an MoE layer's expert load
+    # counts are per rank (summed by plait.run.parallel.expert.balance_routers)
+    return DistributedDataParallel(model, process_group=pdims.replicate_group, gradient_as_bucket_view=True,
+                                   broadcast_buffers=False)

@@ -145,3 +145,21 @@ def set_aux_grad_scale(chunks: list[nn.Module], scale: float) -> None:
         for module in chunk.modules():
             if isinstance(module, MoEFeedForward):
                 module.aux_grad_scale = scale
+
+
+@torch.no_grad()
+def balance_routers(chunks: list[nn.Module], pdims: ParallelDims, update: bool = True) -> None:
+    """After an optimizer step: sum the sigmoid routers' loads over the data-parallel ranks (one
+    all-reduce per dp/cp mesh dimension for all layers), move their biases (``update``: False for a
+    skipped step), and zero every MoE layer's load."""
+    layers = [m for chunk in chunks for m in chunk.modules() if isinstance(m, MoEFeedForward)]
+    sigmoid = [m for m in layers if m.router_type == "sigmoid"]
+    if sigmoid and update:
+        loads = torch.stack([m.expert_load for m in sigmoid])
+        for name in ("dp_replicate", "dp_shard", "cp"):
+            if pdims.size(name) > 1:
+                dist.all_reduce(loads, group=pdims.group(name))
+        for module, load in zip(sigmoid, loads):
+            module.update_score_bias(load)
+    for module in layers:
+        module.expert_load.zero_()
