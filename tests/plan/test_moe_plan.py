@@ -47,6 +47,8 @@ def test_moe_block_saved_bytes_item_by_item():
         "moe_router_probs": 4 * tokens * e, "moe_combine_weights": 4 * tokens * k,
         "moe_dispatched": 2 * routed * h, "moe_up": 2 * 2 * routed * f, "moe_act_out": 2 * 2 * routed * f,
         "moe_expert_out": 2 * routed * h, "moe_shared_up": 2 * 2 * tokens * fs, "moe_shared_act_out": 2 * 2 * tokens * fs,
+        "moe_topk_indices": 8 * tokens * k, "moe_topk_norm": 4 * tokens * (k + 1),
+        "moe_token_indices": 2 * 8 * routed, "moe_aux_fraction": 4 * e,
     }
     # sequence parallelism hands the router and dispatch a tp shard; the shared experts split their ffn
     sp = moe_layer_saved_bytes(tiny, Layout.parse("tp=2,mbs=2"), 256)

@@ -48,7 +48,9 @@ from plait.run.modules.layers import (
     make_norm,
     rope_tables,
 )
+from plait.run.modules.moe import MoEFeedForward
 from plait.spec.model import ModelSpec
+from plait.spec.moe.parts import is_moe_layer
 
 INIT_STD = 0.02  # standard deviation of every weight matrix (GPT-2 / Megatron convention)
 DROPOUT = 0.1  # used only when ModelSpec.dropout is set
@@ -190,7 +192,8 @@ class Block(nn.Module):
         self.attention = Attention(spec, index)
         self.attention_post_norm = make_norm(spec) if post else None
         self.ffn_norm = make_norm(spec) if pre else nn.Identity()
-        self.feed_forward = FeedForward(spec)
+        # an MoE layer's MLP is routed experts (+ shared experts): plait.run.modules.moe
+        self.feed_forward = MoEFeedForward(spec) if is_moe_layer(spec, index) else FeedForward(spec)
         self.ffn_post_norm = make_norm(spec) if post else None
         p = DROPOUT if spec.dropout else 0.0
         self.dropout = nn.Dropout(p) if p else nn.Identity()
@@ -295,7 +298,7 @@ def _full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int, device:
     if leaf == "bias":
         return torch.zeros(shape, device=device)
     std = INIT_STD
-    if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+    if name.endswith(("attention.wo.weight", "feed_forward.w2.weight", "experts.w2", "shared.w2.weight")):
         std = INIT_STD / math.sqrt(2 * spec.n_layers)  # residual projections (GPT-2 scaling)
     generator = torch.Generator(device=device)
     generator.manual_seed(_seed_for(seed, name))
@@ -321,6 +324,8 @@ def init_weights(model: nn.Module, spec: ModelSpec, seed: int, device: torch.dev
             param.copy_(full)
     cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, device, spec.rope_theta, spec.rope_scaling)
     for module in model.modules():
+        if isinstance(module, MoEFeedForward):
+            module.reset_buffers()
         if isinstance(module, Transformer):
             module.rope_cos = cos
             module.rope_sin = sin

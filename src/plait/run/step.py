@@ -28,6 +28,7 @@ from plait.run.data.prefetch import to_device
 from plait.run.faults import FaultPlan
 from plait.run.optim import clip_grad_norm, lr_at, set_lr
 from plait.run.parallel.context.shard import sequence_shard_of
+from plait.run.parallel.expert import balance_routers
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.parallel.parallelize import ModelParts
 from plait.run.pending import MAX_CONSECUTIVE_SKIPS, NonFinitePolicy, PendingStep, StepLedger  # noqa: F401 (re-exported)
@@ -168,6 +169,7 @@ def train_step(setup: StepSetup, step: int, ledger: StepLedger, stop=None, sync:
     inputs, labels = local_batch(setup.source, job, pdims, step, device)
     set_lr(setup.optimizer, pending.lr)
     local = forward_backward(setup.parts, pdims, inputs, labels, setup.n_micro)
+    setup.parts.sync_expert_gradients()
     local = setup.faults.at(step, "after-backward", local)
     loss_and_stop = reduce_loss_and_stop(local, pdims, device, stop is not None and stop.is_set())
     grad_norm = clip_grad_norm(setup.parts.parameters(), config.optim.grad_clip, pdims)
@@ -176,6 +178,7 @@ def train_step(setup: StepSetup, step: int, ledger: StepLedger, stop=None, sync:
         ledger.read(step, pending)
     if pending.skipped is None:
         setup.optimizer.step()
+    balance_routers(setup.parts.chunks, pdims, update=pending.skipped is None)  # MoE: sigmoid routers' biases
     setup.optimizer.zero_grad(set_to_none=True)
     pending.end = ledger.timer.mark()
     pending.wall_time = time.time()

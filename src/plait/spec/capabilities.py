@@ -63,22 +63,37 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
 
 def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     """(rule id, message) of the mixture-of-experts features the planner models and the runtime does
-    not run yet: routed experts, MLA, attention sinks, and the expert layout keys."""
+    not run yet. The runtime (``plait.run.modules.moe``, ``plait.run.parallel.expert``) runs GQA
+    models with routed (softmax or bias-balanced sigmoid router, group-limited routing, route
+    scale) and shared SwiGLU experts, dropless or with a capacity factor, with ep carved out of
+    dp·cp; refused: MLA, attention sinks, GPT-OSS's expert and router biases and activation,
+    etp > 1, moe_overlap, and fp8, cp > 1 or ep not dividing dp·cp for an MoE model."""
     if (model.moe is None and model.mla is None and not model.sinks and lay.ep == 1 and lay.etp == 1
             and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
         return []
-    parts = [what for what, present in (("routed experts (moe)", model.moe is not None),
-                                        ("multi-head latent attention (mla)", model.mla is not None),
-                                        ("attention sinks (sinks)", model.sinks)) if present]
-    keys = [f"{key}={getattr(lay, key)}" for key, default in (("ep", 1), ("etp", 1), ("moe_overlap", "none"))
+    moe = model.moe
+    parts = [what for what, present in (
+        ("multi-head latent attention (mla)", model.mla is not None),
+        ("attention sinks (sinks)", model.sinks),
+        ("expert or router biases", moe is not None and (moe.expert_bias or moe.router_bias)),
+        ("the clamped SwiGLU experts (moe.activation=oai)", moe is not None and moe.activation != "silu"))
+        if present]
+    keys = [f"{key}={getattr(lay, key)}" for key, default in (("etp", 1), ("moe_overlap", "none"))
             if getattr(lay, key) != default]
+    if moe is not None and lay.precision in FP8_PRECISIONS:
+        keys.append(f"precision={lay.precision} with an MoE model")
+    if moe is not None and lay.cp > 1:
+        keys.append(f"cp={lay.cp} with an MoE model")
+    if moe is not None and (lay.dp * lay.cp) % lay.ep:
+        keys.append(f"ep={lay.ep} not dividing dp·cp = {lay.dp * lay.cp} (the runtime carves ep out of dp·cp)")
+    if moe is None and lay.ep > 1:
+        keys.append(f"ep={lay.ep} for a dense model")
     if not parts and not keys:
         return []
-    # the model alone when it has the parts (one message for all its layouts), else the layout's keys
     what = f"model {model.name} has {', '.join(parts)}" if parts else f"layout sets {', '.join(keys)}"
-    return [("runtime-moe", f"{what}: mixture-of-experts models and expert parallelism are planned but not "
-             "run by plait train yet; plan them with plait plan (--any-runtime ranks them), train a dense "
-             "model with ep=1, etp=1")]
+    return [("runtime-moe", f"{what}: planned but not run by plait train yet; plait train runs GQA MoE models "
+             "with SwiGLU experts, ep dividing dp·cp, etp=1, moe_overlap=none, cp=1, bf16 (plait plan "
+             "--any-runtime ranks the rest)")]
 
 
 def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:

@@ -146,7 +146,7 @@ class Layout:
     # mixture of experts (plait.spec.moe.parts, plait.plan.moe.memory): ep·etp ranks carved out of tp·cp·dp
     ep: int = layout_key(1, "int", "expert-parallel degree: each MoE layer's routed experts are split over ep "
                          "ranks carved out of tp·cp·dp (Megatron-Core's expert mesh: etp innermost, then ep, then "
-                         "expert data parallel = tp·cp·dp/(ep·etp)); 1 for a dense model", runtime=False)
+                         "expert data parallel = tp·cp·dp/(ep·etp)); 1 for a dense model; plait train carves it out of dp·cp")
     etp: int = layout_key(1, "int", "tensor-parallel degree inside each routed expert (its ffn split by etp)",
                           runtime=False)
     moe_overlap: str = layout_key("none", "choice", "how the expert all-to-all overlaps computation: `none`, "

@@ -23,6 +23,15 @@ and balanced):
   moe_expert_out       2·R·h        expert outputs (the combine's gradient w.r.t. the weights)
   moe_shared_up        2·2·S·n·f_s/tp   shared experts' gate and up outputs (S = s·b: the shared
   moe_shared_act_out   2·2·S·n·f_s/tp   experts take the gathered norm output, as a dense MLP)
+  moe_topk_indices     8·T·k        int64 expert ids of the top-k (its backward scatters into them)
+  moe_topk_norm        4·T·k + 4·T  with norm_topk: the top-k probabilities and their sum (the
+                                    renormalizing division's inputs; 0 without norm_topk)
+  moe_token_indices    8·2·T·k      int64 row -> token gather index and the un-permute index of the
+                                    combine; with ep > 1 also 8·2·R: the receiving side's regroup
+                                    by local expert and its inverse
+  moe_aux_fraction     4·E          the aux loss's per-expert token fractions (aux_loss_coef > 0)
+The last four are what plait's runtime (``plait.run.modules.moe``) saves besides the tensors every
+MoE implementation keeps; the memory-truth test (tests/run/test_moe_memory_truth.py) measures all.
 The block's input norm items (``mlp_norm_input``, ``mlp_norm_output``) are the dense layer's.
 Transient buffers (item ``moe_buffers`` of the memory): the dispatch send and receive buffers of one
 layer, 2·2·R·h bytes, live during its forward and again in its backward.
@@ -43,7 +52,9 @@ from plait.spec.moe.layout import expert_data_parallel
 
 BF16, FP32 = 2, 4  # bytes per element (as plait.plan.activations)
 MOE_ITEMS = ("moe_router_probs", "moe_combine_weights", "moe_dispatched", "moe_up", "moe_act_out",
-             "moe_expert_out", "moe_shared_up", "moe_shared_act_out")
+             "moe_expert_out", "moe_shared_up", "moe_shared_act_out", "moe_topk_indices", "moe_topk_norm",
+             "moe_token_indices", "moe_aux_fraction")
+INT64 = 8  # bytes of an index
 
 
 def stage_layer_split(model, layout: Layout, layers: int) -> tuple[int, int]:
@@ -121,6 +132,10 @@ def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None =
         "moe_expert_out": BF16 * routed * h,
         "moe_shared_up": 2 * BF16 * full * shared,
         "moe_shared_act_out": 2 * BF16 * full * shared,
+        "moe_topk_indices": INT64 * tokens * moe.top_k,
+        "moe_topk_norm": FP32 * tokens * (moe.top_k + 1) if moe.norm_topk else 0.0,
+        "moe_token_indices": 2 * INT64 * (tokens * moe.top_k + (routed if layout.ep > 1 else 0.0)),
+        "moe_aux_fraction": FP32 * moe.n_experts if moe.aux_loss_coef else 0.0,
     }
 
 

@@ -76,6 +76,8 @@ def training_state(parts: ModelParts, optimizer: torch.optim.Optimizer) -> dict[
         for key in ADAM_STATE:
             out[f"optim.{name}.{key}"] = state[key]
         out[f"optim.{name}.step"] = state["step"]
+    for name, buffer in parts.state_buffers():  # MoE: the sigmoid routers' balancing biases
+        out[f"model.{name}"] = buffer
     return out
 
 

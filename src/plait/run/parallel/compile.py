@@ -3,7 +3,8 @@
 Each block is compiled on its own (``Module.compile``, so its TP hooks are traced with it) with
 ``fullgraph=True``: a graph break inside a block is an error, not a silent fallback to eager; and
 ``dynamic=False``: every micro-batch has the same shape, so the kernels are specialized to it. The
-embedding, final norm and LM head stay eager. Blocks are compiled after tensor parallelism and
+embedding, final norm and LM head stay eager, and so do MoE blocks (``plait.run.modules.moe``: the
+expert dispatch reads per-expert row counts on the host, a graph break). Blocks are compiled after tensor parallelism and
 activation checkpointing and before FSDP (``plait.run.parallel.parallelize``).
 
 Tensor parallelism (torch 2.13 and 2.11): the token embedding is row-parallel, and
@@ -31,6 +32,8 @@ from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.device_mesh import DeviceMesh
 
+from plait.run.modules.moe import MoEFeedForward
+
 
 def _plain_output(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
     """Forward hook: an ``AsyncCollectiveTensor`` output as a plain tensor (see the module docstring)."""
@@ -54,8 +57,11 @@ def compile_blocks(chunks: list[nn.Module], backend: str, tensor_parallel: bool)
         if tensor_parallel and getattr(chunk, "tok_embeddings", None) is not None:
             chunk.tok_embeddings.register_forward_hook(_plain_output)
         for block in chunk.layers.values():
-            if tensor_parallel and isinstance(block, CheckpointWrapper):
-                block = block._checkpoint_wrapped_module
+            inner = block._checkpoint_wrapped_module if isinstance(block, CheckpointWrapper) else block
+            if isinstance(inner.feed_forward, MoEFeedForward):
+                continue  # MoE blocks stay eager: the dispatch reads the per-expert row counts on the host
+            if tensor_parallel:
+                block = inner
             block.compile(backend=backend, fullgraph=True, dynamic=False)
 
 

@@ -36,17 +36,18 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from plait.run.modules.moe import GroupedExperts
 from plait.run.parallel.mesh import ParallelDims
 
 
 def uses_fsdp(pdims: ParallelDims) -> bool:
     """Whether data parallelism runs through FSDP2 (else DDP or nothing)."""
     layout = pdims.layout
-    return layout.zero > 0 or (pdims.grad_sync_size > 1 and (layout.tp > 1 or layout.pp > 1))
+    return layout.zero > 0 or (pdims.grad_sync_size > 1 and (layout.tp > 1 or layout.pp > 1 or layout.ep > 1))
 
 
 def mixed_precision(device_type: str) -> MixedPrecisionPolicy:
@@ -69,18 +70,40 @@ def unit_groups(model: nn.Module, reshard: bool) -> list[tuple[list[nn.Module], 
     return ([(embedding, reshard)] if embedding else []) + blocks + ([(head, False)] if head else [])
 
 
-def apply_fsdp(model: nn.Module, pdims: ParallelDims, device_type: str) -> None:
-    """Shard ``model`` (a model or a pipeline stage) unit by unit (``unit_groups``), then its root."""
+def apply_fsdp(model: nn.Module, pdims: ParallelDims, device_type: str, expert_edp_mesh=None) -> None:
+    """Shard ``model`` (a model or a pipeline stage) unit by unit (``unit_groups``), then its root.
+
+    ``expert_edp_mesh``: with expert parallelism and ZeRO, the expert-data-parallel mesh
+    (``plait.run.parallel.expert``): each MoE layer's experts are a unit of their own sharded over
+    it (their weights, already DTensors over ep, become 2-D sharded); without it they are left out."""
     layout = pdims.layout
     reshard = layout.zero == 3 and layout.reshard
     options = {"mesh": pdims.dp_mesh, "mp_policy": mixed_precision(device_type)}
+    if expert_edp_mesh is not None:
+        for experts in [m for m in model.modules() if isinstance(m, GroupedExperts)]:
+            fully_shard(experts, mesh=expert_edp_mesh, reshard_after_forward=reshard,
+                        mp_policy=mixed_precision(device_type))
     for modules, reshard_unit in unit_groups(model, reshard):
-        fully_shard(modules if len(modules) > 1 else modules[0], reshard_after_forward=reshard_unit, **options)
-    fully_shard(model, reshard_after_forward=reshard, **options)
+        fully_shard(modules if len(modules) > 1 else modules[0], reshard_after_forward=reshard_unit,
+                    ignored_params=_sharded_experts(modules), **options)
+    fully_shard(model, reshard_after_forward=reshard, ignored_params=_sharded_experts([model]), **options)
+
+
+def _sharded_experts(modules: list[nn.Module]) -> set[nn.Parameter] | None:
+    """Expert-parallel expert weights (DTensors over the ep mesh) in ``modules``: FSDP leaves them
+    alone; their gradients are reduced over the expert-data-parallel ranks instead
+    (``plait.run.parallel.expert``)."""
+    found = {p for module in modules for m in module.modules()
+             if isinstance(m, GroupedExperts) and not isinstance(m, FSDPModule)
+             for p in m.parameters() if isinstance(p, DTensor)}
+    return found or None
 
 
 def apply_ddp(model: nn.Module, pdims: ParallelDims) -> nn.Module:
     """Wrap ``model`` in DDP over the dp_replicate (×cp) group (zero=0 without tensor parallelism)."""
     if any(isinstance(p, DTensor) for p in model.parameters()):
         raise ValueError("DDP cannot hold DTensor parameters; use FSDP2 replication")
-    return DistributedDataParallel(model, process_group=pdims.replicate_group, gradient_as_bucket_view=True)
+    # no buffer broadcast: every rank computes the same RoPE tables, and an MoE layer's expert load
+    # counts are per rank (summed by plait.run.parallel.expert.balance_routers)
+    return DistributedDataParallel(model, process_group=pdims.replicate_group, gradient_as_bucket_view=True,
+                                   broadcast_buffers=False)

@@ -1,7 +1,8 @@
 """Turn a ModelSpec and a Layout into this rank's trainable model parts.
 
 The order is fixed (each step changes what the next one sees):
-  build on meta → fp8 linear layers (precision=fp8/mxfp8) → tensor parallel → context parallel →
+  build on meta → fp8 linear layers (precision=fp8/mxfp8) → tensor parallel → expert parallel
+  (ep > 1: ``plait.run.parallel.expert``) → context parallel →
   activation checkpointing → activation offload hooks → torch.compile per block → FSDP2 →
   materialize on the device and initialize → DDP (zero=0) → pipeline schedule.
 """
@@ -20,10 +21,11 @@ from plait.run.parallel.compile import compile_blocks as compile_blocks_of, enab
 from plait.run.parallel.context.ring import apply_context_parallel
 from plait.run.parallel.context.shard import SequenceShard
 from plait.run.parallel.data import apply_ddp, apply_fsdp, uses_fsdp
+from plait.run.parallel.expert import ExpertParallel, set_aux_grad_scale
 from plait.run.parallel.float8 import convert_to_float8
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.loss import loss_function, token_loss
-from plait.run.model import Transformer, apply_kernels, build_model, init_weights
+from plait.run.model import Transformer, apply_kernels, build_model, canonical_name, init_weights
 from plait.run.memory.offload import ActivationOffloader, apply_activation_offload
 from plait.run.parallel.pipeline import build_schedule, build_stage_module, stage_ids_of_rank
 from plait.run.parallel.tensor import apply_tensor_parallel
@@ -45,6 +47,17 @@ class ModelParts:
     offloaded: list[str] = field(default_factory=list)  # ids of the blocks whose activations move
     sequence_shard: SequenceShard | None = None  # context parallelism: this rank's tokens of each sequence
     loss_fn: Callable = token_loss  # (model output, labels) -> mean token loss (Layout.loss, plait.run.loss)
+    experts: ExpertParallel | None = None  # ep > 1: syncs the expert gradients after the backward
+
+    def state_buffers(self) -> list[tuple[str, torch.Tensor]]:
+        """(plain-model name, tensor) of the buffers a checkpoint keeps: the sigmoid routers' biases."""
+        return [(canonical_name(name), buffer) for chunk in self.chunks for name, buffer in chunk.named_buffers()
+                if name.endswith("score_bias")]
+
+    def sync_expert_gradients(self) -> None:
+        """Reduce the expert-parallel experts' gradients over their data-parallel group (no-op at ep=1)."""
+        if self.experts is not None:
+            self.experts.sync_gradients(self.chunks)
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for chunk in self.chunks for p in chunk.parameters()]
@@ -88,6 +101,10 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         chunks = [build_model(spec)]
     sequence_shard = None
     fp8: list[str] = []
+    experts = ExpertParallel(pdims, device.type) if layout.ep > 1 else None
+    # the aux loss's gradient is scaled as each micro-batch's loss: by the step without a pipeline,
+    # by the schedule's scale_grads with one
+    set_aux_grad_scale(chunks, 1.0 if layout.pp > 1 else 1.0 / n_microbatches)
     for chunk in chunks:
         apply_kernels(chunk, layout.attn, layout.norm, layout.loss)
         for block in chunk.layers.values():
@@ -96,6 +113,8 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
             fp8 += convert_to_float8(chunk, device, layout.tp, layout.precision)
         if layout.tp > 1:
             apply_tensor_parallel(chunk, pdims.mesh["tp"], layout.sequence_parallel)
+        if experts is not None:
+            experts.apply(chunk)
         if layout.cp > 1:
             sequence_shard = apply_context_parallel(chunk, pdims.mesh["cp"], layout.cp_impl)
     checkpointed = apply_activation_checkpointing(chunks, layout)
@@ -105,7 +124,7 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
     fsdp = pdims.grad_sync_size > 1 and uses_fsdp(pdims)
     if fsdp:
         for chunk in chunks:
-            apply_fsdp(chunk, pdims, device.type)
+            apply_fsdp(chunk, pdims, device.type, experts.edp_mesh if experts is not None else None)
     for chunk in chunks:
         chunk.to_empty(device=device)
         chunk.tie_embeddings()  # to_empty untied plain (non-DTensor) parameters
@@ -119,4 +138,4 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         schedule = build_schedule(trained, stage_ids, pdims, n_microbatches, loss_fn, device)
     return ModelParts(chunks=trained, stage_ids=stage_ids, schedule=schedule,
                       checkpointed=checkpointed, fp8=fp8, fsdp=fsdp, offloader=offloader, offloaded=offloaded,
-                      sequence_shard=sequence_shard, loss_fn=loss_fn)
+                      sequence_shard=sequence_shard, loss_fn=loss_fn, experts=experts)

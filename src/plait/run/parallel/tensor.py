@@ -23,6 +23,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -57,6 +58,20 @@ def block_plan(sequence_parallel: bool, gated: bool) -> dict:
     return plan
 
 
+def moe_block_plan(sequence_parallel: bool) -> dict:
+    """The plan of a block whose MLP is an MoE (``plait.run.modules.moe``): attention as in a dense
+    block; the MoE MLP is replicated over tp (every tp rank routes and computes all of the
+    micro-batch's tokens), so with sequence parallelism its input is gathered and its output
+    scattered back to the sequence shard."""
+    plan = {key: value for key, value in block_plan(sequence_parallel, gated=False).items()
+            if not key.startswith("feed_forward")}
+    if sequence_parallel:
+        plan["feed_forward"] = PrepareModuleInputOutput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+            output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
+    return plan
+
+
 def root_plan(model: Transformer, sequence_parallel: bool, loss_parallel: bool) -> dict:
     """The plan of the embedding, final norm and LM head that this (stage) model holds."""
     residual = Shard(1) if sequence_parallel else Replicate()
@@ -81,7 +96,9 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sequence_para
     tied = (model.spec.tied_embeddings and model.tok_embeddings is not None and model.output is not None)
     parallelize_module(model, tp_mesh, root_plan(model, sequence_parallel, loss_parallel))
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan(sequence_parallel, block.feed_forward.gated))
+        gated = getattr(block.feed_forward, "gated", None)
+        plan = moe_block_plan(sequence_parallel) if gated is None else block_plan(sequence_parallel, gated)
+        parallelize_module(block, tp_mesh, plan)
     if tied:
         # both are Shard(0) over the vocabulary: tie them again after sharding
         model.output.weight = model.tok_embeddings.weight

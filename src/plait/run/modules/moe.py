@@ -1,0 +1,252 @@
+"""The mixture-of-experts MLP of an MoE layer (``plait.spec.moe.parts.MoESpec``): router, routed
+experts as a grouped GEMM, shared experts, and the auxiliary load-balancing loss.
+
+Forward of ``MoEFeedForward`` on the T = batch·seq tokens it is given (hidden h, E routed experts,
+top-k):
+  1. router: logits = x·W_r (h -> E, fp32), probabilities = softmax(logits); each token takes its
+     top-k experts, their weights renormalized to sum to one when ``norm_topk``. The sigmoid
+     router (DeepSeek-V3) scores s = sigmoid(logits), chooses the top-k of s + b (b: the
+     ``score_bias`` buffer, within each token's best ``topk_groups`` of ``n_groups`` expert groups,
+     a group scored by its two best choices) and weighs them by s (renormalized with
+     ``norm_topk``); the aux loss then uses s / Σs as probabilities. After every optimizer step b
+     moves by ``BIAS_UPDATE_RATE`` towards balance (``update_score_bias``; the load is summed over
+     the step's micro-batches and the data-parallel ranks: ``plait.run.parallel.expert``). Weights
+     are multiplied by ``route_scale``.
+  2. dispatch: the T·k (token, expert) pairs sorted by expert; the token rows gathered in that
+     order. With expert parallelism (``plait.run.parallel.expert``) the ``dispatcher`` sends each
+     rank the rows of the experts it holds (all-to-all) and brings the outputs back; without it
+     the rows stay here.
+  3. experts: SwiGLU per expert, out = (silu(x·W1_e) ⊙ x·W3_e)·W2_e, as a grouped GEMM over the
+     rows of each expert (``torch._grouped_mm`` on CUDA in bf16, else one GEMM per expert: the
+     CPU path; every expert runs, also with no rows, so every expert weight gets a gradient).
+     With ``capacity_factor`` c > 0 each expert first keeps only its ceil(c·T·k/E) pairs of
+     highest router probability (per micro-batch, before any dispatch); the dropped pairs add
+     nothing (the token keeps its other experts and the residual).
+  4. combine: the outputs back in (token, slot) order; each token's output is the sum over its k
+     experts of weight·expert output (fp32 accumulation), plus the shared experts (one SwiGLU of width n_shared·shared_ffn: n_shared
+     experts side by side are one wider MLP), times sigmoid(x·w_g) when ``shared_gate``.
+
+Auxiliary loss (Switch Transformer's): aux = coef · E · Σ_e f_e · P_e, where f_e is the fraction
+of the T·k routed pairs that chose expert e (no gradient) and P_e the mean router probability of
+e over the T tokens. It is computed over the tokens of one micro-batch as this module sees them
+(the full micro-batch: under sequence parallelism the block gathers the sequence first), and
+its gradient is injected in the backward (``AuxLossGradient``) scaled by ``aux_grad_scale``
+(1/micro-batches, as the LM loss of each micro-batch is scaled): the total gradient is that of
+mean LM loss + Σ_layers mean over micro-batches of aux. The reported loss is the LM loss alone.
+Every layout splits the global batch into the same micro-batches (mbs sequences), so the sum is
+the same under any dp/ep/tp/pp split: parity holds.
+
+Parameters (names in checkpoints): ``router.weight`` (E, h); ``experts.w1`` / ``experts.w3``
+(E, h, f) and ``experts.w2`` (E, f, h): expert-major, so expert parallelism shards dim 0;
+``shared.w1/w2/w3`` (nn.Linear); ``shared_gate.weight`` (1, h); the sigmoid router's ``score_bias``
+(E,), a buffer that checkpoints save with the parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plait.spec.model import ModelSpec
+
+BIAS_UPDATE_RATE = 1e-3  # sigmoid router: bias step per optimizer step (DeepSeek-V3's gamma)
+
+
+class AuxLossGradient(torch.autograd.Function):
+    """Identity on ``output`` whose backward also gives ``aux`` the gradient ``scale`` (so the
+    loss's gradient includes scale·∂aux without adding aux to the reported loss)."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, aux: torch.Tensor, scale: float):
+        ctx.scale = scale
+        ctx.aux_shape, ctx.aux_dtype = aux.shape, aux.dtype
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, torch.full(ctx.aux_shape, ctx.scale, dtype=ctx.aux_dtype, device=grad.device), None
+
+
+class LocalDispatcher:
+    """No expert parallelism: the rows stay on this rank; every expert is local."""
+
+    def dispatch(self, rows: torch.Tensor, counts: torch.Tensor):
+        """(rows grouped by local expert, rows per local expert, state for ``combine``)."""
+        return rows, counts.tolist(), None
+
+    def combine(self, out: torch.Tensor, state) -> torch.Tensor:
+        return out
+
+
+def use_grouped_mm(x: torch.Tensor) -> bool:
+    """Whether ``expert_forward`` runs ``torch._grouped_mm`` by default: CUDA, bf16, a torch that has it."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+
+
+def expert_forward(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w3: torch.Tensor,
+                   w2: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
+    """SwiGLU of rows ``x`` (grouped: ``counts[e]`` rows for local expert e) through the experts
+    w1, w3 (E_l, h, f) and w2 (E_l, f, h); one output row per input row. ``grouped``: one
+    ``torch._grouped_mm`` per projection (None: ``use_grouped_mm``), else one GEMM per expert."""
+    w1, w3, w2 = (w.to(x.dtype) for w in (w1, w3, w2))  # fp32 master weights under bf16 compute
+    if use_grouped_mm(x) if grouped is None else grouped:
+        offsets = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
+        gate = torch._grouped_mm(x, w1, offs=offsets)
+        up = torch._grouped_mm(x, w3, offs=offsets)
+        return torch._grouped_mm(F.silu(gate) * up, w2, offs=offsets)
+    outs, start = [], 0
+    for e, n in enumerate(counts):  # an expert with no rows still runs (its weights get a zero gradient)
+        rows = x[start:start + n]
+        outs.append((F.silu(rows @ w1[e]) * (rows @ w3[e])) @ w2[e])
+        start += n
+    return torch.cat(outs)
+
+
+class GroupedExperts(nn.Module):
+    """The routed experts' weights, expert-major (see module docstring). Under expert parallelism
+    they are DTensors sharded on dim 0 over the ep mesh; ``local_weights`` gives this rank's."""
+
+    def __init__(self, n_experts: int, hidden: int, ffn: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, hidden, ffn))
+        self.w3 = nn.Parameter(torch.empty(n_experts, hidden, ffn))
+        self.w2 = nn.Parameter(torch.empty(n_experts, ffn, hidden))
+
+    def local_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(w.to_local() if hasattr(w, "to_local") else w for w in (self.w1, self.w3, self.w2))
+
+    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        return expert_forward(x, counts, *self.local_weights())
+
+
+class SharedExperts(nn.Module):
+    """The shared experts as one SwiGLU MLP of width n_shared·shared_ffn."""
+
+    def __init__(self, hidden: int, width: int):
+        super().__init__()
+        self.w1 = nn.Linear(hidden, width, bias=False)
+        self.w2 = nn.Linear(width, hidden, bias=False)
+        self.w3 = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoEFeedForward(nn.Module):
+    """The MLP of an MoE layer (module docstring); takes and returns (batch, seq, hidden)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        moe = spec.moe
+        self.n_experts, self.top_k, self.norm_topk = moe.n_experts, moe.top_k, moe.norm_topk
+        self.aux_coef = moe.aux_loss_coef
+        self.capacity_factor = moe.capacity_factor  # 0: dropless
+        self.router_type, self.route_scale = moe.router, moe.route_scale
+        self.n_groups, self.topk_groups = moe.n_groups, moe.topk_groups
+        if moe.router == "sigmoid":  # the balancing bias: checkpointed, moved by a rule, not by gradients
+            self.register_buffer("score_bias", torch.zeros(moe.n_experts, dtype=torch.float32))
+        # routed pairs per expert since the last optimizer step (training forwards; not checkpointed)
+        self.register_buffer("expert_load", torch.zeros(moe.n_experts, dtype=torch.float32), persistent=False)
+        self.router = nn.Linear(spec.hidden, moe.n_experts, bias=moe.router_bias)
+        self.experts = GroupedExperts(moe.n_experts, spec.hidden, moe.expert_ffn)
+        self.shared = SharedExperts(spec.hidden, moe.n_shared * moe.shared_width) if moe.n_shared else None
+        self.shared_gate = nn.Linear(spec.hidden, 1, bias=False) if moe.n_shared and moe.shared_gate else None
+        self.dispatcher = LocalDispatcher()  # plait.run.parallel.expert sets an all-to-all one
+        self.aux_grad_scale = 1.0  # 1/micro-batches without a pipeline (set by build_model_parts)
+
+    def route(self, x: torch.Tensor):
+        """(fp32 probabilities (T, E) for the aux loss, top-k weights (T, k), top-k expert ids (T, k),
+        the routing scores (T, E) without gradient: what token dropping ranks pairs by)."""
+        logits = self.router(x).float()
+        if self.router_type == "softmax":
+            probs = F.softmax(logits, dim=-1)
+            weights, ids = probs.topk(self.top_k, dim=-1)
+            scores = probs.detach()
+        else:  # sigmoid: choose on score + balancing bias (within the best groups), weigh by the score
+            sig = torch.sigmoid(logits)
+            scores = sig.detach()
+            ids = self.limit_groups(scores + self.score_bias).topk(self.top_k, dim=-1).indices
+            weights = sig.gather(1, ids)
+            probs = sig / sig.sum(dim=-1, keepdim=True)
+        if self.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.route_scale != 1.0:
+            weights = weights * self.route_scale
+        if self.training and torch._C._current_graph_task_id() == -1:  # not a recomputation in backward
+            with torch.no_grad():
+                self.expert_load += torch.bincount(ids.reshape(-1), minlength=self.n_experts).to(self.expert_load)
+        return probs, weights, ids, scores
+
+    @torch.no_grad()
+    def reset_buffers(self) -> None:
+        """Zero the balancing bias and the load counts (after ``to_empty`` off the meta device)."""
+        for buffer in self.buffers(recurse=False):
+            buffer.zero_()
+
+    def limit_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """``choice`` (T, E) with the experts outside each token's best ``topk_groups`` of ``n_groups``
+        groups set to -inf; a group's score is the sum of its two best choices (DeepSeek-V3)."""
+        if self.n_groups == 1:
+            return choice
+        tokens = choice.shape[0]
+        grouped = choice.view(tokens, self.n_groups, -1)
+        best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+        keep = torch.zeros_like(best, dtype=torch.bool).scatter(1, best.topk(self.topk_groups, dim=-1).indices, True)
+        return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(tokens, -1)
+
+    @torch.no_grad()
+    def update_score_bias(self, load: torch.Tensor) -> None:
+        """Sigmoid router's balancing step (after an optimizer step): each expert's bias moves by
+        ``BIAS_UPDATE_RATE`` towards balance, ``+rate`` if its routed pairs ``load`` (summed over the
+        step's micro-batches and data-parallel ranks) are below the mean, ``-rate`` if above."""
+        self.score_bias += BIAS_UPDATE_RATE * torch.sign(load.mean() - load)
+
+    def within_capacity(self, scores: torch.Tensor, flat: torch.Tensor, counts: torch.Tensor):
+        """Token dropping (``capacity_factor`` c > 0): each expert keeps its ``ceil(c·T·k/E)`` pairs of
+        highest router probability. Returns (the kept pairs' flat (token·k + slot) indices, grouped
+        by expert, best first; kept pairs per expert)."""
+        capacity = math.ceil(self.capacity_factor * flat.shape[0] / self.n_experts)
+        by_score = scores.argsort(descending=True, stable=True)
+        order = by_score[flat[by_score].argsort(stable=True)]  # by expert, then by descending score
+        starts = counts.cumsum(0) - counts
+        rank_in_expert = torch.arange(flat.shape[0], device=flat.device) - starts.repeat_interleave(counts)
+        keep = rank_in_expert < capacity
+        return order[keep], counts.clamp(max=capacity)
+
+    def aux_loss(self, probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """coef · E · Σ_e f_e · P_e over this micro-batch's tokens (module docstring)."""
+        fraction = counts.to(probs.dtype) / (probs.shape[0] * self.top_k)
+        return self.aux_coef * self.n_experts * (fraction * probs.mean(dim=0)).sum()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        probs, weights, ids, scores = self.route(x)
+        flat = ids.reshape(-1)
+        counts = torch.bincount(flat, minlength=self.n_experts)
+        if self.capacity_factor:
+            order, kept = self.within_capacity(scores.gather(1, ids).reshape(-1), flat, counts)
+        else:
+            order, kept = flat.argsort(stable=True), counts  # (token, slot) pairs grouped by expert
+        token_of = order // self.top_k
+        rows, local_counts, state = self.dispatcher.dispatch(x[token_of], kept)
+        out = self.dispatcher.combine(self.experts(rows, local_counts), state)
+        if self.capacity_factor:  # dropped pairs contribute zeros
+            out = out.new_zeros((flat.shape[0], out.shape[-1])).index_copy(0, order, out)
+        else:
+            out = out[order.argsort()]
+        out = out.view(x.shape[0], self.top_k, -1)  # back to (token, slot) order
+        # Σ_slots weight·output, accumulated in fp32 (the weights are fp32); saves the expert outputs
+        # and the weights, nothing of the fp32 product
+        y = (out * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
+        if self.shared is not None:
+            shared = self.shared(x)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(x)) * shared
+            y = y + shared
+        if self.aux_coef and torch.is_grad_enabled():
+            y = AuxLossGradient.apply(y, self.aux_loss(probs, counts), self.aux_grad_scale)
+        return y.reshape(shape)

@@ -1,0 +1,165 @@
+"""Expert parallelism: the routed experts of every MoE layer sharded over ``ep`` ranks carved out of
+the data-parallel ranks, with all-to-all token dispatch and combine.
+
+Mesh. The run's mesh (``plait.run.parallel.mesh``) is re-read as (pp, dp·cp, tp) and the dp·cp
+ranks of each (pp, tp) position are split into edp × ep, ep innermost (Megatron-Core's order,
+ep carved out of data parallelism): ``ExpertParallel.mesh`` has dimensions ("pp", "edp", "ep",
+"tp"). A rank holds experts [r·E/ep, (r+1)·E/ep) of each MoE layer (r: its ep index); the
+expert weights are DTensors ``Shard(0)`` over the 1-D ep mesh, so the gradient norm sums their
+squares over ep (``plait.run.optim``) and a checkpoint holds each expert's full tensor under its
+plain name (``plait.run.checkpoint.dcp``): it loads under any other ep. Tensor-parallel ranks
+hold the same experts and compute the same tokens (the MoE MLP is replicated over tp; etp > 1 is
+not run). Everything else (attention, router, shared experts, dense MLPs) keeps the dense layout.
+
+Dispatch (``AllToAllDispatcher``): the rows sorted by global expert are sent to the rank holding
+their expert with ``all_to_all_single`` and variable split sizes (the per-expert counts are
+exchanged first, one small all-to-all, and read on the host), regrouped by local expert for the
+grouped GEMM, and the outputs sent back the same way (the backward runs the reverse exchanges).
+
+Gradients. An expert's local gradient already sums the contributions of the tokens of all ep
+ranks of its group (the all-to-all's backward brings them). With ZeRO (zero >= 1) and edp > 1,
+each MoE layer's experts are an FSDP2 unit on the edp mesh (``plait.run.parallel.data``): their
+weights, optimizer states and gradients are sharded over edp too (as the planner's
+``expert_states`` assumes) and FSDP averages the gradients over edp; ``sync_gradients`` then
+divides by ep. Otherwise (zero=0, or edp = 1) data parallelism (FSDP2 replication replaces DDP
+when ep > 1) leaves the expert weights out (``ignored_params``) and ``sync_gradients`` sums each
+expert's gradient over edp and divides by dp·cp. Either way the result is (1/(dp·cp)) Σ over all
+ranks: the gradient of the global mean loss, as for every other parameter.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from plait.errors import PlaitError
+from plait.run.modules.moe import GroupedExperts, MoEFeedForward
+from plait.run.parallel.mesh import ParallelDims
+
+EXPERT_MESH_DIMS = ("pp", "edp", "ep", "tp")
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` of rows with variable split sizes; the backward sends gradients back."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, out_splits: list[int], in_splits: list[int], group):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        rows = rows.contiguous()
+        out = rows.new_empty((sum(out_splits),) + tuple(rows.shape[1:]))
+        dist.all_to_all_single(out, rows, out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out_splits, in_splits = ctx.splits
+        grad = grad.contiguous()  # a non-contiguous gradient would be read as if contiguous
+        back = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
+        dist.all_to_all_single(back, grad, in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
+class AllToAllDispatcher:
+    """Sends the rows of each expert to the ep rank holding it and the outputs back (module docstring)."""
+
+    def __init__(self, group: dist.ProcessGroup, ep: int, n_experts: int):
+        self.group, self.ep, self.local = group, ep, n_experts // ep
+
+    def dispatch(self, rows: torch.Tensor, counts: torch.Tensor):
+        """``rows`` sorted by global expert, ``counts`` (E,) rows per expert -> (rows grouped by
+        local expert, rows per local expert, state for ``combine``)."""
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts.contiguous(), group=self.group)  # [source rank, local expert]
+        received = received.view(self.ep, self.local)
+        in_splits = counts.view(self.ep, self.local).sum(1).tolist()
+        out_splits = received.sum(1).tolist()
+        arrived = _AllToAll.apply(rows, out_splits, in_splits, self.group)
+        expert_of_row = torch.arange(self.local, device=rows.device).repeat(self.ep).repeat_interleave(
+            received.reshape(-1))
+        regroup = expert_of_row.argsort(stable=True)
+        return arrived[regroup], received.sum(0).tolist(), (regroup.argsort(), in_splits, out_splits)
+
+    def combine(self, out: torch.Tensor, state) -> torch.Tensor:
+        inverse, in_splits, out_splits = state
+        return _AllToAll.apply(out[inverse], in_splits, out_splits, self.group)
+
+
+class ExpertParallel:
+    """The expert mesh of a run and what expert parallelism does to a model (module docstring)."""
+
+    def __init__(self, pdims: ParallelDims, device_type: str):
+        layout = pdims.layout
+        self.ep = layout.ep
+        self.data_parallel = layout.dp * layout.cp  # dp·cp: the ranks whose gradients are averaged
+        if self.data_parallel % self.ep:
+            raise PlaitError(f"ep={self.ep} does not divide dp·cp = {self.data_parallel}: the runtime carves "
+                             "expert parallelism out of the data-parallel ranks")
+        names = pdims.mesh.mesh_dim_names
+        ranks = pdims.mesh.mesh.permute([names.index(n) for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp")])
+        ranks = ranks.reshape(layout.pp, self.data_parallel // self.ep, self.ep, layout.tp)
+        self.mesh = DeviceMesh(device_type, ranks, mesh_dim_names=EXPERT_MESH_DIMS)
+        self.ep_mesh = self.mesh["ep"]
+        self.edp = self.data_parallel // self.ep
+        # ZeRO (zero >= 1) over edp > 1 ranks: FSDP2 shards the experts over edp and averages their
+        # gradients there (plait.run.parallel.data); else they are replicated and summed here
+        self.sharded = layout.zero >= 1 and self.edp > 1
+        self.edp_mesh = self.mesh["edp"] if self.sharded else None
+
+    def apply(self, model: nn.Module) -> None:
+        """Shard every MoE layer's experts of ``model`` (a model or stage, still on meta) over ep."""
+        group = self.mesh.get_group("ep")
+        for module in model.modules():
+            if isinstance(module, MoEFeedForward):
+                module.dispatcher = AllToAllDispatcher(group, self.ep, module.n_experts)
+                experts = module.experts
+                for name, param in list(experts.named_parameters(recurse=False)):
+                    sharded = distribute_tensor(param.data, self.ep_mesh, [Shard(0)], src_data_rank=None)
+                    setattr(experts, name, nn.Parameter(sharded))
+
+    @torch.no_grad()
+    def sync_gradients(self, chunks: list[nn.Module]) -> None:
+        """Sum the expert gradients over edp and divide by dp·cp (module docstring); after the backward."""
+        group = self.mesh.get_group("edp") if self.edp > 1 and not self.sharded else None
+        # FSDP already averaged over edp: what is left is 1/ep; else the sum over edp, 1/(dp·cp)
+        divisor = self.ep if self.sharded else self.data_parallel
+        for param in expert_parameters(chunks):
+            if param.grad is None:
+                continue
+            local = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+            if group is not None:
+                dist.all_reduce(local, group=group)
+            local.div_(divisor)
+
+
+def expert_parameters(chunks: list[nn.Module]) -> list[nn.Parameter]:
+    """The routed experts' parameters of ``chunks``."""
+    return [p for chunk in chunks for m in chunk.modules() if isinstance(m, GroupedExperts) for p in m.parameters()]
+
+
+def set_aux_grad_scale(chunks: list[nn.Module], scale: float) -> None:
+    """The factor of every MoE layer's auxiliary-loss gradient (1/micro-batches without a pipeline)."""
+    for chunk in chunks:
+        for module in chunk.modules():
+            if isinstance(module, MoEFeedForward):
+                module.aux_grad_scale = scale
+
+
+@torch.no_grad()
+def balance_routers(chunks: list[nn.Module], pdims: ParallelDims, update: bool = True) -> None:
+    """After an optimizer step: sum the sigmoid routers' loads over the data-parallel ranks (one
+    all-reduce per dp/cp mesh dimension for all layers), move their biases (``update``: False for a
+    skipped step), and zero every MoE layer's load."""
+    layers = [m for chunk in chunks for m in chunk.modules() if isinstance(m, MoEFeedForward)]
+    sigmoid = [m for m in layers if m.router_type == "sigmoid"]
+    if sigmoid and update:
+        loads = torch.stack([m.expert_load for m in sigmoid])
+        for name in ("dp_replicate", "dp_shard", "cp"):
+            if pdims.size(name) > 1:
+                dist.all_reduce(loads, group=pdims.group(name))
+        for module, load in zip(sigmoid, loads):
+            module.update_score_bias(load)
+    for module in layers:
+        module.expert_load.zero_()

@@ -1,0 +1,94 @@
+"""Task bodies of the mixture-of-experts runtime tests (tests/run/test_moe_parity.py), run on every
+rank of a DistPool and, for the reference, in one process.
+
+``train_layouts`` trains ``tiny-moe`` under several layouts in one pool round trip (each layout is
+a run of its own on the same ranks), so that a test pays for one task, not one per layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import checkpoint_tasks
+import runtime_tasks
+from runtime_tasks import in_one_process, train_layout
+
+from plait.spec.models import get_model
+
+MODEL = "tiny-moe"  # 4 layers (the first dense), hidden 128, 8 experts top-2, one shared expert
+STEPS = 3
+GLOBAL_BATCH = 4  # 4 micro-batches of one sequence: dp=4 leaves one per rank
+RUN = {"model": MODEL, "steps": STEPS, "global_batch": GLOBAL_BATCH}
+
+
+def train_layouts(layouts: list[str]) -> list[dict]:
+    """``runtime_tasks.train_layout`` of ``tiny-moe`` for each layout, in order (parameters on rank 0)."""
+    return [train_layout(layout, part_fields=(), **RUN) for layout in layouts]
+
+
+# MoESpec changes of the variants the tests train (tiny-moe's sizes)
+VARIANTS = {
+    "capped": {"capacity_factor": 1.0},  # token dropping
+    "deepseek": {"router": "sigmoid", "n_groups": 4, "topk_groups": 2, "route_scale": 2.5},  # bias-balanced
+}
+
+
+def train_variant(variant: str, layouts: list[str], **kwargs) -> list[dict]:
+    """Steps, losses and gradient norms of ``tiny-moe`` with ``VARIANTS[variant]``, per layout;
+    ``kwargs``: ``checkpoint_tasks.train``'s (stop_after, checkpoint_dir=, resume_from=, ...)."""
+    import dataclasses
+
+    spec = get_model(MODEL)
+    model = dataclasses.replace(spec, moe=dataclasses.replace(spec.moe, **VARIANTS[variant]))
+    with patched_model(model):
+        return [checkpoint_tasks.train(layout, with_params=False, **RUN, **kwargs) for layout in layouts]
+
+
+@contextlib.contextmanager
+def patched_model(model):
+    """``runtime_tasks.make_config`` builds its job with ``model`` whatever name it is given."""
+    original = runtime_tasks.get_model
+    runtime_tasks.get_model = lambda name: model
+    try:
+        yield
+    finally:
+        runtime_tasks.get_model = original
+
+
+def reference() -> dict:
+    """The single-process run of ``tiny-moe``."""
+    return in_one_process(train_layout, "dp=1", part_fields=(), **RUN)
+
+
+def expert_weight_placement(layout: str) -> dict:
+    """The placement and local shape of layer 1's ``experts.w1`` on this rank under ``layout``."""
+    import torch
+
+    from plait.run.parallel.mesh import build_parallel_dims
+    from plait.run.parallel.parallelize import build_model_parts
+    from plait.spec.layout import Layout
+    from plait.spec.models import get_model
+
+    lay = Layout.parse(layout)
+    parts = build_model_parts(get_model(MODEL), build_parallel_dims(lay, "cpu"), torch.device("cpu"), 0,
+                              lay.micro_batches(GLOBAL_BATCH))
+    weight = dict(parts.named_parameters())["layers.1.feed_forward.experts.w1"]
+    return {"mesh": list(weight.device_mesh.mesh_dim_names), "placements": [str(p) for p in weight.placements],
+            "local": tuple(weight.to_local().shape)}
+
+
+def resume_across_ep(root: str, layouts: tuple[str, str, str]) -> list[dict]:
+    """Step 0 under ``layouts[0]`` (checkpoint at step 1), step 1 under ``layouts[1]`` resumed from it
+    (checkpoint at step 2), step 2 under ``layouts[2]`` resumed from that: the three runs' reports."""
+    from plait.run.checkpoint import store
+
+    out, resume = [], None
+    for index, layout in enumerate(layouts):
+        folder = os.path.join(root, f"run{index}")
+        extra = {"resume_from": resume} if resume else {}
+        last = index == len(layouts) - 1
+        out.append(checkpoint_tasks.train(layout, stop_after=None if last else 1, with_params=last,
+                                          checkpoint_dir=folder, **RUN, **extra))
+        resume = os.path.join(folder, store.final_name(index + 1))
+    return out
