@@ -24,6 +24,7 @@ from plait.run.data.tokens import (
     prepare,
 )
 from plait.run.data.tokenizer import ByteTokenizer, get_tokenizer
+from one_line import error_of  # tests/support
 
 TOK = ByteTokenizer()
 TEXTS = {"a.txt": "Hello, world.\nSecond line.", "b.txt": "Grüße, naïve café — 日本語 🚲"}
@@ -48,14 +49,6 @@ def craft(path: Path, tokens, vocab=257, version=1, itemsize=2, crc=None, name=b
 def stream_file(tmp_path: Path, n_tokens: int, name: str = "stream.bin") -> Path:
     """A valid token file whose token at index i is i % 251 (so a window's content names its start)."""
     return craft(tmp_path / name, np.arange(n_tokens) % 251)
-
-
-def error_of(fn, *args, **kwargs) -> str:
-    with pytest.raises(PlaitError) as info:
-        fn(*args, **kwargs)
-    message = str(info.value)
-    assert "\n" not in message and message
-    return message
 
 
 # ------------------------------------------------------------------ tokenizer

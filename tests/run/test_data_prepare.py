@@ -13,21 +13,13 @@ import pytest
 from bpe_corpus import DOCS, EOS, expected_stream, train_bpe
 
 from plait.cli import main
-from plait.errors import PlaitError
 from plait.run.data import documents
 from plait.run.data.documents import find_files, plan_units, read_documents
 from plait.run.data.prepare import prepare
 from plait.run.data.tokens import TokenFile, open_tokens
+from one_line import error_of  # tests/support
 
 tokenizers = pytest.importorskip("tokenizers")
-
-
-def error_of(fn, *args, **kwargs) -> str:
-    with pytest.raises(PlaitError) as info:
-        fn(*args, **kwargs)
-    message = str(info.value)
-    assert message and "\n" not in message
-    return message
 
 
 @pytest.fixture(scope="module")

@@ -4,21 +4,12 @@ No torch here."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from plait.cli import main
-from plait.errors import PlaitError
 from plait.run.data import import_bin as import_module
 from plait.run.data.import_bin import import_bin
 from plait.run.data.tokens import TokenFile
-
-
-def error_of(fn, *args, **kwargs) -> str:
-    with pytest.raises(PlaitError) as info:
-        fn(*args, **kwargs)
-    message = str(info.value)
-    assert message and "\n" not in message
-    return message
+from one_line import error_of  # tests/support
 
 
 def test_nanogpt_bin_is_imported_as_is(tmp_path, monkeypatch):
