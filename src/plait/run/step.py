@@ -66,7 +66,7 @@ def forward_backward(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tenso
     """Accumulate this rank's gradients for one step; returns its mean token loss (a 0-d tensor)
     on ranks that compute the loss (the last pipeline stage) and None elsewhere."""
     if parts.schedule is not None:
-        return _pipelined(parts, pdims, inputs, labels)
+        return pipeline_loss(parts, pdims, inputs, labels, "step")
     model = parts.chunks[0]
     positions = parts.token_positions(inputs.shape[1], inputs.device)
     total = torch.zeros((), device=inputs.device)
@@ -79,17 +79,21 @@ def forward_backward(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tenso
     return total
 
 
-def _pipelined(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tensor, labels: torch.Tensor):
+def pipeline_loss(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tensor, labels: torch.Tensor,
+                  call: str) -> torch.Tensor | None:
+    """Run the pipeline schedule's ``call`` ("step": forward and backward; "eval": forward only) on
+    one batch; the mean of the micro-batch losses on the rank holding the last stage, else None."""
     layout = pdims.layout
     n_stages = layout.pp * layout.vpp
     first, last = 0 in parts.stage_ids, n_stages - 1 in parts.stage_ids
     losses: list[torch.Tensor] = []
     kwargs = {"target": labels, "losses": losses} if last else {}
+    run = getattr(parts.schedule, call)
     with loss_context(pdims), compute_context(parts, inputs.device):
         if first:
-            parts.schedule.step(inputs, **kwargs)
+            run(inputs, **kwargs)
         else:
-            parts.schedule.step(**kwargs)
+            run(**kwargs)
     if not last:
         return None
     values = [loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach() for loss in losses]

@@ -28,7 +28,7 @@ from plait.run.config import EVAL_SEED
 from plait.run.data.tokens import open_tokens
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.parallel.parallelize import ModelParts
-from plait.run.step import compute_context, local_batch, loss_context
+from plait.run.step import compute_context, local_batch, loss_context, pipeline_loss
 
 
 def _full(loss: torch.Tensor) -> torch.Tensor:
@@ -40,17 +40,8 @@ def forward_loss(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tensor, l
     """This rank's mean token loss of one batch, forward only (call under ``torch.no_grad()``); None
     on ranks that compute no loss (pipeline stages before the last)."""
     if parts.schedule is not None:
-        layout = pdims.layout
-        last_stage = layout.pp * layout.vpp - 1
-        first, last = 0 in parts.stage_ids, last_stage in parts.stage_ids
-        losses: list[torch.Tensor] = []
-        kwargs = {"target": labels, "losses": losses} if last else {}
-        with loss_context(pdims), compute_context(parts, inputs.device):
-            if first:
-                parts.schedule.eval(inputs, **kwargs)
-            else:
-                parts.schedule.eval(**kwargs)
-        return torch.stack([_full(loss).float() for loss in losses]).mean() if last else None
+        loss = pipeline_loss(parts, pdims, inputs, labels, "eval")
+        return None if loss is None else loss.float()
     model = parts.chunks[0]
     positions = parts.token_positions(inputs.shape[1], inputs.device)
     total = torch.zeros((), device=inputs.device)
