@@ -145,7 +145,7 @@ PARAM_RANGES: dict[str, Range] = {
 GPU_RANGES: dict[str, Range] = {
     "bf16_flops": POSITIVE, "fp8_flops": NON_NEGATIVE, "hbm_bytes": POSITIVE, "hbm_bandwidth": POSITIVE,
     "gemm_efficiency": EFFICIENCY, "attention_efficiency": EFFICIENCY, "memory_efficiency": EFFICIENCY,
-    "kernel_overhead": NON_NEGATIVE,
+    "kernel_overhead": NON_NEGATIVE, "element_bytes": Range(1.0, 8.0),
 }
 CLUSTER_RANGES: dict[str, Range] = {
     "intra_node_bandwidth": POSITIVE, "inter_node_bandwidth": POSITIVE, "intra_node_latency": NON_NEGATIVE,

@@ -31,7 +31,8 @@ def _number_problems(spec, ranges: dict[str, tuple[float, bool, float]]) -> list
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             problems.append(f"{field}={value!r} must be a number")
         elif not (math.isfinite(value) and (value >= low if low_ok else value > low) and value <= high):
-            what = "in (0, 1]" if high == 1.0 else ("at least 0" if low_ok else "positive")
+            what = ("in (0, 1]" if high == 1.0 else f"in [{low:g}, {high:g}]" if math.isfinite(high)
+                    else "at least 0" if low_ok else "positive")
             problems.append(f"{field}={value!r} must be finite and {what}")
     return problems
 
@@ -63,6 +64,9 @@ class GpuSpec:
         attention_efficiency: fraction of the peak reached by the FlashAttention forward kernel.
         memory_efficiency: fraction of ``hbm_bandwidth`` reached by element-wise kernels.
         kernel_overhead: fixed cost per kernel launch and tail, seconds.
+        element_bytes: bytes per element of activations, GEMM operands and gathered weights in
+            the dtype plait's runtime computes in on this device: 2 (bf16 autocast, every GPU
+            preset); 4 on a CPU, where the runtime computes in fp32 (a CPU profile writes 4).
     """
 
     name: str
@@ -74,10 +78,12 @@ class GpuSpec:
     attention_efficiency: float = 0.60
     memory_efficiency: float = 0.80
     kernel_overhead: float = 6e-6
+    element_bytes: float = 2.0
 
     RANGES = {"bf16_flops": _POSITIVE, "fp8_flops": _NON_NEGATIVE, "hbm_bytes": _POSITIVE,
               "hbm_bandwidth": _POSITIVE, "gemm_efficiency": _FRACTION, "attention_efficiency": _FRACTION,
-              "memory_efficiency": _FRACTION, "kernel_overhead": _NON_NEGATIVE}
+              "memory_efficiency": _FRACTION, "kernel_overhead": _NON_NEGATIVE,
+              "element_bytes": (1.0, True, 8.0)}
 
     def __post_init__(self) -> None:
         problems = _name_problems(self) + _number_problems(self, self.RANGES)
