@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -56,6 +57,7 @@ CASES = {
     ], ["dp=1,mbs=4"]),
 }
 BARS = {"median_abs_step_time_error": 0.15, "spearman": 0.85, "top1_regret": 0.10, "memory_error": 0.15}
+# memory_error: the worst |predicted / measured - 1| over the layouts (the bar is for every layout)
 
 
 def plait(*args: str, log: Path) -> None:
@@ -71,23 +73,58 @@ def plait(*args: str, log: Path) -> None:
 
 
 def run_case(name: str, work: Path, repeats: int, steps: int) -> list[dict]:
+    """Profile this CPU for each process count of the case, then sweep its layouts with that profile."""
     model, seq_len, batch, two, one = CASES[name]
     log = work / f"{name}.log"
-    calibration = work / f"{name}-cpu.json"
-    plait("profile", "--device", "cpu", "--nproc-per-node", "2", "--model", model, "--seq-len", str(seq_len),
-          "--out", str(calibration), log=log)
     rows = []
     for nproc, layouts in ((2, two), (1, one)):
         if not layouts:
             continue
+        # a profile describes N processes sharing the cores (threads per process = cores / N)
+        calibration = work / f"{name}-cpu-{nproc}proc.json"
+        plait("profile", "--device", "cpu", "--nproc-per-node", str(nproc), "--model", model,
+              "--seq-len", str(seq_len), "--out", str(calibration), log=log)
         out = work / f"{name}-{nproc}proc.csv"
         plait("sweep", "--model", model, "--nproc-per-node", str(nproc), "--global-batch", str(batch),
               "--seq-len", str(seq_len), "--device", "cpu", "--calibration", str(calibration),
               "--steps", str(steps), "--repeats", str(repeats), "--out", str(out),
               *[arg for layout in layouts for arg in ("--layout", layout)], log=log)
         with out.open() as handle:
-            rows += [dict(row, case=name, nproc=nproc) for row in csv.DictReader(handle)]
+            rows += [dict(row, case=name, nproc=nproc, calibration_file=str(calibration))
+                     for row in csv.DictReader(handle)]
     return rows
+
+
+FIT_PARAMS = "dp_overlap,step_overhead_s,layer_overhead_s,tp_layer_overhead_s"
+
+
+def refit(name: str, work: Path) -> list[dict]:
+    """``plait calibrate fit`` on each two-process sweep of the case (step time, FIT_PARAMS, starting
+    from its profile): in-sample and leave-one-layout-family-out median errors."""
+    results = []
+    for csv_path in sorted(work.glob(f"{name}-2proc.csv")):
+        calibration = work / f"{name}-cpu-2proc.json"
+        out = work / f"{name}-2proc-fit.json"
+        log = work / f"{name}.log"
+        plait("calibrate", "fit", "--runs", str(csv_path), "--calibration", str(calibration), "--metric",
+              "step_time", "--params", FIT_PARAMS, "--out", str(out), log=log)
+        record = json.loads(out.read_text())
+        results.append({"case": name, "record": record})
+    return results
+
+
+def spread_check(work: Path, repeats: int) -> list[dict]:
+    """``plait sweep --top 3 --steps 3`` on the tiny model, ``repeats`` runs per layout: how far apart
+    runs of identical code land (repeat_max_s / repeat_min_s - 1 per layout; bar: <= 25%)."""
+    out = work / "spread-top3.csv"
+    plait("sweep", "--model", "tiny", "--nproc-per-node", "2", "--global-batch", "8", "--seq-len", "128",
+          "--device", "cpu", "--top", "3", "--steps", "3", "--repeats", str(repeats), "--out", str(out),
+          log=work / "spread.log")
+    with out.open() as handle:
+        rows = [r for r in csv.DictReader(handle) if r["status"] == "ok"]
+    return [{"layout": r["layout"], "repeat_min_s": number(r, "repeat_min_s"), "repeat_max_s": number(r, "repeat_max_s"),
+             "spread": number(r, "repeat_max_s") / number(r, "repeat_min_s") - 1
+             if number(r, "repeat_min_s") else None} for r in rows]
 
 
 def number(row: dict, key: str) -> float | None:
@@ -102,7 +139,10 @@ def summarize(rows: list[dict]) -> dict:
     ok = [r for r in rows if r["status"] == "ok" and number(r, "predicted_step_time_s")
           and number(r, "measured_step_time_s")]
     errors = [number(r, "measured_step_time_s") / number(r, "predicted_step_time_s") - 1 for r in ok]
-    memory = [number(r, "memory_error") for r in ok if number(r, "memory_error") is not None]
+    # the bar is for every layout: the worst |memory error| over the rows with a like-for-like
+    # measurement (counted tensor bytes, not the peak RSS of older sweeps)
+    memory = [number(r, "memory_error") for r in ok if number(r, "memory_error") is not None
+              and r.get("memory_kind") != "host_rss"]
     regrets = []
     for key in {(r["case"], r["nproc"]) for r in ok}:
         group = [r for r in ok if (r["case"], r["nproc"]) == key]
@@ -115,7 +155,7 @@ def summarize(rows: list[dict]) -> dict:
         "spearman": spearman([number(r, "predicted_step_time_s") for r in ok],
                              [number(r, "measured_step_time_s") for r in ok]) if len(ok) > 1 else None,
         "top1_regret": max(regrets) if regrets else None,
-        "memory_error": statistics.median(abs(m) for m in memory) if memory else None,
+        "memory_error": max(abs(m) for m in memory) if memory else None,
     }
 
 
@@ -127,7 +167,39 @@ def verdict(name: str, value: float | None) -> str:
     return f"{value:.3f} ({'met' if met else 'NOT met'}: {'>=' if name == 'spearman' else '<='} {bar})"
 
 
-def markdown(rows: list[dict], summary: dict, args) -> str:
+def fit_lines(fits: list[dict]) -> list[str]:
+    """The calibrate-fit table: per case, in-sample and held-out errors overall and per family."""
+    if not fits:
+        return []
+    lines = ["", f"`plait calibrate fit --metric step_time --params {FIT_PARAMS}` on each two-process sweep "
+             "(median |step-time error|; held out: leave-one-layout-family-out):", "",
+             "| case | family | rows | profile | in-sample | held out |", "|---|---|---|---|---|---|"]
+    for fit in fits:
+        record = fit["record"]["fit"]
+        errors = record["errors"]
+        lines.append(f"| {fit['case']} | all | {record['rows_used']} | {_pct(errors['default'])} | "
+                     f"{_pct(errors['in_sample'])} | {_pct(errors['held_out'])} |")
+        lines += [f"| {fit['case']} | {f['family']} | {f['rows']} | {_pct(f['start'])} | {_pct(f['in_sample'])} | "
+                  f"{_pct(f['held_out'])} |" for f in record["families"]]
+    return lines
+
+
+def _pct(value) -> str:
+    return "" if value is None else f"{value:.1%}"
+
+
+def spread_lines(spread: list[dict]) -> list[str]:
+    if not spread:
+        return []
+    worst = max((r["spread"] for r in spread if r["spread"] is not None), default=None)
+    lines = ["", "`plait sweep --top 3 --steps 3` on the tiny model, runs of identical code (bar: <= 25% apart): "
+             f"worst {_pct(worst)}", "", "| layout | fastest run s | slowest run s | apart |", "|---|---|---|---|"]
+    lines += [f"| `{r['layout']}` | {r['repeat_min_s'] or 0:.4f} | {r['repeat_max_s'] or 0:.4f} | {_pct(r['spread'])} |"
+              for r in spread]
+    return lines
+
+
+def markdown(rows: list[dict], summary: dict, args, fits: list[dict] = (), spread: list[dict] = ()) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## {now} - {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"python {platform.python_version()}",
@@ -137,14 +209,20 @@ def markdown(rows: list[dict], summary: dict, args) -> str:
              "| summary | value |", "|---|---|"]
     lines += [f"| {name} | {verdict(name, summary[name])} |" for name in BARS]
     lines += [f"| layouts (ok) | {summary['layouts']} ({summary['ok']}) |", "",
-              "| case | procs | layout | status | predicted s | measured s | error | spread s | noisy |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| case | procs | layout | status | predicted s | measured s | error | spread s | noisy | "
+              "predicted MiB | measured MiB | memory error |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         predicted, measured = number(r, "predicted_step_time_s"), number(r, "measured_step_time_s")
         error = f"{measured / predicted - 1:+.0%}" if predicted and measured else ""
+        spread_s = number(r, "spread_s")
+        memory = [number(r, k) for k in ("predicted_memory_bytes", "measured_memory_bytes", "memory_error")]
+        mib = [f"{v / 2**20:.1f}" if v is not None else "" for v in memory[:2]]
         lines.append(f"| {r['case']} | {r['nproc']} | `{r['layout']}` | {r['status']} | "
-                     f"{predicted or 0:.4f} | {measured or 0:.4f} | {error} | {r.get('spread_s') or ''} | "
-                     f"{r.get('noisy') or ''} |")
+                     f"{predicted or 0:.4f} | {measured or 0:.4f} | {error} | "
+                     f"{'' if spread_s is None else f'{spread_s:.4f}'} | {r.get('noisy') or ''} | "
+                     f"{mib[0]} | {mib[1]} | {'' if memory[2] is None else f'{memory[2]:+.0%}'} |")
+    lines += fit_lines(list(fits)) + spread_lines(list(spread))
     return "\n".join(lines) + "\n"
 
 
@@ -155,14 +233,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--work", help="keep calibrations, sweep CSVs and logs here (default: a temp dir)")
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/results/cpu_loop.md")
+    parser.add_argument("--spread-repeats", type=int, default=3,
+                        help="runs per layout of the --top 3 --steps 3 spread check (0: skip it)")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="plait-cpu-loop-"))
     work.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, fits = [], []
     for name in args.models:
         rows += run_case(name, work, args.repeats, args.steps)
+        fits += refit(name, work)
+    spread = spread_check(work, args.spread_repeats) if args.spread_repeats > 0 else []
     summary = summarize(rows)
-    text = markdown(rows, summary, args)
+    text = markdown(rows, summary, args, fits, spread)
     print(text)
     if not args.no_record:
         results = ROOT / "bench" / "results" / "cpu_loop.md"

@@ -21,7 +21,7 @@ from plait.measure.profile.machine import OPS, Where, gemm_cases, profile_config
 from plait.measure.profile.fit import calibration_fields, fit_collective, fit_gemm
 from plait.plan import comm
 from plait.plan.kernels import gemm_time
-from plait.plan.calibration import read_calibration
+from plait.plan.calibration import DEVICE_MEASURED_PARAMS, read_calibration
 from plait.plan.params import DEFAULT_PARAMS
 from plait.spec.hardware import CLUSTERS, GPUS, get_cluster
 from plait.spec.layout import GroupPlacement
@@ -247,6 +247,14 @@ def test_cpu_profile_file_schema(cpu_profile):
     assert links["link_efficiency"] == 1.0 and links["intra_node_bandwidth"] > 0 and links["intra_node_latency"] > 0
     calibration = read_calibration(path)
     assert calibration.cpu_profile and dict(calibration.gpu_overrides) == over
+    # the CPU as the runtime uses it: fp32, processes x threads, overlap, host time per layer
+    assert over["element_bytes"] == 4.0 and data["processes_per_node"] == 2 == calibration.processes_per_node
+    assert data["threads_per_process"] == data["machine"]["threads_per_process"] >= 1
+    assert 0.0 <= m["overlap"]["hidden"] <= 1.0 and data["params"]["dp_overlap"] == m["overlap"]["hidden"]
+    host = m["layer_host_s"]
+    assert set(host["layouts"]) == {"tp", "cp", "fsdp"} and all(host[k] >= 0 for k in ("plain", "tp", "cp", "fsdp"))
+    for name in ("layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "fsdp_layer_overhead_s"):
+        assert data["params"][name] >= 0.0, name
 
 
 def test_plan_uses_the_cpu_profile_and_warns(cpu_profile, capsys):
@@ -307,11 +315,12 @@ def test_validate_does_not_apply_a_cpu_profile_to_gpu_runs(cpu_profile, capsys):
     """A CPU profile holds only CPU-measured params and overrides: validate refuses all of them, says so,
     and predicts exactly what the defaults predict."""
     path = cpu_profile[0]
-    assert set(json.loads(path.read_text())["params"]) <= {"gemm_half_flops", "flash_backward_factor"}
+    assert set(json.loads(path.read_text())["params"]) <= set(DEVICE_MEASURED_PARAMS)
     assert main(["validate", "--runs", str(RUNS_CSV), "--json"]) == 0
     default = json.loads(capsys.readouterr().out)
     assert main(["validate", "--runs", str(RUNS_CSV), "--calibration", str(path), "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out) == default
-    assert f"calibration {path} is a CPU profile: its CPU-measured gemm_half_flops and flash_backward_factor are not applied" in err and "not applied" in err
+    assert f"calibration {path} is a CPU profile: its CPU-measured params (gemm_half_flops" in err
+    assert "element_bytes" not in err and "are not applied to GPU runs" in err
     assert "only the params of calibration" in err and "overrides" in err

@@ -105,7 +105,11 @@ def _spec(args) -> SweepSpec:
     cluster = cluster_for_gpu(gpu, n, n) if gpu else get_cluster(args.cluster)
     cluster = dataclasses.replace(cluster.with_gpus(n), gpus_per_node=n)
     params, cluster = cost_params(args.calibration, cluster)  # a CPU profile's overrides describe the CPU
-    cpu_calibration = bool(args.calibration) and read_calibration(args.calibration).cpu_profile
+    calibration_file = read_calibration(args.calibration) if args.calibration else None
+    cpu_calibration = calibration_file is not None and calibration_file.cpu_profile
+    threads = _threads(args)
+    if cpu_calibration and calibration_file.process_mismatch(n, threads):
+        warn(calibration_file.process_mismatch(n, threads))
     if args.data != "synthetic":
         from pathlib import Path
 
@@ -117,7 +121,7 @@ def _spec(args) -> SweepSpec:
                      prediction_gpu=gpu, params=params, data=args.data, seed=args.seed, timeout_s=args.timeout,
                      allow_oom=args.allow_oom, compile=args.compile, calibration=calibration,
                      calibration_sha256=calibration_sha256, warmup_steps=args.warmup_steps, repeats=args.repeats,
-                     min_time_s=args.min_time, threads_per_process=_threads(args),
+                     min_time_s=args.min_time, threads_per_process=threads,
                      cpu_calibration=cpu_calibration)
 
 

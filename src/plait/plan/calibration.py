@@ -24,8 +24,11 @@ FORMAT = "plait-calibration/1"
 # GpuSpec / ClusterSpec fields a calibration may replace (what ``plait profile`` measures).
 GPU_CALIBRATION_FIELDS = tuple(GPU_RANGES)
 CLUSTER_CALIBRATION_FIELDS = tuple(CLUSTER_RANGES)
-# The params ``plait profile`` measures on the device: a CPU profile's describe the CPU.
-DEVICE_MEASURED_PARAMS = ("gemm_half_flops", "flash_backward_factor")
+# The params ``plait profile`` measures on the device: a CPU profile's describe the CPU (its GEMM
+# curve, fp32 memory items, overlap and runtime host time: ``plait.measure.profile.cpu_fit``).
+DEVICE_MEASURED_PARAMS = ("gemm_half_flops", "flash_backward_factor", "cuda_context_bytes", "comm_buffer_bytes",
+                          "fragmentation", "dp_overlap", "offload_overlap", "cp_comm_overlap", "tp_comm_overlap",
+                          "layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "fsdp_layer_overhead_s")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ class Calibration:
         gpu: the GPU preset it was measured on (None: a CPU profile, or a fit over several GPUs).
         device: "cuda", "cpu" (a CPU profile: the overrides describe the CPU) or "" (not measured).
         path: where it was read from (for messages).
+        processes_per_node, threads_per_process: how a CPU profile ran (its compute rates are
+            for that many processes sharing the cores, each with that many threads); None when
+            the file does not say.
     """
 
     params: CostParams
@@ -47,10 +53,24 @@ class Calibration:
     gpu: str | None = None
     device: str = ""
     path: str = ""
+    processes_per_node: int | None = None
+    threads_per_process: int | None = None
 
     @property
     def cpu_profile(self) -> bool:
         return self.device == "cpu"
+
+    def process_mismatch(self, processes: int, threads: int | None) -> str:
+        """A warning line when a CPU profile ran another number of processes or threads per process
+        than the runs it predicts ("" when they agree or the file does not say)."""
+        if not self.cpu_profile or self.processes_per_node is None:
+            return ""
+        if self.processes_per_node == processes and (threads is None or self.threads_per_process in (None, threads)):
+            return ""
+        ran = f"{self.processes_per_node} process(es) x {self.threads_per_process or '?'} thread(s)"
+        runs = f"{processes} x {threads if threads is not None else '?'}"
+        return (f"calibration {self.path} was profiled with {ran}, these runs use {runs}: its compute rates "
+                f"describe processes that share the cores differently; profile with --nproc-per-node {processes}")
 
     def apply(self, cluster):
         """(cluster with the overrides applied, warning lines). Overrides apply even on a mismatch."""
@@ -78,8 +98,9 @@ class Calibration:
         if self.cpu_profile:
             params = dataclasses.replace(params, **{n: getattr(DEFAULT_PARAMS, n) for n in DEVICE_MEASURED_PARAMS})
             others = [n for n in params.to_dict() if getattr(params, n) != getattr(DEFAULT_PARAMS, n)]
-            warnings.append(f"calibration {self.path} is a CPU profile: its CPU-measured "
-                            f"{' and '.join(DEVICE_MEASURED_PARAMS)} are not applied to GPU runs (defaults kept)"
+            measured = [n for n in DEVICE_MEASURED_PARAMS if getattr(self.params, n) != getattr(DEFAULT_PARAMS, n)]
+            warnings.append(f"calibration {self.path} is a CPU profile: its CPU-measured params "
+                            f"({', '.join(measured) or 'none'}) are not applied to GPU runs (defaults kept)"
                             + (f"; its other params ({', '.join(others)}) are, though they were fitted on a CPU"
                                if others else ""))
         if self.gpu_overrides or self.cluster_overrides:
@@ -127,6 +148,7 @@ def read_calibration(path: str | Path) -> Calibration:
     """Read a calibration JSON (``plait profile``, ``plait calibrate fit`` or hand-written)::
 
         {"gpu": "h100-sxm" | null, "device": "cuda" | "cpu", "params": {CostParams fields},
+         "processes_per_node": P, "threads_per_process": T,
          "gpu_overrides": {GpuSpec fields}, "cluster_overrides": {ClusterSpec link fields}, ...}
 
     Every key is optional; other keys (measurements, machine, versions) are kept for people. A
@@ -147,7 +169,13 @@ def read_calibration(path: str | Path) -> Calibration:
     if device not in ("", "cuda", "cpu"):
         raise PlaitError(f"{path}: \"device\" must be \"cuda\" or \"cpu\", got {device!r}")
     gpu = _gpu_preset(path, data.get("gpu"), device)
-    return Calibration(params=params, gpu=gpu, device=device, path=str(path),
+    counts = {}
+    for key in ("processes_per_node", "threads_per_process"):
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise PlaitError(f"{path}: \"{key}\" must be a positive whole number, got {value!r}")
+        counts[key] = value
+    return Calibration(params=params, gpu=gpu, device=device, path=str(path), **counts,
                        gpu_overrides=_overrides(path, data, "gpu_overrides", GPU_RANGES),
                        cluster_overrides=_overrides(path, data, "cluster_overrides", CLUSTER_RANGES))
 

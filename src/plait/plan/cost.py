@@ -74,7 +74,7 @@ class StepBreakdown:
     dp_comm: float  # exposed data-parallel / ZeRO communication
     offload: float  # exposed activation/optimizer traffic over the host link
     optimizer: float  # optimizer step
-    overhead: float  # fixed per-step and per-micro-batch costs
+    overhead: float  # fixed per-step and per-micro-batch costs, and the runtime's host time per layer
     step_time: float
     tokens_per_step: int
     n_gpus: int
@@ -116,9 +116,10 @@ class StepBreakdown:
         return out
 
 
-def _exposed(comm_time: float, window: float, params: CostParams) -> float:
-    """Communication left on the critical path when it may hide behind ``window`` seconds."""
-    hidden_capacity = params.dp_overlap * window
+def _exposed(comm_time: float, window: float, params: CostParams, overlap: float | None = None) -> float:
+    """Communication left on the critical path when it may hide behind ``overlap`` (default
+    ``params.dp_overlap``) of ``window`` seconds."""
+    hidden_capacity = (params.dp_overlap if overlap is None else overlap) * window
     return max(0.0, comm_time - hidden_capacity) + params.overlap_slowdown * min(comm_time, hidden_capacity)
 
 
@@ -154,7 +155,8 @@ def _zero3_exposed(cluster: ClusterSpec, shard: GroupPlacement, local: float, la
     micro-batch and the last reduce-scatter of the step are exposed.
     """
     per_layer = local / max(1, layers)
-    gather = _capped(comm.all_gather(cluster, shard, 2.0 * per_layer), shard, 2.0 * per_layer, params)
+    gathered = cluster.gpu.element_bytes * per_layer  # weights in the compute dtype
+    gather = _capped(comm.all_gather(cluster, shard, gathered), shard, gathered, params)
     scatter_bytes = params.grad_reduce_bytes * per_layer
     scatter = _capped(comm.reduce_scatter(cluster, shard, scatter_bytes), shard, scatter_bytes, params)
     backward = (gather if reshard else 0.0) + scatter
@@ -195,7 +197,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     n_ckpt = checkpointed_layer_count(model, lay, layers)
 
     # ---- tensor parallel, per layer
-    act_bytes = 2.0 * tokens * model.hidden
+    element = gpu.element_bytes  # activations and gathered weights: the compute dtype
+    act_bytes = element * tokens * model.hidden
     if lay.tp > 1:
         if lay.sequence_parallel:
             one_way = 2 * comm.all_gather(cluster, groups["tp"], act_bytes) + 2 * comm.reduce_scatter(cluster, groups["tp"], act_bytes)
@@ -207,9 +210,11 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     # ---- context parallel, per layer: ring exchange of K and V (and dK, dV) beyond attention
     cp_layer = 0.0
     if lay.cp > 1:
-        kv_bytes = 2.0 * tokens * 2 * model.kv_hidden / lay.tp
+        kv_bytes = element * tokens * 2 * model.kv_hidden / lay.tp
         step = comm.send_recv(cluster, groups["cp"].spans_nodes, kv_bytes)
-        cp_layer = max(0.0, (lay.cp - 1) * step - times.attn_fwd) + max(0.0, 2 * (lay.cp - 1) * step - times.attn_bwd)
+        hides = params.cp_comm_overlap
+        cp_layer = (max(0.0, (lay.cp - 1) * step - hides * times.attn_fwd)
+                    + max(0.0, 2 * (lay.cp - 1) * step - hides * times.attn_bwd))
     # ---- recomputation, per checkpointed layer
     if lay.ckpt == "full":
         recompute_layer = times.fwd + one_way
@@ -230,8 +235,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
             bandwidth = min(bandwidth, params.disk_bandwidth)
         moved = sum(stage_layer_bytes(model, lay, job.seq_len, layers, 0, runtime="torch")[1])
         transfer = moved / bandwidth
-        offload_mb = (_exposed(transfer, layers * times.fwd / params.dp_overlap, params)
-                      + _exposed(transfer, layers * times.bwd / params.dp_overlap, params))
+        offload_mb = (_exposed(transfer, layers * times.fwd, params, params.offload_overlap)
+                      + _exposed(transfer, layers * times.bwd, params, params.offload_overlap))
     # ---- pipeline send/recv per micro-batch (forward activations, backward gradients)
     pp_mb = 0.0
     if lay.pp > 1:
@@ -251,7 +256,13 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     head_mb = head_time(model, gpu, params, tokens, lay.tp, "bf16", lay.loss)
     recompute_mb = n_ckpt * recompute_layer
     tp_mb, cp_mb = layers * tp_layer, layers * cp_layer
-    overhead_mb = params.microbatch_overhead_s * lay.vpp
+    # host time of the runtime's machinery per layer (0 on a GPU: hidden behind the kernels; a CPU
+    # profile measures it), its forward part (a third) again for each fully recomputed layer
+    host_layer = (params.layer_overhead_s + (params.tp_layer_overhead_s if lay.tp > 1 else 0.0)
+                  + (params.cp_layer_overhead_s if lay.cp > 1 else 0.0)
+                  + (params.fsdp_layer_overhead_s if lay.uses_fsdp else 0.0))
+    host_mb = host_layer * (layers + (n_ckpt / 3.0 if lay.ckpt == "full" else 0.0))
+    overhead_mb = params.microbatch_overhead_s * lay.vpp + host_mb
     body_mb = kernels_mb + elementwise_mb + recompute_mb + tp_mb + cp_mb + offload_mb + pp_mb + overhead_mb + ep_mb
     slowest_mb = body_mb + head_mb  # the last stage (or the only one) carries the head
     average_mb = body_mb + head_mb / lay.pp
@@ -275,7 +286,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         elif lay.zero in (1, 2):
             shard = groups["shard"]
             dp_comm = _exposed(comm.reduce_scatter(cluster, shard, grad_bytes), bwd_window, params)
-            dp_comm += _exposed(comm.all_gather(cluster, shard, 2.0 * local), fwd_window, params)
+            dp_comm += _exposed(comm.all_gather(cluster, shard, element * local), fwd_window, params)
         else:
             dp_comm = _zero3_exposed(cluster, groups["shard"], local, layers, times, n_ckpt * recompute_layer,
                                      lay.reshard, m, params)

@@ -61,7 +61,7 @@ def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, pr
         operand_bytes = 1.0
     else:
         peak = gpu.bf16_flops * gpu.gemm_efficiency
-        operand_bytes = BF16
+        operand_bytes = gpu.element_bytes
     compute = flops / peak * (flops + params.gemm_half_flops) / flops
     memory = operand_bytes * (m * k + k * n + m * n) / (gpu.hbm_bandwidth * gpu.memory_efficiency)
     return max(compute, memory) + gpu.kernel_overhead
@@ -131,7 +131,7 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
         scores_gemm = one
     rep = t if sequence_parallel else 1
     passes = params.elementwise_passes
-    elementwise_bytes = BF16 * tokens * h * (passes / 2 / rep + passes / 2 / t)
+    elementwise_bytes = gpu.element_bytes * tokens * h * (passes / 2 / rep + passes / 2 / t)
     kernels = 8
     if norm == "unfused":  # two norms per layer, on the sequence-parallel shard
         elementwise_bytes += 2 * (UNFUSED_NORM_BYTES[model.arch] - FUSED_NORM_BYTES) * tokens * h / rep

@@ -52,9 +52,28 @@ class CostParams:
     moe_load_imbalance: routed tokens of the most loaded expert-parallel rank over the mean (>= 1;
         1.0: balanced, as force-balanced benchmarks run; routers trained with an auxiliary loss
         stay within about 1.1-1.3): scales the expert GEMMs and the all-to-all (``plait.plan.moe.timing``).
+    offload_overlap: fraction of a pass's compute that activation offload traffic can hide behind
+        (1.0 on a GPU: the copies run on their own stream and copy engines; a CPU profile measures
+        how much communication hides behind compute there and writes that).
+    layer_overhead_s: host seconds per layer and micro-batch (forward and backward) of the
+        runtime's module, autograd and dispatch machinery beyond the kernels' own launch overhead.
+        0 on a GPU, where the host runs ahead of the kernels of any layer worth planning; a CPU
+        executes each op as it is dispatched, so a CPU profile measures it (blocks at a few tokens,
+        less the planner's own time for them: ``plait.measure.profile.cpu_fit``).
+    tp_layer_overhead_s: host seconds per layer and micro-batch that DTensor tensor parallelism
+        adds at tp > 1 (sharding propagation, redistribution, the extra autograd nodes); 0 on a GPU
+        (hidden, as above); a CPU profile measures it (``plait.measure.profile.runtime_cost``).
+    fsdp_layer_overhead_s: host seconds per layer and micro-batch that FSDP2's hooks add (unshard,
+        reshard, gradient reduction bookkeeping) where the runtime uses FSDP2
+        (``Layout.uses_fsdp``); 0 on a GPU; measured by a CPU profile like ``tp_layer_overhead_s``.
+    cp_layer_overhead_s: host seconds per layer and micro-batch that context parallelism adds at
+        cp > 1 (the sequence shard's exchange loop around attention); 0 on a GPU; measured likewise.
+    cp_comm_overlap: fraction of the attention kernels that the context-parallel K/V exchange hides
+        behind (1.0 on a GPU: the ring's next block travels while the current one is computed; a
+        CPU profile writes its measured overlap).
     moe_layer_overhead_s: fixed seconds per MoE layer and micro-batch, forward and backward together:
         the dropless dispatch's host syncs (token counts to the host to size the all-to-all and the
-X
+        grouped GEMMs), the routing's small kernels and the permutations' launches.
     """
 
     gemm_half_flops: float = 2.0e9
@@ -77,6 +96,12 @@ X
     zero3_collective_bandwidth: float = 0.0
     moe_load_imbalance: float = 1.0
     moe_layer_overhead_s: float = 3.0e-3
+    offload_overlap: float = 1.0
+    layer_overhead_s: float = 0.0
+    tp_layer_overhead_s: float = 0.0
+    fsdp_layer_overhead_s: float = 0.0
+    cp_layer_overhead_s: float = 0.0
+    cp_comm_overlap: float = 1.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -127,6 +152,8 @@ PARAM_RANGES: dict[str, Range] = {
     "elementwise_passes": NON_NEGATIVE,
     "tp_comm_overlap": FRACTION,
     "dp_overlap": FRACTION,
+    "offload_overlap": FRACTION,
+    "cp_comm_overlap": FRACTION,
     "zero3_collective_bandwidth": NON_NEGATIVE,
     "overlap_slowdown": Range(0.0, 1.0),
     "grad_reduce_bytes": POSITIVE,

@@ -178,6 +178,12 @@ class Layout:
     def sequence_parallel(self) -> bool:
         return self.sp and self.tp > 1
 
+    @property
+    def uses_fsdp(self) -> bool:
+        """Whether plait's runtime runs data parallelism through FSDP2 (else DDP, or none): any ZeRO
+        stage, and plain data parallelism combined with tp, pp or ep (DDP does not take DTensors)."""
+        return self.zero > 0 or (self.dp * self.cp > 1 and (self.tp > 1 or self.pp > 1 or self.ep > 1))
+
     def micro_batches(self, global_batch: int) -> int:
         """Micro-batches per optimizer step on each data-parallel rank (gradient accumulation)."""
         return max(1, global_batch // (self.dp * self.mbs))

@@ -59,6 +59,12 @@ FITTABLE: dict[str, Bound] = {
     "flash_backward_factor": Bound(1.5, 4.0),
     "optimizer_bytes_per_param": Bound(8.0, 64.0),
     "fp8_gemm_efficiency": Bound(0.2, 0.9),
+    "offload_overlap": Bound(0.0, 1.0),
+    "cp_comm_overlap": Bound(0.0, 1.0),
+    "layer_overhead_s": Bound(1e-6, 0.1, log=True),
+    "tp_layer_overhead_s": Bound(1e-6, 0.2, log=True),
+    "cp_layer_overhead_s": Bound(1e-6, 0.2, log=True),
+    "fsdp_layer_overhead_s": Bound(1e-6, 0.2, log=True),
 }
 DEFAULT_FIT = ("elementwise_passes", "tp_comm_overlap", "dp_overlap", "microbatch_overhead_s")
 METRICS = ("mfu", "step_time")

@@ -157,7 +157,7 @@ def _operation(op: str, nbytes: int, group, ranks: list[int], device: torch.devi
     raise ValueError(op)
 
 
-def _agree(calls: int, device: torch.device) -> int:
+def agree_calls(calls: int, device: torch.device) -> int:
     """The largest call count any rank chose (every rank must run the same collectives)."""
     count = torch.tensor([calls], device=device, dtype=torch.float32)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
@@ -180,7 +180,7 @@ def collectives(ops: list[str], sizes: list[int], groups: list[tuple[str, list[l
             for nbytes in sizes:
                 fn = _operation(op, nbytes, group, mine, device)
                 dist.barrier()
-                seconds = time_call(fn, device, min_time_s, max_calls=200, agree=lambda c: _agree(c, device))
+                seconds = time_call(fn, device, min_time_s, max_calls=200, agree=lambda c: agree_calls(c, device))
                 seconds = torch.tensor([seconds], device=device)
                 dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
                 out.append({"op": op, "scope": scope, "group_size": len(mine), "bytes": nbytes,

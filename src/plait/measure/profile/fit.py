@@ -20,7 +20,9 @@ Each fit uses the planner's own formula, so what is measured lands where the pla
 
 A CPU has no vendor peak in plait: a CPU profile describes the CPU as the device, with the
 fitted large-GEMM rate as its peak (``bf16_flops``, efficiency 1.0), the copy bandwidth as its
-memory bandwidth, and its RAM share per process as capacity.
+memory bandwidth, and its RAM share per process as capacity; what else describes a CPU (fp32
+elements, no CUDA context, measured overlap and host time per layer) is
+``plait.measure.profile.cpu_fit``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from __future__ import annotations
 import math
 import statistics
 
+from plait.measure.profile.cpu_fit import cpu_device_params
 from plait.spec.hardware import GpuSpec
+from plait.spec.model import ModelSpec
 
 FIT_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -131,11 +135,12 @@ def _links(raw: dict, efficiency: float) -> tuple[dict, list[dict], list[str]]:
 
 
 def calibration_fields(raw: dict, gpu: GpuSpec | None, link_efficiency: float,
-                       ram_bytes_per_process: float = 0.0) -> dict:
+                       ram_bytes_per_process: float = 0.0, host_spec: ModelSpec | None = None) -> dict:
     """{"params", "gpu_overrides", "cluster_overrides", "fits", "notes"} from the raw measurements.
 
     ``gpu``: the GPU preset measured (None for a CPU profile); ``link_efficiency``: the fraction
-    (written to the file) that turns a measured bus bandwidth into the link bandwidth it reaches.
+    (written to the file) that turns a measured bus bandwidth into the link bandwidth it reaches;
+    ``host_spec``: the model whose blocks ``raw["layer_host_s"]`` timed (a CPU profile).
     """
     overhead = raw["kernel_overhead_s"]
     gemm = fit_gemm(raw["gemm"], overhead)
@@ -169,7 +174,14 @@ def calibration_fields(raw: dict, gpu: GpuSpec | None, link_efficiency: float,
         gpu_overrides["attention_efficiency"] = 1.0
         notes.append(f"attention ran {over_preset['attention_efficiency']:.2f}x faster than the fitted GEMM rate "
                      "(this CPU profile's peak): attention_efficiency written as 1.0")
-    fits = {"gemm": gemm, "attention": attention, "memory_bytes_per_s": copy_rate, "collectives": link_fits}
+    if gpu is None:
+        cpu_params, cpu_fits, cpu_notes = cpu_device_params(raw, gpu_overrides, cluster_overrides, params, host_spec)
+        params.update(cpu_params)
+        notes += cpu_notes
+    else:
+        cpu_fits = {}
+    fits = {"gemm": gemm, "attention": attention, "memory_bytes_per_s": copy_rate, "collectives": link_fits,
+            **cpu_fits}
     if over_preset:
         fits["efficiencies_above_1"] = over_preset
     return {"params": params, "gpu_overrides": gpu_overrides, "cluster_overrides": cluster_overrides,

@@ -16,6 +16,7 @@ raw measurements, the fits, the machine, the versions and the date. On CPU, ``gp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -96,6 +97,44 @@ def attention_cases(model: ModelSpec, seq_len: int, tokens: int, quick: bool,
     return sorted(cases, key=lambda c: c["seq_len"])
 
 
+HOST_OVERHEAD_TOKENS = 32  # sequence length (batch 1) of runtime_cost.layer_host_seconds: tiny kernels
+MAX_HOST_OVERHEAD_LAYER_PARAMS = 4_000_000  # a larger planned block is timed as the tiny preset's
+
+
+def host_overhead_spec(model: ModelSpec) -> ModelSpec:
+    """The model whose blocks ``runtime_cost.layer_host_seconds`` times: the planned one when its
+    block is small and dense (the per-op host cost hardly depends on the sizes), else ``tiny``."""
+    from plait.spec.models import get_model
+
+    if model.moe is not None or model.mla is not None or model.layer_params() > MAX_HOST_OVERHEAD_LAYER_PARAMS:
+        model = get_model("tiny")
+    return dataclasses.replace(model, max_seq_len=max(model.max_seq_len, HOST_OVERHEAD_TOKENS))
+
+
+# One layout per runtime mechanism whose host time a CPU profile measures over every rank
+# (runtime_cost.layer_host_seconds), "{n}" = the profile's processes; a layout the planner's
+# rules refuse for the timed model (e.g. tp not dividing its heads) is left out.
+HOST_OVERHEAD_LAYOUTS = {"tp": "tp={n}", "cp": "cp={n}", "fsdp": "dp={n},zero=2"}
+
+
+def host_overhead_layouts(model: ModelSpec, world: int) -> dict[str, str]:
+    """Mechanism -> layout over ``world`` processes for the host-time measurement (none for one)."""
+    from plait.spec.hardware import get_cluster
+    from plait.spec.layout import JobSpec, Layout
+    from plait.spec.validate import errors_of, validate
+
+    if world < 2:
+        return {}
+    cluster = dataclasses.replace(get_cluster("dgx-h100").with_gpus(world), gpus_per_node=world)
+    job = JobSpec(global_batch=world, seq_len=HOST_OVERHEAD_TOKENS)
+    out = {}
+    for mechanism, text in HOST_OVERHEAD_LAYOUTS.items():
+        layout = Layout.parse(text.format(n=world))
+        if not errors_of(validate(model, cluster, job, layout)):
+            out[mechanism] = str(layout)
+    return out
+
+
 def scope_groups(where: Where) -> list[tuple[str, list[list[int]]]]:
     """Rank lists of each scope: 'intra' (each node's processes) and 'inter' (one per node)."""
     n, nodes = where.nproc_per_node, where.nnodes
@@ -132,7 +171,16 @@ def profile_config(model: ModelSpec, seq_len: int, where: Where, quick: bool, ti
         limits = (f"CPU: sizes capped at {cap / 1e9:.3g} GFLOP per call (GEMMs at {min(g['m'] for g in gemm)}.."
                   f"{max(g['m'] for g in gemm)} tokens, attention up to s={longest} of the planned {seq_len}) "
                   "so that the profile takes about a minute")
+    # GEMMs and all-reduces at once (runtime_cost.overlap): each side some tens of milliseconds
+    overlap = ({"gemm_size": 8192, "reduce_bytes": 64 * MIB, "repeats": 8} if gpu else
+               {"gemm_size": 512, "reduce_bytes": 1 * MIB, "repeats": 8})
+    host_model = host_overhead_spec(model)
+    extra = {} if gpu else {"host_overhead_model": host_model.to_dict(),  # runtime_cost.layer_host_seconds
+                            "host_overhead_tokens": HOST_OVERHEAD_TOKENS,
+                            "host_overhead_layouts": host_overhead_layouts(host_model,
+                                                                           where.nproc_per_node * where.nnodes)}
     return {
+        **extra, "overlap": overlap,
         "device": where.device, "timeout_s": timeout_s, "dtype": "bfloat16" if gpu else "float32",
         # ranks other than 0 wait this long (seconds) while rank 0 times the compute benchmarks
         "compute_wait_s": timeout_s + COMPUTE_WAIT_S,
@@ -212,7 +260,7 @@ def build_calibration(raw: dict, where: Where, model: ModelSpec, seq_len: int, q
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / where.nproc_per_node
         except (ValueError, OSError):
             ram = 0.0
-    fields = calibration_fields(raw, gpu, efficiency, ram)
+    fields = calibration_fields(raw, gpu, efficiency, ram, host_overhead_spec(model))
     notes = fields["notes"]
     if limits:
         notes.insert(0, limits)
@@ -222,6 +270,8 @@ def build_calibration(raw: dict, where: Where, model: ModelSpec, seq_len: int, q
     return {
         "format": FORMAT, "kind": "profile", "gpu": where.gpu, "device": where.device,
         "cpu_profile": gpu is None, "model": model.name, "seq_len": seq_len, "quick": quick,
+        "processes_per_node": where.nproc_per_node,
+        "threads_per_process": raw.get("machine", {}).get("threads_per_process"),
         "params": fields["params"], "gpu_overrides": fields["gpu_overrides"],
         "cluster_overrides": fields["cluster_overrides"], "notes": notes, "warnings": fields["warnings"],
         "fits": fields["fits"],
@@ -229,5 +279,5 @@ def build_calibration(raw: dict, where: Where, model: ModelSpec, seq_len: int, q
         "versions": raw.get("versions", {}),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "measurements": {k: raw[k] for k in ("dtype", "gemm", "attention", "memory", "kernel_overhead_s",
-                                              "host_link", "collectives") if k in raw},
+                                              "host_link", "collectives", "overlap", "layer_host_s") if k in raw},
     }

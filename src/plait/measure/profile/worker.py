@@ -1,9 +1,12 @@
 """The process torchrun starts on every rank for ``plait profile``: ``-m plait.measure.profile.worker DIR``.
 
-``DIR/profile-config.json`` says what to measure (written by ``plait.measure.profile.machine``). Rank 0
-times the compute benchmarks (GEMMs, attention, copies, launches, host link) while the others
-wait on a gloo barrier whose timeout is ``compute_wait_s`` (not the collective timeout); then
-every rank runs the collectives. Rank 0 writes ``DIR/raw.json``; a failing rank writes
+``DIR/profile-config.json`` says what to measure (written by ``plait.measure.profile.machine``). Every
+rank times the compute benchmarks (GEMMs, attention, copies, launches, host link) at the same time,
+as training runs them (on a CPU the processes share the cores and the memory bus), and rank 0's
+times are kept; a rank that finishes first waits on a gloo barrier whose timeout is
+``compute_wait_s`` (not the collective timeout). Then every rank runs the collectives, the
+overlap benchmark and (CPU) the runtime's host time per layer
+(``plait.measure.profile.runtime_cost``). Rank 0 writes ``DIR/raw.json``; a failing rank writes
 ``DIR/error-rank<R>.json`` like the training worker (the launcher reports the first failure).
 """
 
@@ -20,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from plait.measure.profile import bench
+from plait.measure.profile import bench, runtime_cost
 from plait.progress import ProgressBar
 from plait.run.env import RankEnv
 
@@ -61,31 +64,38 @@ def run(config: dict, device: torch.device, env: RankEnv) -> dict | None:
     min_time = config["min_time_s"]
     compute_items = len(config["gemm"]) + len(config["attention"]) + len(config["memory_bytes"]) + 1
     scopes = config["collective_groups"]
-    total = compute_items + len(scopes) * len(config["collective_ops"]) * len(config["collective_sizes"])
+    total = (compute_items + len(scopes) * len(config["collective_ops"]) * len(config["collective_sizes"])
+             + ("overlap" in config) + ("host_overhead_model" in config))
     bar = ProgressBar("profile", total, enabled=rank == 0)  # rank 0's: a bar on a terminal, else plain lines
     tick = bar.advance
     # The others wait for rank 0's compute benchmarks on a gloo group of their own with a long
     # timeout (``compute_wait_s``): the collective timeout (--timeout) is for the collectives.
     waiting = dist.new_group(backend="gloo", timeout=timedelta(seconds=config.get("compute_wait_s", 3600.0)))
-    raw = None
-    if rank == 0:
-        torch.manual_seed(0)
-        raw = {"dtype": config["dtype"]}
-        raw["gemm"] = bench.gemm(config["gemm"], device, dtype, min_time, tick)
-        raw["attention"] = bench.attention(config["attention"], device, dtype, min_time, tick)
-        raw["memory"] = bench.memory(config["memory_bytes"], device, min_time, tick)
-        raw["kernel_overhead_s"] = bench.kernel_overhead(device, min_time)
-        tick("kernel launch")
-        raw["host_link"] = bench.host_link(config["host_link_bytes"], device, min_time) if cuda else []
-        raw["machine"], raw["versions"] = machine_and_versions(device, env)
+    torch.manual_seed(0)
+    raw = {"dtype": config["dtype"]}  # every rank measures at once; rank 0's are written
+    raw["gemm"] = bench.gemm(config["gemm"], device, dtype, min_time, tick)
+    raw["attention"] = bench.attention(config["attention"], device, dtype, min_time, tick)
+    raw["memory"] = bench.memory(config["memory_bytes"], device, min_time, tick)
+    raw["kernel_overhead_s"] = bench.kernel_overhead(device, min_time)
+    tick("kernel launch")
+    raw["host_link"] = bench.host_link(config["host_link_bytes"], device, min_time) if cuda else []
+    raw["machine"], raw["versions"] = machine_and_versions(device, env)
     dist.barrier(group=waiting)
     groups = [(scope, lists) for scope, lists in scopes]
-    collectives = bench.collectives(config["collective_ops"], config["collective_sizes"], groups, device,
-                                    min_time, tick)
+    raw["collectives"] = bench.collectives(config["collective_ops"], config["collective_sizes"], groups, device,
+                                           min_time, tick)
+    if "overlap" in config and dist.get_world_size() > 1:
+        raw["overlap"] = runtime_cost.overlap(device, dtype, **config["overlap"])
+        tick("overlap of compute and communication")
+    if "host_overhead_model" in config:
+        from plait.spec.model import ModelSpec
+
+        spec = ModelSpec.from_dict(config["host_overhead_model"])
+        raw["layer_host_s"] = runtime_cost.layer_host_seconds(spec, device, min_time, config["host_overhead_tokens"],
+                                                              config["host_overhead_layouts"])
+        tick("runtime host time per layer")
     bar.close()
-    if raw is not None:
-        raw["collectives"] = collectives
-    return raw
+    return raw if rank == 0 else None
 
 
 def main(argv: list[str] | None = None) -> None:

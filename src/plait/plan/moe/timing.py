@@ -45,7 +45,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from plait.plan import comm
-from plait.plan.kernels import BF16, LayerTimes, gemm_time, layer_times
+from plait.plan.kernels import LayerTimes, gemm_time, layer_times
 from plait.plan.moe.memory import routed_tokens, stage_expert_params
 from plait.plan.params import CostParams
 from plait.spec.hardware import ClusterSpec, GpuSpec
@@ -64,7 +64,7 @@ def grouped_gemm_time(gpu: GpuSpec, params: CostParams, groups: float, m: float,
     if groups <= 0 or m <= 0:
         return 0.0
     one = gemm_time(gpu, params, m, k, n, precision) - gpu.kernel_overhead
-    operand = 1.0 if precision in FP8_PRECISIONS else BF16
+    operand = 1.0 if precision in FP8_PRECISIONS else gpu.element_bytes
     weights = groups * operand * k * n / (gpu.hbm_bandwidth * gpu.memory_efficiency)
     return max(groups * one, weights) + gpu.kernel_overhead
 
@@ -116,7 +116,7 @@ def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tok
     if model.moe is not None:
         gemm += fraction * sum(moe_mlp_times(model, gpu, params, layout, tokens, seq_len))
         t_r, routed = routed_tokens(model, layout, seq_len, load=params.moe_load_imbalance)
-        moved = PERMUTE_PASSES * BF16 * routed * h + 2 * 4.0 * t_r * model.moe.n_experts
+        moved = PERMUTE_PASSES * gpu.element_bytes * routed * h + 2 * 4.0 * t_r * model.moe.n_experts
         elementwise += fraction * (moved / (gpu.hbm_bandwidth * gpu.memory_efficiency) + 6 * gpu.kernel_overhead)
     # attention core: (d_qk + d_v) per key, the keys of each layer's window, averaged over layers
     keys = mean_keys_per_query(model, seq_len)
@@ -150,11 +150,12 @@ def expert_a2a(model, cluster: ClusterSpec, layout: Layout, seq_len: int, params
     groups = expert_groups(layout, cluster.gpus_per_node)
     load = params.moe_load_imbalance
     t_r, routed = routed_tokens(model, layout, seq_len, load=load)
-    sent = BF16 * t_r * model.moe.top_k * model.hidden * load
-    nic = BF16 * t_r * model.hidden * load * remote_nodes_per_token(model.moe, groups["ep"].nodes)
+    element = cluster.gpu.element_bytes
+    sent = element * t_r * model.moe.top_k * model.hidden * load
+    nic = element * t_r * model.hidden * load * remote_nodes_per_token(model.moe, groups["ep"].nodes)
     seconds = comm.all_to_all_hierarchical(cluster, groups["ep"], sent, nic)
     if layout.etp > 1:
-        seconds += comm.all_gather(cluster, groups["etp"], BF16 * routed * model.hidden)
+        seconds += comm.all_gather(cluster, groups["etp"], element * routed * model.hidden)
     return seconds
 
 

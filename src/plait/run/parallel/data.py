@@ -46,8 +46,7 @@ from plait.run.parallel.mesh import ParallelDims
 
 def uses_fsdp(pdims: ParallelDims) -> bool:
     """Whether data parallelism runs through FSDP2 (else DDP or nothing)."""
-    layout = pdims.layout
-    return layout.zero > 0 or (pdims.grad_sync_size > 1 and (layout.tp > 1 or layout.pp > 1 or layout.ep > 1))
+    return pdims.layout.uses_fsdp
 
 
 def mixed_precision(device_type: str) -> MixedPrecisionPolicy:

@@ -1,0 +1,132 @@
+"""Host time of plait's runtime machinery per layer, and how much communication hides behind
+compute: the two things a CPU profile needs beyond kernel rates (torch; run by the profile worker).
+
+A CPU executes each op as it is dispatched, so the runtime's per-op host cost - module calls,
+autograd nodes, DTensor's sharding propagation and redistribution, FSDP2's unshard / reshard /
+reduce hooks, the context-parallel attention's exchange loop - is on the critical path, while on
+a GPU the host runs ahead of the kernels. ``layer_host_seconds`` times models of the runtime's own
+blocks (``plait.run.model``) with 1 and 3 layers at one short sequence: alone in this process
+("plain"), and through the runtime's training step under one layout per mechanism over every
+rank (tensor parallel, context parallel, FSDP2); per layer = (t(3 layers) - t(1 layer)) / 2, so
+the embedding, the head and the loss cancel. ``plait.measure.profile.cpu_fit`` keeps what the
+planner's own kernel and communication terms do not explain for the same configuration as
+``layer_overhead_s``, ``tp_layer_overhead_s``, ``cp_layer_overhead_s`` and ``fsdp_layer_overhead_s``.
+
+``overlap`` times a batch of GEMMs alone, a batch of all-reduces alone and both at once (the
+all-reduces issued asynchronously first): the fraction of the shorter one that disappears is how
+much communication this device hides behind compute (on a CPU the collective's thread competes
+with the compute threads for the same cores; a GPU has copy engines and NICs of its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+import torch.distributed as dist
+
+from plait.measure.profile.bench import agree_calls, time_call
+from plait.spec.model import ModelSpec
+
+OVERHEAD_LAYERS = (1, 3)
+
+
+def _plain_step(spec: ModelSpec, layers: int, device: torch.device, seq_len: int):
+    """One forward + backward of a ``layers``-layer model in this process alone."""
+    from plait.run.model import build_model, init_weights
+
+    one = dataclasses.replace(spec, n_layers=layers)
+    net = build_model(one, "meta")
+    net.to_empty(device=device)
+    net.tie_embeddings()
+    init_weights(net, one, 0, device)
+    tokens = torch.randint(0, spec.vocab, (1, seq_len), device=device)
+    return lambda: net(tokens).float().square().mean().backward()
+
+
+def _layout_step(spec: ModelSpec, layers: int, layout_text: str, device: torch.device, seq_len: int):
+    """One training forward + backward (``plait.run.step.forward_backward``) of a ``layers``-layer model
+    under ``layout_text`` over every rank: the runtime's own model parts, collectives and hooks."""
+    from plait.run.parallel.mesh import build_parallel_dims
+    from plait.run.parallel.parallelize import build_model_parts
+    from plait.run.parallel.context.shard import sequence_shard_of
+    from plait.run.step import forward_backward
+    from plait.spec.layout import Layout
+
+    layout = Layout.parse(layout_text)
+    one = dataclasses.replace(spec, n_layers=layers)
+    pdims = build_parallel_dims(layout, device.type)
+    parts = build_model_parts(one, pdims, device, 0, 1)
+    tokens = torch.randint(0, spec.vocab, (layout.mbs, seq_len + 1), device=device)
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    if layout.cp > 1:
+        shard = sequence_shard_of(pdims.group("cp"))
+        inputs, labels = shard.shard(inputs), shard.shard(labels)
+    return lambda: forward_backward(parts, pdims, inputs, labels, 1)
+
+
+def layer_host_seconds(spec: ModelSpec, device: torch.device, min_time_s: float, seq_len: int,
+                       layouts: dict[str, str]) -> dict:
+    """{"spec", "tokens", "layer_params", "plain", <mechanism>...}: seconds per layer (forward +
+    backward) of ``spec``'s blocks (``plait.measure.profile.machine.host_overhead_spec``) at one
+    sequence of ``seq_len`` tokens: "plain" on this process alone, each of ``layouts``
+    (mechanism -> layout over every rank, e.g. {"tp": "tp=2"}) through the runtime's training step.
+    Each is (t(3 layers) - t(1 layer)) / 2, so the embedding, head and loss cancel."""
+    out = {"spec": spec.name, "tokens": seq_len, "layer_params": spec.layer_params(), "layouts": dict(layouts)}
+    runs = [("plain", None)] + list(layouts.items())
+    span = OVERHEAD_LAYERS[1] - OVERHEAD_LAYERS[0]
+    for mechanism, layout_text in runs:
+        seconds = []
+        for layers in OVERHEAD_LAYERS:
+            if layout_text is None:
+                step = _plain_step(spec, layers, device, seq_len)
+                seconds.append(time_call(step, device, min_time_s))
+            else:
+                step = _layout_step(spec, layers, layout_text, device, seq_len)
+                seconds.append(time_call(step, device, min_time_s, agree=lambda calls: agree_calls(calls, device)))
+        out[mechanism] = max(0.0, (seconds[1] - seconds[0]) / span)
+    return out
+
+
+def overlap(device: torch.device, dtype: torch.dtype, gemm_size: int, reduce_bytes: int, repeats: int) -> dict:
+    """Seconds of ``repeats`` GEMMs (``gemm_size``³), of ``repeats`` all-reduces of ``reduce_bytes``
+    over every rank, and of both at once; ``hidden``: the fraction of the shorter one that hid."""
+    a = torch.randn(gemm_size, gemm_size, device=device, dtype=dtype)
+    b = torch.randn(gemm_size, gemm_size, device=device, dtype=dtype)
+    c = torch.empty_like(a)
+    buffers = [torch.ones(max(1, reduce_bytes // 4), device=device, dtype=torch.float32) for _ in range(repeats)]
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def gemms():
+        for _ in range(repeats):
+            torch.mm(a, b, out=c)
+
+    def reduces(async_op: bool):
+        return [dist.all_reduce(x, async_op=async_op) for x in buffers]
+
+    def timed(fn) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        sync()
+        elapsed = torch.tensor([time.perf_counter() - start], device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        return float(elapsed.item())
+
+    def both():
+        works = reduces(True)
+        gemms()
+        for work in works:
+            work.wait()
+
+    gemms(), reduces(False)  # warm-up
+    compute = min(timed(gemms) for _ in range(3))
+    comm = min(timed(lambda: reduces(False)) for _ in range(3))
+    together = min(timed(both) for _ in range(3))
+    hidden = (compute + comm - together) / min(compute, comm)
+    return {"gemm_size": gemm_size, "reduce_bytes": reduce_bytes, "repeats": repeats, "compute_s": compute,
+            "comm_s": comm, "together_s": together, "hidden": min(1.0, max(0.0, hidden))}

@@ -1,0 +1,143 @@
+"""A CPU profile describes the CPU as plait's runtime uses it (issue 12): fp32 elements, no CUDA
+context or NCCL buffers, the measured overlap of communication with compute, the runtime's host
+time per layer beyond the planner's own terms, and the processes x threads it was taken with.
+The fits are checked by inversion (no torch): timings made from the planner's own formula plus a
+known extra give that extra back, and the planner with the fitted file reproduces the timings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from plait.measure.profile.cpu_fit import MECHANISM_PARAMS, cpu_device, planned_layer_seconds
+from plait.measure.profile.fit import calibration_fields
+from plait.measure.profile.machine import host_overhead_layouts, host_overhead_spec
+from plait.plan.calibration import read_calibration
+from plait.plan.cost import estimate_step
+from plait.plan.kernels import layer_times
+from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.spec.hardware import get_cluster
+from plait.spec.layout import JobSpec, Layout
+from plait.spec.models import get_model
+
+TINY = get_model("tiny")
+CPU_RATE, CPU_COPY, OVERHEAD_S = 80e9, 30e9, 3e-6
+
+
+def _raw(layer_host: dict | None = None, overlap: float | None = 0.25) -> dict:
+    """Synthetic measurements of a CPU on the planner's curves (F_half = 0), 2 processes."""
+    gemm = [{"flops": f, "time_s": f / CPU_RATE + OVERHEAD_S, "flops_per_s": f / (f / CPU_RATE + OVERHEAD_S)}
+            for f in (1e6, 1e7, 1e8, 1e9)]
+    raw = {"dtype": "float32", "kernel_overhead_s": OVERHEAD_S, "gemm": gemm,
+           "attention": [{"flops": f, "fwd_s": f / 40e9 + OVERHEAD_S, "fwd_bwd_s": 3 * (f / 40e9 + OVERHEAD_S)}
+                         for f in (1e7, 1e8)],
+           "memory": [{"bytes_per_s": CPU_COPY}],
+           "collectives": [{"op": op, "scope": "intra", "group_size": 2, "bytes": b,
+                            "time_s": (2 if op == "all_reduce" else 1) * (b / 2 / 1e9 + 5e-4)}
+                           for op in ("all_reduce", "all_gather", "reduce_scatter") for b in (1e4, 1e6)]}
+    if overlap is not None:
+        raw["overlap"] = {"hidden": overlap}
+    if layer_host is not None:
+        raw["layer_host_s"] = layer_host
+    return raw
+
+
+def test_cpu_profile_writes_fp32_elements_no_gpu_memory_items_and_the_measured_overlap():
+    fields = calibration_fields(_raw(), None, 1.0, 8e9)
+    assert fields["gpu_overrides"]["element_bytes"] == 4.0
+    params = fields["params"]
+    assert params["cuda_context_bytes"] == params["comm_buffer_bytes"] == params["fragmentation"] == 0.0
+    assert params["dp_overlap"] == params["offload_overlap"] == params["cp_comm_overlap"] == 0.25
+    assert params["tp_comm_overlap"] == min(0.25, DEFAULT_PARAMS.tp_comm_overlap)
+    # an overlap above the default TP overlap keeps the default for TP (the runtime issues it synchronously)
+    assert calibration_fields(_raw(overlap=0.9), None, 1.0)["params"]["tp_comm_overlap"] == DEFAULT_PARAMS.tp_comm_overlap
+    # no overlap measured (one process): the defaults stay
+    assert "dp_overlap" not in calibration_fields(_raw(overlap=None), None, 1.0)["params"]
+
+
+def test_host_time_per_layer_is_what_the_planners_terms_leave_unexplained():
+    """Timings = the planner's own per-layer time + known extras: the fit gives the extras back,
+    and with the fitted params the planner reproduces every timing."""
+    spec = host_overhead_spec(TINY)
+    layouts = host_overhead_layouts(spec, 2)
+    assert set(layouts) == set(MECHANISM_PARAMS)  # tp=2, cp=2 and zero=2 are valid for tiny
+    base = calibration_fields(_raw(), None, 1.0, 8e9)  # the device and links without host time
+    device = cpu_device(base["gpu_overrides"])
+    links = base["cluster_overrides"]
+    params = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **base["params"]})
+    extra = {"plain": 1.5e-3, "tp": 7e-3, "cp": 2e-3, "fsdp": 0.5e-3}
+    measured = {"plain": planned_layer_seconds(spec, "dp=1", device, links, params, 32) + extra["plain"]}
+    with_plain = dataclasses.replace(params, layer_overhead_s=extra["plain"])
+    for mechanism, text in layouts.items():
+        measured[mechanism] = planned_layer_seconds(spec, text, device, links, with_plain, 32) + extra[mechanism]
+    fields = calibration_fields(_raw({"spec": spec.name, "tokens": 32, "layouts": layouts, **measured}), None,
+                                1.0, 8e9, spec)
+    fitted = fields["params"]
+    assert fitted["layer_overhead_s"] == pytest.approx(extra["plain"], rel=1e-9, abs=1e-12)
+    for mechanism, name in MECHANISM_PARAMS.items():
+        assert fitted[name] == pytest.approx(extra[mechanism], rel=1e-9, abs=1e-12), mechanism
+    full = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **fitted})
+    for mechanism, text in {"plain": "dp=1", **layouts}.items():
+        assert planned_layer_seconds(spec, text, device, links, full, 32) == pytest.approx(measured[mechanism], rel=1e-9)
+    # a block measured faster than the planner's terms gets no negative overhead
+    fast = {k: v * 1e-3 for k, v in measured.items()}
+    fitted = calibration_fields(_raw({"spec": spec.name, "tokens": 32, "layouts": layouts, **fast}), None,
+                                1.0, 8e9, spec)["params"]
+    assert fitted["layer_overhead_s"] == 0.0 and all(fitted[name] == 0.0 for name in MECHANISM_PARAMS.values())
+
+
+def test_host_time_terms_count_per_layer_and_micro_batch_and_only_where_the_mechanism_runs():
+    cluster = get_cluster("dgx-h100").with_gpus(2)
+    cluster = dataclasses.replace(cluster, gpus_per_node=2)
+    job = JobSpec(global_batch=8, seq_len=128)
+    params = dataclasses.replace(DEFAULT_PARAMS, layer_overhead_s=1e-3, tp_layer_overhead_s=10e-3,
+                                 cp_layer_overhead_s=100e-3, fsdp_layer_overhead_s=1000e-3)
+    layers = TINY.n_layers
+
+    def extra(text: str, ckpt_layers: float = 0.0) -> float:
+        layout = Layout.parse(text)
+        with_host = estimate_step(TINY, cluster, job, layout, params)
+        without = estimate_step(TINY, cluster, job, layout, DEFAULT_PARAMS)
+        return (with_host.overhead - without.overhead) / layout.micro_batches(job.global_batch)
+
+    assert extra("dp=2,mbs=2") == pytest.approx(layers * 1e-3)  # DDP: the plain layer only
+    assert extra("tp=2,mbs=4") == pytest.approx(layers * 11e-3)
+    assert extra("cp=2,mbs=4") == pytest.approx(layers * 101e-3)
+    assert extra("dp=2,mbs=2,zero=2") == pytest.approx(layers * 1001e-3)
+    assert extra("dp=2,mbs=2,ckpt=full") == pytest.approx((layers + layers / 3) * 1e-3)  # forward again
+    # the defaults (every GPU plan) carry no host time
+    assert all(getattr(DEFAULT_PARAMS, n) == 0.0 for n in ("layer_overhead_s", *MECHANISM_PARAMS.values()))
+
+
+def test_element_bytes_prices_the_compute_dtype():
+    """fp32 (a CPU) moves twice the element-wise bytes of bf16 and sends twice the TP activations."""
+    gpu = get_cluster("dgx-h100").gpu
+    fp32 = dataclasses.replace(gpu, element_bytes=4.0, kernel_overhead=0.0)
+    bf16 = dataclasses.replace(gpu, kernel_overhead=0.0)
+    times = [layer_times(TINY, g, DEFAULT_PARAMS, 1024.0, 128, 1, 1, False, "flash", "bf16") for g in (bf16, fp32)]
+    assert times[1].elementwise_fwd == pytest.approx(2 * times[0].elementwise_fwd)
+    cluster = dataclasses.replace(get_cluster("dgx-h100").with_gpus(2), gpus_per_node=2, intra_node_latency=0.0)
+    params = dataclasses.replace(DEFAULT_PARAMS, tp_comm_overlap=0.0)
+    job, layout = JobSpec(global_batch=8, seq_len=128), Layout.parse("tp=2,mbs=8")
+    tp = [estimate_step(TINY, dataclasses.replace(cluster, gpu=g), job, layout, params).tp_comm for g in (bf16, fp32)]
+    assert tp[1] == pytest.approx(2 * tp[0])
+
+
+def test_calibration_records_processes_and_threads_and_says_when_runs_differ(tmp_path):
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"device": "cpu", "gpu": None, "params": {}, "processes_per_node": 2,
+                                "threads_per_process": 1}))
+    calibration = read_calibration(path)
+    assert (calibration.processes_per_node, calibration.threads_per_process) == (2, 1)
+    assert calibration.process_mismatch(2, 1) == ""
+    line = calibration.process_mismatch(1, 2)
+    assert "2 process(es) x 1 thread(s)" in line and "1 x 2" in line and "--nproc-per-node 1" in line
+    assert calibration.process_mismatch(2, 2) != ""  # same processes, other threads
+    path.write_text(json.dumps({"device": "cpu", "params": {}, "threads_per_process": 0}))
+    with pytest.raises(Exception, match="threads_per_process.*positive whole number"):
+        read_calibration(path)
+    path.write_text(json.dumps({"device": "cpu", "params": {}}))  # older files say nothing: no warning
+    assert read_calibration(path).process_mismatch(1, 2) == ""
