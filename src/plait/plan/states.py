@@ -1,25 +1,35 @@
-"""Model states of ZeRO-sharded parameters: bf16 weights, bf16 gradients and the fp32 Adam state
-(master copy, m, v: 12 bytes per parameter), as one function for dense and expert parameters."""
+"""Model states of ZeRO-sharded parameters, as one function for dense and expert parameters.
+
+In the compute dtype of ``element_bytes`` per element (``GpuSpec.element_bytes``): weights and
+gradients ``element_bytes`` each per parameter; the fp32 Adam state m and v (8 bytes), and an fp32
+master copy of the weights (4 bytes) when the compute dtype is narrower than fp32. With bf16 (2,
+every GPU preset) that is the ZeRO paper's 2 + 2 + 12 bytes; with fp32 (4, plait's runtime on a
+CPU: fp32 parameters, no mixed precision) 4 + 4 + 8: the weights are their own master copy."""
 
 from __future__ import annotations
 
 from plait.spec.layout import Layout
 
+FP32 = 4  # bytes per element of the Adam state and the master weights
 
-def sharded_states(params: float, layout: Layout, degree: int,
-                   gathered_layer_params: float) -> tuple[float, float, float, float, float]:
+
+def sharded_states(params: float, layout: Layout, degree: int, gathered_layer_params: float,
+                   element_bytes: float = 2.0) -> tuple[float, float, float, float, float]:
     """(weights, gradients, optimizer, ZeRO-3 buffers, host) bytes on one rank for ``params`` local
     parameters sharded over ``degree`` ranks by ``layout.zero`` (1: optimizer, 2: + gradients,
     3: + weights). ZeRO-3 holds two gathered layers of ``gathered_layer_params`` parameters and one
-    unsharded gradient; ``opt_offload`` moves the optimizer bytes to the host."""
-    weights, grads, optim, buffers = 2.0 * params, 2.0 * params, 12.0 * params, 0.0
+    unsharded gradient, in the compute dtype; ``opt_offload`` moves the optimizer bytes to the host.
+    ``element_bytes``: bytes per element of the compute dtype (module docstring)."""
+    e = element_bytes
+    master = FP32 if e < FP32 else 0.0
+    weights, grads, optim, buffers = e * params, e * params, (master + 2 * FP32) * params, 0.0
     if layout.zero >= 1:
         optim /= degree
     if layout.zero >= 2:
         grads /= degree
     if layout.zero >= 3:
         weights /= degree
-        buffers = 2 * 2.0 * gathered_layer_params + 2.0 * gathered_layer_params
+        buffers = 2 * e * gathered_layer_params + e * gathered_layer_params
     host = 0.0
     if layout.opt_offload:
         host, optim = optim, 0.0

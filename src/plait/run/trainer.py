@@ -42,6 +42,7 @@ from plait.run.metrics import (
     mfu,
     steady_state,
 )
+from plait.run.memory.counted import TensorMemoryCounter
 from plait.run.memory.host_gc import ScheduledGC
 from plait.run.observe.evaluate import Evaluator
 from plait.run.observe.sinks import MetricsLog, open_sinks
@@ -179,9 +180,16 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     env = env or RankEnv.from_environ()
     faults = faults if faults is not None else FaultPlan.from_environ(env)
     device = device or rank_device(config.runtime.device, env.local_rank)
-    setup = build_setup(config, device, faults)
+    counter = TensorMemoryCounter(enabled=device.type == "cpu")  # counted tensor bytes (CPU runs)
+    counter.start()  # before the model is built: parameters and every buffer are in its count
+    try:
+        setup = build_setup(config, device, faults)
+        start_step, events = resume(setup, env)
+    except BaseException:
+        counter.close()
+        raise
     parts = setup.parts
-    start_step, events = resume(setup, env)
+    counter.run_starts_at(start_step)
     if start_step == 0 and config.job.init_from:  # a resumed run starts from its checkpoint instead
         from plait.run.checkpoint.hf_import import init_from_hf
 
@@ -199,9 +207,11 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     try:
         parts.train()
         with ScheduledGC(config.runtime.gc_every) as collector:  # automatic GC off, a collection every N steps
-            records, stopped_at = train(setup, start_step, checkpointer, log, display, stop, collector, evaluator)
+            records, stopped_at = train(setup, start_step, checkpointer, log, display, stop, collector, evaluator,
+                                        counter)
+        counter.close()
         display.close()
-        summary = _summarize(config, records, setup.pdims, device, setup.peak_flops)
+        summary = _summarize(config, records, setup.pdims, device, setup.peak_flops, counter.peak_bytes)
         # a collective: every rank takes part, also pipeline ranks that hold no offloaded layer
         summary.offload = offload_summary(records, device) if config.job.layout.offload > 0 else None
         summary.start_step = start_step
@@ -213,6 +223,7 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
         log.write(summary.to_dict())
         display.message(summary.comparison_line())
     finally:
+        counter.close()
         display.close()
         log.close()
         setup.source.close()
@@ -223,7 +234,8 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
 
 def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, log: MetricsLog, display: Display,
           stop=None, collector: ScheduledGC | None = None,
-          evaluator: Evaluator | None = None) -> tuple[list[StepRecord], int | None]:
+          evaluator: Evaluator | None = None,
+          counter: TensorMemoryCounter | None = None) -> tuple[list[StepRecord], int | None]:
     """Steps ``start_step`` .. ``config.job.steps - 1``; (their records, the step count at which a
     stop request ended the run, or None when it ran to the end).
 
@@ -233,6 +245,7 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
     flag from a host buffer (``plait.run.pending``), so a stop request seen in a non-sync step
     ends the run one step later, on every rank alike. ``evaluator``: the held-out loss after the
     steps ``EvalConfig.due_after`` names (sync steps; not when stopping: SIGTERM's grace is short).
+    ``counter``: counts tensor bytes in its window step (``plait.run.memory.counted``).
     """
     steps = setup.config.job.steps
     ledger = StepLedger(setup, log, display)
@@ -241,7 +254,11 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
         save_due = checkpointer is not None and checkpointer.every > 0 and steps_done % checkpointer.every == 0
         eval_due = evaluator is not None and setup.config.eval.due_after(steps_done, steps)
         sync = ledger.syncs_at(step, save_due or eval_due)
+        if counter is not None:
+            counter.before_step(step)
         pending = train_step(setup, step, ledger, stop, sync)
+        if counter is not None:
+            counter.after_step(step)
         ledger.add(pending)
         if collector is not None:
             collector.after_step(steps_done)
@@ -267,7 +284,7 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
 
 
 def _summarize(config: RunConfig, records: list[StepRecord], pdims: ParallelDims, device: torch.device,
-               peak: float | None) -> RunSummary:
+               peak: float | None, tensor_bytes: int | None = None) -> RunSummary:
     job = config.job
     step_time = median_step_time(records)
     tokens_per_s = job.tokens_per_step / step_time
@@ -278,11 +295,14 @@ def _summarize(config: RunConfig, records: list[StepRecord], pdims: ParallelDims
         gpu_peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), device=device)
         dist.all_reduce(gpu_peak, op=dist.ReduceOp.MAX)
         peak_memory = int(gpu_peak)
+    counted = torch.tensor(float(-1 if tensor_bytes is None else tensor_bytes), dtype=torch.float64, device=device)
+    dist.all_reduce(counted, op=dist.ReduceOp.MAX)  # -1: no rank counted (GPU run, or ended before the window)
     prediction = config.prediction if device.type == "cuda" else None
     return RunSummary(
         steps=len(records), final_loss=records[-1].loss, step_time_s=step_time, tokens_per_s=tokens_per_s,
         mfu=mfu(job.model, job.seq_len, tokens_per_s, job.layout.world_size, peak),
         peak_memory_bytes=peak_memory, peak_host_rss_bytes=int(rss), device=device.type,
+        peak_tensor_bytes=int(counted) if counted >= 0 else None,
         world_size=job.layout.world_size, layout=str(job.layout),
         predicted_step_time_s=prediction.step_time_s if prediction else None,
         predicted_memory_bytes=prediction.allocated_bytes if prediction else None,
