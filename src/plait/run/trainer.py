@@ -83,6 +83,11 @@ def peak_memory_reader(device: torch.device):
     return lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The tensors of the optimizer's state (Adam's step, m and v; empty before the first step)."""
+    return [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+
+
 def open_log(config: RunConfig, is_rank0: bool, append: bool) -> MetricsLog:
     """Rank 0's JSONL log and metrics sinks (``--tensorboard``, ``--wandb-project``, ``--mlflow-uri``);
     on other ranks a log that writes nothing."""
@@ -180,21 +185,15 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     env = env or RankEnv.from_environ()
     faults = faults if faults is not None else FaultPlan.from_environ(env)
     device = device or rank_device(config.runtime.device, env.local_rank)
-    counter = TensorMemoryCounter(enabled=device.type == "cpu")  # counted tensor bytes (CPU runs)
-    counter.start()  # before the model is built: parameters and every buffer are in its count
-    try:
-        setup = build_setup(config, device, faults)
-        start_step, events = resume(setup, env)
-    except BaseException:
-        counter.close()
-        raise
+    setup = build_setup(config, device, faults)
     parts = setup.parts
-    counter.run_starts_at(start_step)
+    start_step, events = resume(setup, env)
     if start_step == 0 and config.job.init_from:  # a resumed run starts from its checkpoint instead
         from plait.run.checkpoint.hf_import import init_from_hf
 
         events.append(init_from_hf(config.job, parts, device))
     checkpointer = make_checkpointer(setup)
+    counter = TensorMemoryCounter(enabled=device.type == "cpu", start_step=start_step)  # counted tensor bytes
     is_rank0 = dist.get_rank() == 0
     log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0)
     for event in events:
@@ -205,6 +204,8 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
+        counter.start([*parts.parameters(), *(b for chunk in parts.chunks for b in chunk.buffers()),
+                       *optimizer_state_tensors(setup.optimizer)])
         parts.train()
         with ScheduledGC(config.runtime.gc_every) as collector:  # automatic GC off, a collection every N steps
             records, stopped_at = train(setup, start_step, checkpointer, log, display, stop, collector, evaluator,
