@@ -28,7 +28,7 @@ from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.sweep.run_one import measured_memory_of
 from plait.plan.memory import estimate_memory
 from plait.plan.params import DEFAULT_PARAMS
-from plait.run.memory.counted import window_peak
+from plait.run.memory.counted import window_peak, window_step
 from plait.spec.hardware import cluster_for_gpu
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.models import get_model
@@ -60,6 +60,11 @@ def test_window_peak_takes_off_a_block_freed_where_the_profiler_did_not_see_it()
     events = [(1, event(10, 1000)), (2, event(20, 800)), (3, event(20, 600)), (4, event(99, 1)),
               (5, event(21, 200)), (6, event(21, -200))]
     assert window_peak(events, marker_ptr=99, marker_bytes=1) == 1000 + 600 + 200
+
+
+def test_window_is_the_third_step_or_the_last_of_a_shorter_run():
+    assert [window_step(0, n) for n in (1, 2, 3, 10)] == [None, 1, 2, 2]
+    assert window_step(5, 10) == 7 and window_step(9, 10) is None  # resumed at step 5, at step 9
 
 
 def test_counted_peak_of_one_process_between_exact_bounds():

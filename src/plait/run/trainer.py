@@ -193,7 +193,7 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
 
         events.append(init_from_hf(config.job, parts, device))
     checkpointer = make_checkpointer(setup)
-    counter = TensorMemoryCounter(enabled=device.type == "cpu", start_step=start_step)  # counted tensor bytes
+    counter = TensorMemoryCounter(device.type == "cpu", start_step, config.job.steps)  # counted tensor bytes
     is_rank0 = dist.get_rank() == 0
     log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0)
     for event in events:

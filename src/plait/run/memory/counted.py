@@ -13,7 +13,7 @@ allocation since then that was not freed: gradients, Adam's lazily made state, D
 buckets (rebuilt in the second step), FSDP2's all-gather and reduce-scatter buffers, pipeline
 send/receive buffers, autograd's saved tensors, all made in C++ or Python alike. The window is
 the third step of the run (``start_step + WINDOW_OFFSET``: the first creates Adam's state, DDP
-rebuilds its buckets in the second); its peak is the largest number of bytes alive from its
+rebuilds its buckets in the second), or the last of a two-step run (none in a one-step run); its peak is the largest number of bytes alive from its
 start to its end, i.e. "bytes alive at the start of the window + the peak increase during
 it". The profiler stops when the window ends; the later steps run without it. The window step
 is one of the timed steps (``plait train``'s median skips the first one or two steps):
@@ -40,9 +40,10 @@ class TensorMemoryCounter:
     buffers and optimizer state alive then), ``before_step(step)`` and ``after_step(step)`` around
     every training step, ``close()`` at the end (stops a profiler still running)."""
 
-    def __init__(self, enabled: bool, start_step: int = 0):
-        self.enabled = enabled
-        self.window_step = start_step + WINDOW_OFFSET
+    def __init__(self, enabled: bool, start_step: int = 0, end_step: int | None = None):
+        """``start_step``: the run's first step (> 0 when resumed); ``end_step``: one past its last."""
+        self.window_step = window_step(start_step, end_step)
+        self.enabled = enabled and self.window_step is not None
         self.peak_bytes: int | None = None
         self.baseline_bytes = 0  # storage bytes of the tensors alive when the profiler started
         self._profiler = None
@@ -95,6 +96,15 @@ def storage_bytes(tensors) -> int:
         storage = local.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+def window_step(start_step: int, end_step: int | None) -> int | None:
+    """The memory window of a run of steps ``start_step .. end_step - 1``: the third step, or the
+    last one of a shorter run; None for a one-step run (its step makes Adam's state)."""
+    window = start_step + WINDOW_OFFSET
+    if end_step is not None:
+        window = min(window, end_step - 1)
+    return window if window > start_step else None
 
 
 def window_peak(events: list[tuple[int, object]], marker_ptr: int, marker_bytes: int) -> int | None:
