@@ -76,8 +76,8 @@ def test_counted_peak_of_one_process_between_exact_bounds():
     params = model.total_params()
     assert memory.weights == 4 * params and memory.gradients == 4 * params and memory.optimizer == 8 * params
     lower = memory.weights + memory.optimizer + memory.activations
-    norms = 2 * model.n_layers + 1
-    upper = memory.allocated + norms * 4 * SEQ * BATCH * model.hidden
+    final_norm = 3 * 4 * SEQ * BATCH * model.hidden  # not in the planner: its input, x·rstd and output
+    upper = memory.allocated + final_norm
     assert lower <= counted <= upper, (lower, counted, upper, memory.items())
 
 

@@ -89,6 +89,17 @@ local layers only: averaged over the layers). Soft-capped scores (eager) save ta
 (``attn_softcap_tanh``).
 Not counted anywhere: constant tensors shared by all layers (RoPE cos/sin tables) and a few
 bytes per layer (the flash kernel's RNG state).
+
+Compute dtype (``element_bytes``, from ``GpuSpec.element_bytes``): the "bf16" items above are
+priced at ``element_bytes`` per element - 2 on every GPU preset (the numbers above), 4 where the
+runtime computes in fp32 (plait's runtime on a CPU: no autocast, no FSDP mixed precision).
+fp32 statistics (``norm_stats``, ``attn_lse``, the torch runtime's fp32 softmax output) and
+1-byte masks stay as they are. In fp32 the softmax output needs no cast: no ``attn_probs``
+copy. With ``element_bytes >= 4`` the torch runtime is the CPU one, and its composite RMSNorm
+(``torch.rms_norm`` on a CPU) saves the normalized value x·rstd beside its input, one more
+``element_bytes·s·b·h`` per norm (and per q/k norm; item ``rmsnorm_normalized``; recomputed
+under ``balanced`` and ``full``). tests/run/test_memory_truth_fp32.py checks these items
+against the fp32 layer's saved tensors, byte for byte.
 """
 
 from __future__ import annotations
@@ -194,6 +205,10 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
         items["attn_post_norm_input"] = e * sb * h / rep
         items["mlp_post_norm_input"] = e * sb * h / rep
     items["norm_stats"] = norms * stats_per_norm * FP32 * sb / rep
+    if runtime == "torch" and e >= FP32 and model.arch == "llama" and not unfused:
+        # fp32: plait's CPU runtime, whose composite RMSNorm also saves its normalized value x·rstd
+        items["rmsnorm_normalized"] = norms * e * sb * h / rep + (
+            e * sb * (q + kv) / t if model.qk_norm != "none" else 0.0)
     if model.moe is not None or model.mla is not None:  # experts, MLA: the mean layer's items (plait.plan.moe.memory)
         items = adjust_layer_items(items, model, layout, seq_len, mbs, runtime, element_bytes)
     return items

@@ -1,6 +1,11 @@
 """Peak memory per GPU of the most loaded rank, itemized. All values in bytes.
 
-Model states (mixed-precision Adam, ZeRO accounting: 2 + 2 + 12 bytes per parameter):
+Compute dtype: ``cluster.gpu.element_bytes`` bytes per element of activations, logits and
+gathered weights (2: bf16 on every GPU preset; 4: fp32, plait's runtime on a CPU, where model
+states are priced as that runtime allocates them: ``plait.plan.states``).
+
+Model states (mixed-precision Adam, ZeRO accounting: 2 + 2 + 12 bytes per parameter with bf16;
+4 + 4 + 8 in fp32, plus DDP's second gradient copy when a step accumulates micro-batches):
   weights bf16 (2 B), gradients (2 B), optimizer: fp32 master weights, Adam m and v (12 B).
   ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights over
   the shard group: dp·cp ranks, or dp/hsdp·cp with hybrid sharding. ZeRO-3 adds the gathered
@@ -49,7 +54,7 @@ from plait.plan.activations import (
 )
 from plait.plan.moe.memory import dense_layer_local, dispatch_buffer_bytes, expert_states, stage_dense_blocks
 from plait.plan.params import DEFAULT_PARAMS, CostParams
-from plait.plan.states import sharded_states
+from plait.plan.states import ddp_accumulation_bytes, sharded_states
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import LOSS_CHUNK_TOKENS, JobSpec, Layout
 from plait.spec.model import ModelSpec
@@ -210,6 +215,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
     local = stage_params(model, layout)
     for stage in ("first", "last"):
         weights, grads, optim, buffers, host = model_states(local[stage], model, layout, e)
+        grads += ddp_accumulation_bytes(local[stage], layout, layout.micro_batches(job.global_batch), e)
         if model.moe is not None:  # routed experts: split by ep·etp, ZeRO over edp (plait.plan.moe.memory)
             experts = expert_states(model, layout, stage_layers(model, layout) * layout.vpp, e)
             weights, grads, optim, buffers, host = (a + b for a, b in zip((weights, grads, optim, buffers, host), experts))

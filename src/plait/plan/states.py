@@ -34,3 +34,19 @@ def sharded_states(params: float, layout: Layout, degree: int, gathered_layer_pa
     if layout.opt_offload:
         host, optim = optim, 0.0
     return weights, grads, optim, buffers, host
+
+
+def ddp_accumulation_bytes(params: float, layout: Layout, micro_batches: int, element_bytes: float = 2.0) -> float:
+    """Bytes of the second gradient copy of plait's DDP (``plait.run.parallel.data``: zero=0 over
+    dp·cp > 1 ranks without tp, pp or ep) in a step of several micro-batches, counted where the
+    states are priced as the runtime allocates them (``element_bytes >= 4``; with bf16 the
+    accounting is ZeRO's, and ``comm_buffer_bytes`` stands for DDP's buckets). The micro-batches
+    before the last run under ``no_sync`` and accumulate ordinary gradients, while DDP's flat
+    gradient buckets (the gradients of the last micro-batch, ``gradient_as_bucket_view``) stay
+    allocated: two copies until the last micro-batch's gradients land in the buckets.
+    ``params``: the rank's parameters."""
+    ddp = (layout.zero == 0 and layout.dp * layout.cp > 1 and layout.tp == 1 and layout.pp == 1
+           and layout.ep == 1)
+    if element_bytes < FP32 or not ddp or micro_batches <= 1:
+        return 0.0
+    return element_bytes * params
