@@ -5,7 +5,9 @@ gathered weights (2: bf16 on every GPU preset; 4: fp32, plait's runtime on a CPU
 states are priced as that runtime allocates them: ``plait.plan.states``).
 
 Model states (mixed-precision Adam, ZeRO accounting: 2 + 2 + 12 bytes per parameter with bf16;
-4 + 4 + 8 in fp32, plus DDP's second gradient copy when a step accumulates micro-batches):
+4 + 4 + 8 in fp32, plus DDP's second gradient copy when a step accumulates micro-batches, and
+no gradients at the peak of a one-micro-batch step without data-parallel gradient sync: the
+runtime frees them after every step and makes them as the backward frees activations):
   weights bf16 (2 B), gradients (2 B), optimizer: fp32 master weights, Adam m and v (12 B).
   ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights over
   the shard group: dp·cp ranks, or dp/hsdp·cp with hybrid sharding. ZeRO-3 adds the gathered
@@ -54,7 +56,7 @@ from plait.plan.activations import (
 )
 from plait.plan.moe.memory import dense_layer_local, dispatch_buffer_bytes, expert_states, stage_dense_blocks
 from plait.plan.params import DEFAULT_PARAMS, CostParams
-from plait.plan.states import ddp_accumulation_bytes, sharded_states
+from plait.plan.states import ddp_accumulation_bytes, gradients_at_peak, sharded_states
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import LOSS_CHUNK_TOKENS, JobSpec, Layout
 from plait.spec.model import ModelSpec
@@ -228,6 +230,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
                                                  stage=0 if is_first else layout.pp - 1, element_bytes=e)
         embed_acts = stage_in_flight * embed_per_mb if is_first else 0.0
         dynamic = stage_acts + embed_acts + (logits if is_last else 0.0) + buffers + moe_buffers
+        grads = gradients_at_peak(grads, layout, layout.micro_batches(job.global_batch), e, dynamic)
         candidates.append(MemoryBreakdown(
             weights=weights, gradients=grads, optimizer=optim, activations=stage_acts,
             embedding_activations=embed_acts,

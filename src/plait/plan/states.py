@@ -50,3 +50,20 @@ def ddp_accumulation_bytes(params: float, layout: Layout, micro_batches: int, el
     if element_bytes < FP32 or not ddp or micro_batches <= 1:
         return 0.0
     return element_bytes * params
+
+
+def gradients_at_peak(grads: float, layout: Layout, micro_batches: int, element_bytes: float,
+                      dynamic: float) -> float:
+    """Gradient bytes alive at the activation peak, where the states are priced as the runtime
+    allocates them (``element_bytes >= 4``; with bf16: ``grads``, ZeRO's accounting). The runtime
+    frees the gradients after every step (``zero_grad(set_to_none=True)``); with one micro-batch
+    per step, no pipelining and no data-parallel gradient sync (no DDP buckets, no FSDP shards:
+    dp·cp = 1, zero=0) none is alive when the backward starts, where the ``dynamic`` bytes
+    (activations, logits) peak; the backward makes them as it frees activations, so only what
+    exceeds the activations counts. With several micro-batches the earlier ones' gradients are
+    alive during the last one's forward and backward: all of them."""
+    alone = (micro_batches == 1 and layout.pp == 1 and layout.zero == 0 and layout.dp * layout.cp == 1
+             and layout.ep == 1)
+    if element_bytes < FP32 or not alone:
+        return grads
+    return max(0.0, grads - dynamic)
