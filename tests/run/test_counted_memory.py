@@ -3,7 +3,7 @@ the planner's memory for a device that computes in fp32 (``GpuSpec.element_bytes
 
 * ``window_peak`` on made-up allocation events: bytes alive when the window starts plus the
   peak increase during it, the marker's own byte taken off.
-* One process, the tiny model (3 steps, the window is the third): the counted peak lies between
+* One process, the tiny model (2 steps, the window is the second): the counted peak lies between
   what must be alive when the backward starts - fp32 weights, Adam's m and v and every tensor the
   layers save (the planner's activation items; gradients are freed by ``zero_grad(set_to_none=True)``
   and not yet made) - and the planner's whole prediction plus the one saved tensor the CPU's
@@ -62,13 +62,13 @@ def test_window_peak_takes_off_a_block_freed_where_the_profiler_did_not_see_it()
     assert window_peak(events, marker_ptr=99, marker_bytes=1) == 1000 + 600 + 200
 
 
-def test_window_is_the_third_step_or_the_last_of_a_shorter_run():
-    assert [window_step(0, n) for n in (1, 2, 3, 10)] == [None, 1, 2, 2]
-    assert window_step(5, 10) == 7 and window_step(9, 10) is None  # resumed at step 5, at step 9
+def test_window_is_the_second_step():
+    assert [window_step(0, n) for n in (1, 2, 3, 10)] == [None, 1, 1, 1]
+    assert window_step(5, 10) == 6 and window_step(9, 10) is None  # resumed at step 5, at step 9
 
 
 def test_counted_peak_of_one_process_between_exact_bounds():
-    summary = in_one_process(memory_count_tasks.train_summary, "dp=1,mbs=8", steps=3, seq_len=SEQ,
+    summary = in_one_process(memory_count_tasks.train_summary, "dp=1,mbs=8", steps=2, seq_len=SEQ,
                              global_batch=BATCH)
     counted = summary["peak_tensor_bytes"]
     model, layout = get_model("tiny"), Layout.parse("dp=1,mbs=8")
@@ -83,7 +83,7 @@ def test_counted_peak_of_one_process_between_exact_bounds():
 
 
 def test_two_process_summary_and_sweep_row_fill_the_memory_columns(dist_pool):
-    summaries = dist_pool(2).run(memory_count_tasks.train_summary, "dp=2,mbs=4", steps=3, seq_len=SEQ,
+    summaries = dist_pool(2).run(memory_count_tasks.train_summary, "dp=2,mbs=4", steps=2, seq_len=SEQ,
                                  global_batch=BATCH, timeout=120)
     counted = {s["peak_tensor_bytes"] for s in summaries}
     assert len(counted) == 1 and next(iter(counted)) > 0  # max over ranks: the same on both

@@ -6,18 +6,19 @@ How: torch's CPU allocator reports every allocation and free to the profiler whe
 profiling is on (``torch.profiler.profile(profile_memory=True)``). The counter starts the
 profiler once the model, its parallel wrappers and the optimizer are built (and a checkpoint
 loaded), and switches its operator recording off at once, so that only the allocator's events
-are kept (about 2-3% of a step of small operators, against 25-50% with operator recording).
+are kept (2-3% on a loop of small operators, against 25-50% with operator recording).
 Bytes alive = the *baseline* - the storages of the parameters (a DTensor's local shard), the
 module buffers (RoPE tables) and the optimizer state that exist when it starts - plus every
 allocation since then that was not freed: gradients, Adam's lazily made state, DDP's gradient
 buckets (rebuilt in the second step), FSDP2's all-gather and reduce-scatter buffers, pipeline
 send/receive buffers, autograd's saved tensors, all made in C++ or Python alike. The window is
-the third step of the run (``start_step + WINDOW_OFFSET``: the first creates Adam's state, DDP
-rebuilds its buckets in the second), or the last of a two-step run (none in a one-step run); its peak is the largest number of bytes alive from its
+the second step of the run (``start_step + WINDOW_OFFSET``: the first creates Adam's state; none
+in a one-step run); its peak is the largest number of bytes alive from its
 start to its end, i.e. "bytes alive at the start of the window + the peak increase during
-it". The profiler stops when the window ends; the later steps run without it. The window step
-is one of the timed steps (``plait train``'s median skips the first one or two steps):
-its ~2-3% is within the spread of the median of the steps.
+it". The profiler stops when the window ends; the later steps run without it. The two profiled
+steps (measured 3-6% slower on the tiny model) are the warm-up steps that ``plait train``'s
+median and ``plait sweep`` leave out of the step time in a run of six steps or more; in a
+shorter run the second step is timed with them.
 
 Why the profiler starts after the set-up, not before: a buffer made during set-up and freed on a
 gloo worker thread (DDP's initial parameter broadcast: a flat copy of all parameters) is freed
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-WINDOW_OFFSET = 2  # the memory window: the third step of the run (DDP rebuilds its buckets in the second)
+WINDOW_OFFSET = 1  # the memory window: the second step of the run (the first makes Adam's state)
 
 
 class TensorMemoryCounter:
@@ -99,12 +100,10 @@ def storage_bytes(tensors) -> int:
 
 
 def window_step(start_step: int, end_step: int | None) -> int | None:
-    """The memory window of a run of steps ``start_step .. end_step - 1``: the third step, or the
-    last one of a shorter run; None for a one-step run (its step makes Adam's state)."""
+    """The memory window of a run of steps ``start_step .. end_step - 1``: its second step; None
+    for a one-step run (its only step makes Adam's state)."""
     window = start_step + WINDOW_OFFSET
-    if end_step is not None:
-        window = min(window, end_step - 1)
-    return window if window > start_step else None
+    return window if end_step is None or window < end_step else None
 
 
 def window_peak(events: list[tuple[int, object]], marker_ptr: int, marker_bytes: int) -> int | None:
