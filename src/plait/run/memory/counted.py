@@ -16,7 +16,7 @@ the second step of the run (``start_step + WINDOW_OFFSET``: the first creates Ad
 in a one-step run); its peak is the largest number of bytes alive from its
 start to its end, i.e. "bytes alive at the start of the window + the peak increase during
 it". The profiler stops when the window ends; the later steps run without it. The two profiled
-steps (measured 3-6% slower on the tiny model) are the warm-up steps that ``plait train``'s
+steps (about 5% slower on the tiny model, bench/results/cpu_memory.md) are the warm-up steps that ``plait train``'s
 median and ``plait sweep`` leave out of the step time in a run of six steps or more; in a
 shorter run the second step is timed with them.
 
