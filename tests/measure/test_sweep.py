@@ -183,7 +183,7 @@ def test_real_cpu_sweep_records_every_outcome_and_goes_on(tmp_path):
     ok = rows[0]
     assert ok.measured_step_time_s > 0 and ok.tokens_per_s > 0
     assert ok.step_time_min_s <= ok.measured_step_time_s <= ok.step_time_max_s  # the spread
-    assert ok.memory_kind == "host_rss" and ok.measured_memory_bytes > 2**20
+    assert ok.memory_kind == "host_tensors" and ok.measured_memory_bytes > 2**20  # counted tensor bytes
     assert ok.predicted_step_time_s is None and ok.measured_mfu is None  # CPU: nothing invented
     assert "optimizer offload" in rows[2].reason
     assert "training failed on rank 1" in rows[3].reason and "injected fault" in rows[3].reason

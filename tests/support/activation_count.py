@@ -117,11 +117,12 @@ def _observe_balanced_cache(cache):
         checkpointing.balanced_policy = original
 
 
-def build_layer(spec: ModelSpec, layout: Layout, seed: int = 0):
-    """A one-layer model as the runtime builds it for ``layout``, bf16 weights, on the CPU."""
+def build_layer(spec: ModelSpec, layout: Layout, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
+    """A one-layer model as the runtime builds it for ``layout``, ``dtype`` weights (default bf16:
+    FSDP's param_dtype on a GPU; fp32 is what the runtime computes in on a CPU), on the CPU."""
     spec1 = dataclasses.replace(spec, n_layers=1)
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # the planner's bf16 activations (FSDP's param_dtype)
+    torch.set_default_dtype(dtype)
     try:
         model = build_model(spec1)
     finally:
@@ -148,18 +149,20 @@ def build_layer(spec: ModelSpec, layout: Layout, seed: int = 0):
     return model
 
 
-def measure_layer(spec: ModelSpec, layout: Layout, seq_len: int, mbs: int, seed: int = 0) -> dict:
-    """Saved and live bytes of one layer for one micro-batch of ``mbs`` sequences, on this rank.
+def measure_layer(spec: ModelSpec, layout: Layout, seq_len: int, mbs: int, seed: int = 0,
+                  dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Saved and live bytes of one layer for one micro-batch of ``mbs`` sequences, on this rank,
+    in ``dtype`` (weights and the layer input).
 
     Returns {"saved": bytes counted by the pack hook, "live": bytes alive after the forward,
     "records": [Saved, ...] in save order, "live_not_saved"/"saved_not_live": storage sizes that
     only one method saw}.
     """
     torch.manual_seed(seed)
-    model = build_layer(spec, layout, seed)
+    model = build_layer(spec, layout, seed, dtype)
     block = model.layers["0"]
     s_local = seq_len // layout.tp if layout.sequence_parallel else seq_len
-    x0 = torch.randn(mbs, s_local, spec.hidden, dtype=torch.bfloat16, requires_grad=True)
+    x0 = torch.randn(mbs, s_local, spec.hidden, dtype=dtype, requires_grad=True)
 
     def local_ptrs(tensors):
         return {_ptr(leaf) for t in tensors for leaf in _leaves(t)}

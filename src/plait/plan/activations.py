@@ -89,6 +89,17 @@ local layers only: averaged over the layers). Soft-capped scores (eager) save ta
 (``attn_softcap_tanh``).
 Not counted anywhere: constant tensors shared by all layers (RoPE cos/sin tables) and a few
 bytes per layer (the flash kernel's RNG state).
+
+Compute dtype (``element_bytes``, from ``GpuSpec.element_bytes``): the "bf16" items above are
+priced at ``element_bytes`` per element - 2 on every GPU preset (the numbers above), 4 where the
+runtime computes in fp32 (plait's runtime on a CPU: no autocast, no FSDP mixed precision).
+fp32 statistics (``norm_stats``, ``attn_lse``, the torch runtime's fp32 softmax output) and
+1-byte masks stay as they are. In fp32 the softmax output needs no cast: no ``attn_probs``
+copy. With ``element_bytes >= 4`` the torch runtime is the CPU one, and its composite RMSNorm
+(``torch.rms_norm`` on a CPU) saves the normalized value x·rstd beside its input, one more
+``element_bytes·s·b·h`` per norm (and per q/k norm; item ``rmsnorm_normalized``; recomputed
+under ``balanced`` and ``full``). tests/run/test_memory_truth_fp32.py checks these items
+against the fp32 layer's saved tensors, byte for byte.
 """
 
 from __future__ import annotations
@@ -111,15 +122,17 @@ BALANCED_KEEPS = {"attn_norm_input", "mlp_norm_input", "q", "kv", "attn_out", "m
 
 
 def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None = None, *,
-                runtime: str = "megatron") -> dict[str, float]:
+                runtime: str = "megatron", element_bytes: float = BF16) -> dict[str, float]:
     """Bytes saved for the backward by one layer, one micro-batch, no recomputation.
 
     ``runtime`` is ``"megatron"`` (Korthikanti's accounting) or ``"torch"`` (plait's runtime);
-    see the module docstring for the difference.
+    see the module docstring for the difference. ``element_bytes``: bytes per element of the
+    compute dtype (``GpuSpec.element_bytes``; module docstring, "Compute dtype").
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
     torch_sp = runtime == "torch" and layout.sequence_parallel
+    e = element_bytes
     s = seq_len / layout.cp
     b = layout.mbs if mbs is None else mbs
     h, f, a, t = model.hidden, model.ffn_hidden, model.n_heads, layout.tp
@@ -131,78 +144,83 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
     unfused = layout.norm == "unfused"
     if unfused:
         items["attn_norm_fp32_input"] = FP32 * sb * h / rep
-        items["attn_norm_normalized"] = BF16 * sb * h / rep
+        items["attn_norm_normalized"] = e * sb * h / rep
     else:
-        items["attn_norm_input"] = BF16 * sb * h / rep
+        items["attn_norm_input"] = e * sb * h / rep
     # input of the QKV GEMM: saved sharded (Megatron) or all-gathered (DTensor)
-    items["attn_norm_output"] = BF16 * sb * h / (1 if torch_sp else rep)
+    items["attn_norm_output"] = e * sb * h / (1 if torch_sp else rep)
     q = model.q_hidden
-    items["q"] = BF16 * sb * q / t
-    items["kv"] = BF16 * sb * 2 * kv / t
+    items["q"] = e * sb * q / t
+    items["kv"] = e * sb * 2 * kv / t
     if model.qk_norm != "none":  # the norms save their input (the Q / K GEMM outputs) and an rstd
-        items["qk_norm_input"] = BF16 * sb * (q + kv) / t
+        items["qk_norm_input"] = e * sb * (q + kv) / t
         rows = (a + model.n_kv_heads) / t if model.qk_norm == "head" else 2
         items["qk_norm_stats"] = FP32 * sb * rows
     if layout.attn == "eager":
         if kv < q:  # GQA: K and V repeated to every query head for the batched GEMMs
-            items["attn_kv_repeat"] = BF16 * sb * 2 * (q - kv) / t
+            items["attn_kv_repeat"] = e * sb * 2 * (q - kv) / t
         if runtime == "torch":  # built per layer (s local queries × seq_len keys, bool)
             items["attn_causal_mask"] = MASK * s * seq_len
         # probabilities after softmax: s local queries × seq_len keys per head
         scores = a / t * b * s * seq_len
         if runtime == "torch" and model.attn_softcap:  # c·tanh(x/c): tanh saves its output
-            items["attn_softcap_tanh"] = BF16 * scores
+            items["attn_softcap_tanh"] = e * scores
         if runtime == "torch":  # fp32 softmax output, and its bf16 copy that P·V saves
             items["attn_scores"] = FP32 * scores
-            if not model.dropout:
-                items["attn_probs"] = BF16 * scores
+            if not model.dropout and e < FP32:  # in fp32 the cast is a no-op: no copy
+                items["attn_probs"] = e * scores
         else:  # Megatron's fused scale-mask-softmax kernel writes bf16
-            items["attn_scores"] = BF16 * scores
+            items["attn_scores"] = e * scores
         if model.dropout:
             items["attn_dropout_mask"] = MASK * scores
-            items["attn_dropout_out"] = BF16 * scores
+            items["attn_dropout_out"] = e * scores
     else:
         items["attn_lse"] = FP32 * sb * a / t
         if runtime == "torch" and model.sliding_window:
             # the window's boolean mask, which SDPA turns into an additive mask in the compute dtype
             # and saves (one per layer; global layers of an alternating model have none: averaged)
-            items["attn_window_mask"] = BF16 * s * seq_len * model.local_layer_count() / model.n_layers
-    items["attn_out"] = BF16 * sb * q / t  # input of the output projection
+            items["attn_window_mask"] = e * s * seq_len * model.local_layer_count() / model.n_layers
+    items["attn_out"] = e * sb * q / t  # input of the output projection
     if model.dropout:
         items["attn_resid_dropout_mask"] = MASK * sb * h / rep
     # ---- MLP block
     if unfused:
         items["mlp_norm_fp32_input"] = FP32 * sb * h / rep
-        items["mlp_norm_normalized"] = BF16 * sb * h / rep
+        items["mlp_norm_normalized"] = e * sb * h / rep
     else:
-        items["mlp_norm_input"] = BF16 * sb * h / rep
-    items["mlp_norm_output"] = BF16 * sb * h / (1 if torch_sp else rep)  # input of the up-projection GEMM
+        items["mlp_norm_input"] = e * sb * h / rep
+    items["mlp_norm_output"] = e * sb * h / (1 if torch_sp else rep)  # input of the up-projection GEMM
     if model.arch == "llama":
-        items["mlp_up"] = 2 * BF16 * sb * f / t  # gate and up outputs
-        items["mlp_act_out"] = 2 * BF16 * sb * f / t  # silu(gate) and silu(gate)·up
+        items["mlp_up"] = 2 * e * sb * f / t  # gate and up outputs
+        items["mlp_act_out"] = 2 * e * sb * f / t  # silu(gate) and silu(gate)·up
     else:
-        items["mlp_up"] = BF16 * sb * f / t  # GELU input
-        items["mlp_act_out"] = BF16 * sb * f / t  # GELU output = input of fc2
+        items["mlp_up"] = e * sb * f / t  # GELU input
+        items["mlp_act_out"] = e * sb * f / t  # GELU output = input of fc2
     if model.dropout:
         items["mlp_dropout_mask"] = MASK * sb * h / rep
     # fused LayerNorm: mean and rstd; RMSNorm and every unfused chain: rstd
     stats_per_norm = 2 if model.arch == "gpt" and not unfused else 1
     norms = 4 if model.norm_position == "sandwich" else 2
     if model.norm_position == "sandwich":  # the post norms save their input (the sub-block's output)
-        items["attn_post_norm_input"] = BF16 * sb * h / rep
-        items["mlp_post_norm_input"] = BF16 * sb * h / rep
+        items["attn_post_norm_input"] = e * sb * h / rep
+        items["mlp_post_norm_input"] = e * sb * h / rep
     items["norm_stats"] = norms * stats_per_norm * FP32 * sb / rep
+    if runtime == "torch" and e >= FP32 and model.arch == "llama" and not unfused:
+        # fp32: plait's CPU runtime, whose composite RMSNorm also saves its normalized value x·rstd
+        items["rmsnorm_normalized"] = norms * e * sb * h / rep + (
+            e * sb * (q + kv) / t if model.qk_norm != "none" else 0.0)
     if model.moe is not None or model.mla is not None:  # experts, MLA: the mean layer's items (plait.plan.moe.memory)
-        items = adjust_layer_items(items, model, layout, seq_len, mbs, runtime)
+        items = adjust_layer_items(items, model, layout, seq_len, mbs, runtime, element_bytes)
     return items
 
 
-def residual_bytes(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None = None) -> float:
-    """Bytes of one norm's bf16 input (the residual stream: the layer input, the MLP's residual
-    input), sharded by t with sequence parallelism: what a checkpoint keeps as its input."""
+def residual_bytes(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None = None,
+                   element_bytes: float = BF16) -> float:
+    """Bytes of one norm's input in the compute dtype (the residual stream: the layer input, the
+    MLP's residual input), sharded by t with sequence parallelism: what a checkpoint keeps as its input."""
     b = layout.mbs if mbs is None else mbs
     rep = layout.tp if layout.sequence_parallel else 1
-    return BF16 * seq_len / layout.cp * b * model.hidden / rep
+    return element_bytes * seq_len / layout.cp * b * model.hidden / rep
 
 
 def checkpointed_items(items: dict[str, float], policy: str, residual: float | None = None) -> dict[str, float]:
@@ -223,35 +241,35 @@ def checkpointed_items(items: dict[str, float], policy: str, residual: float | N
 
 
 def torch_balanced_items(items: dict[str, float], model: ModelSpec, layout: Layout, seq_len: int,
-                         mbs: int | None = None) -> dict[str, float]:
+                         mbs: int | None = None, element_bytes: float = BF16) -> dict[str, float]:
     """What a ``balanced`` layer of plait's runtime keeps (see the module docstring), from the
     ``runtime="torch"`` items of ``layer_items``."""
     s = seq_len / layout.cp
     b = layout.mbs if mbs is None else mbs
     kept = {k: items[k] for k in ("q", "kv", "mlp_up")}
-    kept["attn_norm_input"] = residual_bytes(model, layout, seq_len, mbs)
+    kept["attn_norm_input"] = residual_bytes(model, layout, seq_len, mbs, element_bytes)
     if layout.attn != "eager":
         kept["attn_out"] = items["attn_out"]
         kept["attn_lse"] = items["attn_lse"]
-    kept["attn_proj_out"] = BF16 * s * b * model.hidden  # row-parallel: full width, before the reduction
-    kept["mlp_down_out"] = BF16 * s * b * model.hidden
+    kept["attn_proj_out"] = element_bytes * s * b * model.hidden  # row-parallel: full width, before the reduction
+    kept["mlp_down_out"] = element_bytes * s * b * model.hidden
     return kept
 
 
 def kept_items(model: ModelSpec, layout: Layout, seq_len: int, policy: str | None = None,
-               mbs: int | None = None, *, runtime: str = "megatron") -> dict[str, float]:
+               mbs: int | None = None, *, runtime: str = "megatron", element_bytes: float = BF16) -> dict[str, float]:
     """Bytes a layer keeps for its backward under ``policy`` (default: the layout's), by item."""
-    items = layer_items(model, layout, seq_len, mbs, runtime=runtime)
+    items = layer_items(model, layout, seq_len, mbs, runtime=runtime, element_bytes=element_bytes)
     policy = layout.ckpt if policy is None else policy
     if policy == "balanced" and runtime == "torch":
-        return torch_balanced_items(items, model, layout, seq_len, mbs)
-    return checkpointed_items(items, policy, residual_bytes(model, layout, seq_len, mbs))
+        return torch_balanced_items(items, model, layout, seq_len, mbs, element_bytes)
+    return checkpointed_items(items, policy, residual_bytes(model, layout, seq_len, mbs, element_bytes))
 
 
 def layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, policy: str | None = None, *,
-                runtime: str = "megatron") -> float:
+                runtime: str = "megatron", element_bytes: float = BF16) -> float:
     """Saved bytes of one layer and micro-batch under ``policy`` (default: the layout's)."""
-    return sum(kept_items(model, layout, seq_len, policy, runtime=runtime).values())
+    return sum(kept_items(model, layout, seq_len, policy, runtime=runtime, element_bytes=element_bytes).values())
 
 
 def offloadable_items(kept: dict[str, float], policy: str, runtime: str = "torch") -> dict[str, float]:
@@ -294,14 +312,15 @@ def checkpointed_layer_count(model: ModelSpec, layout: Layout, layers_on_stage: 
 
 
 def stage_layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, layers_on_stage: int, stage: int = 0, *,
-                      runtime: str = "torch") -> tuple[list[float], list[float]]:
+                      runtime: str = "torch", element_bytes: float = BF16) -> tuple[list[float], list[float]]:
     """(bytes kept, bytes of them offloaded) by each layer a GPU holds, for one micro-batch.
 
     The first ``checkpointed_layer_count`` layers use the checkpoint policy, the first
     ``offloaded_layer_count`` layers offload (``offloadable_items``) what they keep.
+    ``element_bytes``: bytes per element of the compute dtype (``layer_items``).
     """
-    full = sum(layer_items(model, layout, seq_len, runtime=runtime).values())
-    kept_map = kept_items(model, layout, seq_len, runtime=runtime)
+    full = sum(layer_items(model, layout, seq_len, runtime=runtime, element_bytes=element_bytes).values())
+    kept_map = kept_items(model, layout, seq_len, runtime=runtime, element_bytes=element_bytes)
     kept = sum(kept_map.values())
     movable = sum(offloadable_items(kept_map, layout.ckpt, runtime).values())
     n_ckpt = checkpointed_layer_count(model, layout, layers_on_stage)

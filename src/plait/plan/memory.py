@@ -1,6 +1,13 @@
 """Peak memory per GPU of the most loaded rank, itemized. All values in bytes.
 
-Model states (mixed-precision Adam, ZeRO accounting: 2 + 2 + 12 bytes per parameter):
+Compute dtype: ``cluster.gpu.element_bytes`` bytes per element of activations, logits and
+gathered weights (2: bf16 on every GPU preset; 4: fp32, plait's runtime on a CPU, where model
+states are priced as that runtime allocates them: ``plait.plan.states``).
+
+Model states (mixed-precision Adam, ZeRO accounting: 2 + 2 + 12 bytes per parameter with bf16;
+4 + 4 + 8 in fp32, plus DDP's second gradient copy when a step accumulates micro-batches, and
+no gradients at the peak of a one-micro-batch step without data-parallel gradient sync: the
+runtime frees them after every step and makes them as the backward frees activations):
   weights bf16 (2 B), gradients (2 B), optimizer: fp32 master weights, Adam m and v (12 B).
   ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights over
   the shard group: dp·cp ranks, or dp/hsdp·cp with hybrid sharding. ZeRO-3 adds the gathered
@@ -49,7 +56,7 @@ from plait.plan.activations import (
 )
 from plait.plan.moe.memory import dense_layer_local, dispatch_buffer_bytes, expert_states, stage_dense_blocks
 from plait.plan.params import DEFAULT_PARAMS, CostParams
-from plait.plan.states import sharded_states
+from plait.plan.states import ddp_accumulation_bytes, gradients_at_peak, sharded_states
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import LOSS_CHUNK_TOKENS, JobSpec, Layout
 from plait.spec.model import ModelSpec
@@ -148,12 +155,14 @@ def stage_params(model: ModelSpec, layout: Layout) -> dict[str, float]:
     return {"first": first, "last": last}
 
 
-def model_states(params: float, model: ModelSpec, layout: Layout) -> tuple[float, float, float, float, float]:
-    """(weights, gradients, optimizer, zero-3 buffers, host bytes) for ``params`` local parameters."""
+def model_states(params: float, model: ModelSpec, layout: Layout,
+                 element_bytes: float = BF16) -> tuple[float, float, float, float, float]:
+    """(weights, gradients, optimizer, zero-3 buffers, host bytes) for ``params`` local parameters
+    (``element_bytes``: the compute dtype's, ``plait.plan.states``)."""
     layer = model.layer_params() / layout.tp
     if model.moe is not None or model.mla is not None:  # the non-expert part of an MoE layer (experts: expert_states)
         layer = dense_layer_local(model, layout, model.moe is not None)
-    return sharded_states(params, layout, zero_shard_degree(layout), layer)
+    return sharded_states(params, layout, zero_shard_degree(layout), layer, element_bytes)
 
 
 def in_flight_microbatches(layout: Layout, micro_batches: int) -> float:
@@ -170,21 +179,23 @@ def in_flight_microbatches(layout: Layout, micro_batches: int) -> float:
 
 
 def activation_bytes(model: ModelSpec, layout: Layout, job: JobSpec, in_flight: float,
-                     runtime: str = "torch", stage: int = 0) -> tuple[float, float]:
+                     runtime: str = "torch", stage: int = 0, element_bytes: float = BF16) -> tuple[float, float]:
     """(activations on GPU at the peak with ``in_flight`` micro-batches, bytes offloaded).
 
     ``runtime``: whose saved tensors to count (``plait.plan.activations``): ``torch`` for plait's
     own runtime (the default: what ``plait train`` runs), ``megatron`` for Megatron-LM.
-    ``stage``: the pipeline rank (how many of its layers offload depends on it).
+    ``stage``: the pipeline rank (how many of its layers offload depends on it). ``element_bytes``:
+    bytes per element of the compute dtype (``GpuSpec.element_bytes``).
     """
     per_stage_layers = stage_layers(model, layout) * layout.vpp
-    per_layer, moved = stage_layer_bytes(model, layout, job.seq_len, per_stage_layers, stage, runtime=runtime)
+    per_layer, moved = stage_layer_bytes(model, layout, job.seq_len, per_stage_layers, stage, runtime=runtime,
+                                         element_bytes=element_bytes)
     offloaded = sum(moved) * in_flight
     total = sum(per_layer) * in_flight - offloaded
     if offloaded:
         total += min(offloaded, 2 * max(moved))  # double buffer: one layer copied, one prefetched
     if checkpointed_layer_count(model, layout, per_stage_layers):
-        full = sum(layer_items(model, layout, job.seq_len, runtime=runtime).values())
+        full = sum(layer_items(model, layout, job.seq_len, runtime=runtime, element_bytes=element_bytes).values())
         total += full - min(per_layer)  # the dropped tensors of one layer, live again during its backward
     return total, offloaded
 
@@ -192,30 +203,34 @@ def activation_bytes(model: ModelSpec, layout: Layout, job: JobSpec, in_flight: 
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
                     params: CostParams = DEFAULT_PARAMS, runtime: str = "torch") -> MemoryBreakdown:
     """Peak memory of the most loaded GPU (the larger of the first and last stages)."""
+    e = cluster.gpu.element_bytes  # the compute dtype: 2 (bf16) on a GPU, 4 (fp32) on a CPU
     s_local = job.seq_len / layout.cp
     sb = s_local * layout.mbs
     rep = layout.tp if layout.sequence_parallel else 1
     in_flight = in_flight_microbatches(layout, layout.micro_batches(job.global_batch))
-    embed_per_mb = BF16 * sb * model.hidden / rep * (1.5 if model.dropout else 1.0)
-    # soft-capped logits (Gemma-2): tanh saves its bf16 output beside the logits, 2 more bytes each
-    per_logit = params.logits_bytes_per_element + (BF16 if model.logit_softcap else 0.0)
+    embed_per_mb = e * sb * model.hidden / rep * (1.5 if model.dropout else 1.0)
+    # the logits in the compute dtype (logits_bytes_per_element counts them as bf16) and the fp32
+    # log-softmax and gradient; soft-capped logits (Gemma-2): tanh saves its output beside them
+    per_logit = params.logits_bytes_per_element - BF16 + e + (e if model.logit_softcap else 0.0)
     logits = per_logit * loss_tokens(layout, job.seq_len) * model.vocab / layout.tp
     candidates = []
     local = stage_params(model, layout)
     for stage in ("first", "last"):
-        weights, grads, optim, buffers, host = model_states(local[stage], model, layout)
+        weights, grads, optim, buffers, host = model_states(local[stage], model, layout, e)
+        grads += ddp_accumulation_bytes(local[stage], layout, layout.micro_batches(job.global_batch), e)
         if model.moe is not None:  # routed experts: split by ep·etp, ZeRO over edp (plait.plan.moe.memory)
-            experts = expert_states(model, layout, stage_layers(model, layout) * layout.vpp)
+            experts = expert_states(model, layout, stage_layers(model, layout) * layout.vpp, e)
             weights, grads, optim, buffers, host = (a + b for a, b in zip((weights, grads, optim, buffers, host), experts))
-        moe_buffers = dispatch_buffer_bytes(model, layout, job.seq_len) if model.moe is not None else 0.0
+        moe_buffers = dispatch_buffer_bytes(model, layout, job.seq_len, e) if model.moe is not None else 0.0
         is_first = stage == "first" or layout.pp == 1
         is_last = stage == "last" or layout.pp == 1
         # the last stage of 1F1B-type schedules holds one micro-batch; GPipe's holds them all
         stage_in_flight = in_flight if is_first or layout.schedule == "gpipe" else 1.0
         stage_acts, offloaded = activation_bytes(model, layout, job, stage_in_flight, runtime,
-                                                 stage=0 if is_first else layout.pp - 1)
+                                                 stage=0 if is_first else layout.pp - 1, element_bytes=e)
         embed_acts = stage_in_flight * embed_per_mb if is_first else 0.0
         dynamic = stage_acts + embed_acts + (logits if is_last else 0.0) + buffers + moe_buffers
+        grads = gradients_at_peak(grads, layout, layout.micro_batches(job.global_batch), e, dynamic)
         candidates.append(MemoryBreakdown(
             weights=weights, gradients=grads, optimizer=optim, activations=stage_acts,
             embedding_activations=embed_acts,

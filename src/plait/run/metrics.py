@@ -65,6 +65,9 @@ class RunSummary:
     checkpoint_stall_s: float | None = None  # longest time training waited for one checkpoint save
     offload: dict | None = None  # activation offload per step (bytes, hidden and exposed seconds), max over ranks
     eval_loss: float | None = None  # the last held-out loss (--eval-data), mean per token; None: not evaluated
+    # CPU runs: max over ranks of the counted peak of torch tensor storage, bytes, in the memory window
+    # (the run's second step; plait.run.memory.counted); None on GPU or when the run ended before it
+    peak_tensor_bytes: int | None = None
 
     def to_dict(self) -> dict:
         out = {"summary": True, **self.__dict__}
@@ -83,6 +86,9 @@ class RunSummary:
                 text += (f" vs {self.predicted_memory_bytes / 2**30:.2f} GiB predicted "
                          f"({self.peak_memory_bytes / self.predicted_memory_bytes:.2f}×)")
             parts.append(text)
+        elif self.peak_tensor_bytes is not None:
+            parts.append(f"peak tensor memory {self.peak_tensor_bytes / 2**20:.1f} MiB counted "
+                         f"(host RSS {self.peak_host_rss_bytes / 2**30:.2f} GiB)")
         else:
             parts.append(f"peak host RSS {self.peak_host_rss_bytes / 2**30:.2f} GiB (CPU run: no GPU prediction)")
         mfu_text = f"MFU {100 * self.mfu:.1f}%" if self.mfu is not None else "MFU n/a (no GPU peak)"

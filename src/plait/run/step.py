@@ -14,6 +14,7 @@ gradients over dp ranks: the step's gradient is that of the mean token loss of t
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from dataclasses import dataclass
 
@@ -89,6 +90,10 @@ def pipeline_loss(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tensor, 
     losses: list[torch.Tensor] = []
     kwargs = {"target": labels, "losses": losses} if last else {}
     run = getattr(parts.schedule, call)
+    if call == "step" and "return_outputs" in inspect.signature(run).parameters:
+        # the losses are all plait reads; kept outputs would hold every micro-batch's logits on
+        # the last stage until the step ends (torch.distributed.pipelining's output chunks)
+        kwargs["return_outputs"] = False
     with loss_context(pdims), compute_context(parts, inputs.device):
         if first:
             run(inputs, **kwargs)

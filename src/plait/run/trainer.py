@@ -42,6 +42,7 @@ from plait.run.metrics import (
     mfu,
     steady_state,
 )
+from plait.run.memory.counted import TensorMemoryCounter
 from plait.run.memory.host_gc import ScheduledGC
 from plait.run.observe.evaluate import Evaluator
 from plait.run.observe.sinks import MetricsLog, open_sinks
@@ -80,6 +81,11 @@ def peak_memory_reader(device: torch.device):
     if device.type == "cuda":
         return lambda: torch.cuda.max_memory_allocated(device)
     return lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The tensors of the optimizer's state (Adam's step, m and v; empty before the first step)."""
+    return [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
 
 
 def open_log(config: RunConfig, is_rank0: bool, append: bool) -> MetricsLog:
@@ -187,6 +193,7 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
 
         events.append(init_from_hf(config.job, parts, device))
     checkpointer = make_checkpointer(setup)
+    counter = TensorMemoryCounter(device.type == "cpu", start_step, config.job.steps)  # counted tensor bytes
     is_rank0 = dist.get_rank() == 0
     log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0)
     for event in events:
@@ -197,11 +204,15 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
+        counter.start([*parts.parameters(), *(b for chunk in parts.chunks for b in chunk.buffers()),
+                       *optimizer_state_tensors(setup.optimizer)])
         parts.train()
         with ScheduledGC(config.runtime.gc_every) as collector:  # automatic GC off, a collection every N steps
-            records, stopped_at = train(setup, start_step, checkpointer, log, display, stop, collector, evaluator)
+            records, stopped_at = train(setup, start_step, checkpointer, log, display, stop, collector, evaluator,
+                                        counter)
+        counter.close()
         display.close()
-        summary = _summarize(config, records, setup.pdims, device, setup.peak_flops)
+        summary = _summarize(config, records, setup.pdims, device, setup.peak_flops, counter.peak_bytes)
         # a collective: every rank takes part, also pipeline ranks that hold no offloaded layer
         summary.offload = offload_summary(records, device) if config.job.layout.offload > 0 else None
         summary.start_step = start_step
@@ -213,6 +224,7 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
         log.write(summary.to_dict())
         display.message(summary.comparison_line())
     finally:
+        counter.close()
         display.close()
         log.close()
         setup.source.close()
@@ -223,7 +235,8 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
 
 def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, log: MetricsLog, display: Display,
           stop=None, collector: ScheduledGC | None = None,
-          evaluator: Evaluator | None = None) -> tuple[list[StepRecord], int | None]:
+          evaluator: Evaluator | None = None,
+          counter: TensorMemoryCounter | None = None) -> tuple[list[StepRecord], int | None]:
     """Steps ``start_step`` .. ``config.job.steps - 1``; (their records, the step count at which a
     stop request ended the run, or None when it ran to the end).
 
@@ -233,6 +246,7 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
     flag from a host buffer (``plait.run.pending``), so a stop request seen in a non-sync step
     ends the run one step later, on every rank alike. ``evaluator``: the held-out loss after the
     steps ``EvalConfig.due_after`` names (sync steps; not when stopping: SIGTERM's grace is short).
+    ``counter``: counts tensor bytes in its window step (``plait.run.memory.counted``).
     """
     steps = setup.config.job.steps
     ledger = StepLedger(setup, log, display)
@@ -241,7 +255,11 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
         save_due = checkpointer is not None and checkpointer.every > 0 and steps_done % checkpointer.every == 0
         eval_due = evaluator is not None and setup.config.eval.due_after(steps_done, steps)
         sync = ledger.syncs_at(step, save_due or eval_due)
+        if counter is not None:
+            counter.before_step(step)
         pending = train_step(setup, step, ledger, stop, sync)
+        if counter is not None:
+            counter.after_step(step)
         ledger.add(pending)
         if collector is not None:
             collector.after_step(steps_done)
@@ -267,7 +285,7 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
 
 
 def _summarize(config: RunConfig, records: list[StepRecord], pdims: ParallelDims, device: torch.device,
-               peak: float | None) -> RunSummary:
+               peak: float | None, tensor_bytes: int | None = None) -> RunSummary:
     job = config.job
     step_time = median_step_time(records)
     tokens_per_s = job.tokens_per_step / step_time
@@ -278,11 +296,14 @@ def _summarize(config: RunConfig, records: list[StepRecord], pdims: ParallelDims
         gpu_peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), device=device)
         dist.all_reduce(gpu_peak, op=dist.ReduceOp.MAX)
         peak_memory = int(gpu_peak)
+    counted = torch.tensor(float(-1 if tensor_bytes is None else tensor_bytes), dtype=torch.float64, device=device)
+    dist.all_reduce(counted, op=dist.ReduceOp.MAX)  # -1: no rank counted (GPU run, or ended before the window)
     prediction = config.prediction if device.type == "cuda" else None
     return RunSummary(
         steps=len(records), final_loss=records[-1].loss, step_time_s=step_time, tokens_per_s=tokens_per_s,
         mfu=mfu(job.model, job.seq_len, tokens_per_s, job.layout.world_size, peak),
         peak_memory_bytes=peak_memory, peak_host_rss_bytes=int(rss), device=device.type,
+        peak_tensor_bytes=int(counted) if counted >= 0 else None,
         world_size=job.layout.world_size, layout=str(job.layout),
         predicted_step_time_s=prediction.step_time_s if prediction else None,
         predicted_memory_bytes=prediction.allocated_bytes if prediction else None,

@@ -174,7 +174,7 @@ def sweep_table(rows: list[SweepRow]) -> Table:
                    "meas mem GiB", "pred MFU", "meas MFU", "tokens/s", "reason"):
         table.add_column(column, justify="left" if column in ("layout", "status", "reason") else "right")
     for r in rows:
-        kind = " (RSS)" if r.memory_kind == "host_rss" else ""
+        kind = " (RSS)" if r.memory_kind == "host_rss" else " (tensors)" if r.memory_kind == "host_tensors" else ""
         table.add_row(
             r.layout + (" +compile" if r.compile else ""), r.status,
             "pred OOM" if r.predicted_fits is False else _num(r.planner_rank, "d"),

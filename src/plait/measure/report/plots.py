@@ -153,6 +153,7 @@ def memory_plot(entries: list[tuple[str, dict[str, float], float | None, float |
         title += f"\n(capacity {capacity / GIB:.0f} GiB is off the axis: the largest bar is " \
                  f"{100 * max(sum(e[1].values()) for e in entries) / capacity:.1f}% of it)"
     for kind, marker, face, label in (("cuda_allocated", "D", "black", "measured max_memory_allocated"),
+                                      ("host_tensors", "s", "black", "counted peak tensor bytes per process"),
                                       ("host_rss", "o", "none", "measured peak host RSS per process")):
         points = [(i, e[3] / unit) for i, e in enumerate(entries) if e[3] is not None and e[4] == kind]
         if points:

@@ -68,8 +68,9 @@ def rows_section(rows: list[SweepRow]) -> Section:
     return Section("Layouts", [("Errors are measured / predicted - 1; meas s/step is the median of the steady-state "
                                 "steps, meas range their fastest and slowest. Planner ranks cover the layouts the "
                                 "planner predicts fit (the same layout with and without compile shares its "
-                                "rank). Memory kind host_rss is a CPU process's peak resident memory, not "
-                                "comparable with the GPU prediction.")],
+                                "rank). Memory kind host_tensors is a CPU process's counted peak of tensor "
+                                "bytes, comparable with a prediction for the CPU of a CPU profile; host_rss "
+                                "(older sweeps) is its peak resident memory, not comparable with the prediction.")],
                    Table(header, tuple(body), (0, 1, 9, 13)))
 
 
@@ -82,12 +83,14 @@ def memory_section(plans: list[tuple[SweepRow, Plan]], cluster: ClusterSpec, clu
         return Section(title, [], missing="no swept layout could be re-evaluated (unknown model or no valid layout)")
     entries = [(row.layout + (" +compile" if row.compile else ""), plan.memory.items(), plan.memory.capacity,
                 row.measured_memory_bytes, row.memory_kind) for row, plan in plans]
-    cpu = all(row.memory_kind == "host_rss" or row.device == "cpu" for row, _ in plans)
+    cpu = all(row.memory_kind in ("host_rss", "host_tensors") or row.device == "cpu" for row, _ in plans)
+    kinds = {row.memory_kind for row, _ in plans if row.measured_memory_bytes is not None}
     if cpu:  # host memory per process: no GPU capacity, no CUDA context or NCCL buffers on a CPU run
         drawn = [(label, {k: v for k, v in items.items() if k not in OVERHEAD_ITEMS}, None, measured, kind)
                  for label, items, _, measured, kind in entries]
-        image = plots.memory_plot(drawn, path, "CPU sweep: the planner's tensors per process (bf16 model states, "
-                                               "activations)\nand the measured peak host RSS", per="process")
+        what = "the counted peak tensor bytes" if kinds == {"host_tensors"} else "the measured peak host RSS"
+        image = plots.memory_plot(drawn, path, f"CPU sweep: the planner's tensors per process ({cluster.gpu.element_bytes:g}"
+                                               f"-byte elements)\nand {what}", per="process")
     else:
         image = plots.memory_plot(entries, path, f"Planner's itemized memory on {cluster.gpu.name} "
                                                  f"({cluster.gpu.hbm_bytes / GIB:.0f} GiB)")
@@ -96,14 +99,21 @@ def memory_section(plans: list[tuple[SweepRow, Plan]], cluster: ClusterSpec, clu
                   f"{allocated_bytes(items) / GIB:.3f}", "yes" if plan.fits else "NO")
                  for (label, items, *_), (_, plan) in zip(entries, plans))
     table = Table(("layout", *(n.replace("_", " ") for n in names), "total", "allocated", "fits"), body)
-    kinds = {row.memory_kind for row, _ in plans if row.measured_memory_bytes is not None}
     measured = ("Measured (diamonds): torch.cuda.max_memory_allocated, max over ranks - compare it with the "
                 "predicted allocated level (the bar's end without the hatched items)."
                 if kinds == {"cuda_allocated"} else
                 "Measured (circles): the peak host RSS of a CPU process (CPU sweep) - a different quantity from "
                 "the GPU prediction, shown for reference only." if kinds == {"host_rss"} else
-                "Measured: diamonds are torch.cuda.max_memory_allocated, circles a CPU process's host RSS."
+                "Measured (squares): the counted peak of torch tensor bytes of a CPU process (max over ranks, "
+                "plait.run.memory.counted) - the quantity the planner's items predict when the plan is for the "
+                "CPU of a CPU profile (4-byte elements)." if kinds == {"host_tensors"} else
+                "Measured: diamonds are torch.cuda.max_memory_allocated, squares a CPU process's counted tensor "
+                "bytes, circles its host RSS."
                 if kinds else "Nothing measured is drawn (no layout ran).")
+    if cpu and kinds == {"host_tensors"}:
+        return Section(title, [f"{cluster_note}. The picture is per CPU process: the planner's tensors (its items "
+                               "without the CUDA context, NCCL buffers and fragmentation, which a CPU run does not "
+                               f"have) beside each process's counted tensor bytes. {measured}"], table, image=image)
     if cpu:
         return Section(title, [f"{cluster_note}. The picture is per CPU process, on an axis scaled to what is "
                                "drawn: the planner's tensors (its GPU items without the CUDA context, NCCL buffers "

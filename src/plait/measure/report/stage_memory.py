@@ -49,16 +49,18 @@ def stage_memories(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout:
     embedding = local["first"] - local["last"] + model.final_norm_params() + model.vocab * model.hidden / layout.tp
     layers_only = local["first"] - embedding  # the stage's transformer layers, after TP
     rep = layout.tp if layout.sequence_parallel else 1
-    embed_per_mb = BF16 * job.seq_len / layout.cp * layout.mbs * model.hidden / rep * (1.5 if model.dropout else 1.0)
-    logits = params.logits_bytes_per_element * loss_tokens(layout, job.seq_len) * model.vocab / layout.tp
+    e = cluster.gpu.element_bytes  # the compute dtype (as plait.plan.memory.estimate_memory)
+    embed_per_mb = e * job.seq_len / layout.cp * layout.mbs * model.hidden / rep * (1.5 if model.dropout else 1.0)
+    per_logit = params.logits_bytes_per_element - BF16 + e  # the logits themselves in the compute dtype
+    logits = per_logit * loss_tokens(layout, job.seq_len) * model.vocab / layout.tp
     m = layout.micro_batches(job.global_batch)
     out = []
     for rank in range(layout.pp):
         first, last = rank == 0, rank == layout.pp - 1
         held = local["first"] if first else local["last"] if last else layers_only
-        weights, grads, optim, buffers, host = model_states(held, model, layout)
+        weights, grads, optim, buffers, host = model_states(held, model, layout, e)
         in_flight = stage_in_flight(layout, m, rank)
-        acts, offloaded = activation_bytes(model, layout, job, in_flight, stage=rank)
+        acts, offloaded = activation_bytes(model, layout, job, in_flight, stage=rank, element_bytes=e)
         embed_acts = in_flight * embed_per_mb if first else 0.0
         dynamic = acts + embed_acts + (logits if last else 0.0) + buffers
         out.append(MemoryBreakdown(

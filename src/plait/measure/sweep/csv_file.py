@@ -10,8 +10,12 @@ Columns (units in the names; empty = not known, never guessed):
   predicted_step_time_s, measured_step_time_s, step_time_error,
   predicted_memory_bytes (what the GPU allocator should hand out at the peak: the planner's
   total minus CUDA context, NCCL buffers and fragmentation), measured_memory_bytes,
-  memory_kind (cuda_allocated: torch.cuda.max_memory_allocated, max over ranks; host_rss: the
-  peak resident memory of a CPU process, not comparable with the prediction), memory_error,
+  memory_kind (cuda_allocated: torch.cuda.max_memory_allocated, max over ranks; host_tensors: a
+  CPU run's counted peak of torch tensor storage in its second step, max over ranks, the train
+  summary's peak_tensor_bytes (``plait.run.memory.counted``), compared like cuda_allocated with a
+  prediction for the CPU of a CPU profile; host_rss: the peak resident memory of a CPU process,
+  what older sweeps recorded, not comparable with the prediction), memory_error (cuda_allocated,
+  and host_tensors predicted for the CPU: empty when the prediction is for a GPU, column gpu),
   predicted_mfu, measured_mfu, mfu_error, tokens_per_s (measured, all processes),
   model (preset name or model file path), global_batch, seq_len, nproc_per_node, steps, device,
   gpu (the GPU spec the predictions are for; empty when none were recorded), calibration (the
@@ -41,7 +45,7 @@ from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
 
 STATUSES = ("ok", "oom", "failed", "refused", "timeout", "invalid")
-MEMORY_KINDS = ("", "cuda_allocated", "host_rss")
+MEMORY_KINDS = ("", "cuda_allocated", "host_tensors", "host_rss")
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,8 @@ class SweepRow:
             self,
             step_time_error=relative_error(self.measured_step_time_s, self.predicted_step_time_s),
             memory_error=(relative_error(self.measured_memory_bytes, self.predicted_memory_bytes)
-                          if self.memory_kind == "cuda_allocated" else None),
+                          if self.memory_kind == "cuda_allocated"
+                          or (self.memory_kind == "host_tensors" and not self.gpu) else None),
             mfu_error=relative_error(self.measured_mfu, self.predicted_mfu))
 
 
@@ -204,7 +209,7 @@ def read_sweep(path: str | Path) -> list[SweepRow]:
                     raise PlaitError(f"{where}: empty layout")
                 if values.get("memory_kind", "") not in MEMORY_KINDS:
                     raise PlaitError(f"{where}: memory_kind {values['memory_kind']!r} is not one of "
-                                     "cuda_allocated, host_rss")
+                                     f"{', '.join(k for k in MEMORY_KINDS if k)}")
                 rows.append(SweepRow(**values))
     except UnicodeDecodeError:
         raise PlaitError(f"{path}: not a text CSV file") from None

@@ -194,12 +194,22 @@ def run_once(spec: SweepSpec, case: SweepCase, workdir: Path) -> tuple[SweepRow,
     if status != "ok":
         return replace(row, status=status, reason=reason, elapsed_s=elapsed), None
     on_gpu = summary.get("device") == "cuda"
-    measured_memory = summary.get("peak_memory_bytes") if on_gpu else summary.get("peak_host_rss_bytes")
+    measured_memory, kind = measured_memory_of(summary)
     row = replace(row, status="ok", reason="", elapsed_s=elapsed, device=summary.get("device", spec.device),
                   measured_mfu=summary.get("mfu") if on_gpu else None,
                   measured_memory_bytes=float(measured_memory) if measured_memory is not None else None,
-                  memory_kind="cuda_allocated" if on_gpu else "host_rss")
+                  memory_kind=kind)
     return with_timing(row, LayoutTiming.of([timing]), summary.get("step_time_s")), timing
+
+
+def measured_memory_of(summary: dict) -> tuple[float | None, str]:
+    """(bytes, memory_kind) a train summary measured: the GPU allocator's peak; on CPU the counted
+    tensor bytes (``peak_tensor_bytes``), or the peak RSS of a run that counted none."""
+    if summary.get("device") == "cuda":
+        return summary.get("peak_memory_bytes"), "cuda_allocated"
+    if summary.get("peak_tensor_bytes") is not None:
+        return summary["peak_tensor_bytes"], "host_tensors"
+    return summary.get("peak_host_rss_bytes"), "host_rss"
 
 
 def with_timing(row: SweepRow, timing: LayoutTiming, mfu_step_time_s: float | None) -> SweepRow:

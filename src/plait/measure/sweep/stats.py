@@ -73,12 +73,14 @@ def summarize(rows: list[SweepRow], top1_tolerance: float = 0.03) -> dict:
     if on_gpu:
         note = ""
     elif cpu_predicted:  # a CPU profile's calibration: the planner predicted this CPU
-        note = ("measured on CPU, predicted for the CPU described by the calibration file; memory is host RSS, "
-                "not compared with the planner's itemized memory")
+        counted = all(r.memory_kind == "host_tensors" for r in ok)
+        note = ("measured on CPU, predicted for the CPU described by the calibration file; " + (
+            "memory is the counted peak of tensor bytes per process, compared with the planner's itemized memory"
+            if counted else "memory is host RSS, not compared with the planner's itemized memory"))
     else:
         note = ("measured on CPU: step times are not comparable with the planner's GPU predictions; the rank "
                 "correlation compares the planner's order (for the GPU it was asked about) with CPU step times, "
-                "and memory is host RSS, so it is no test of the GPU cost model")
+                "and memory is counted host tensors or host RSS, so it is no test of the GPU cost model")
     summary = {
         "rows": len(rows), "by_status": by_status, "ok": len(ok),
         "rank_correlation": {"spearman": rho, "n": n_rho, "basis": basis},

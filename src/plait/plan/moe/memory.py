@@ -92,13 +92,15 @@ def stage_expert_params(model, layout: Layout, layers: int) -> float:
     return stage_layer_split(model, layout, layers)[1] * expert_layer_local(model, layout)
 
 
-def expert_states(model, layout: Layout, layers: int) -> tuple[float, float, float, float, float]:
-    """(weights, gradients, optimizer, ZeRO-3 buffers, host bytes) of the routed experts on one rank."""
+def expert_states(model, layout: Layout, layers: int,
+                  element_bytes: float = BF16) -> tuple[float, float, float, float, float]:
+    """(weights, gradients, optimizer, ZeRO-3 buffers, host bytes) of the routed experts on one rank
+    (``element_bytes``: the compute dtype's, ``plait.plan.states``)."""
     params = stage_expert_params(model, layout, layers)
     if params == 0.0:
         return 0.0, 0.0, 0.0, 0.0, 0.0
     layer = expert_layer_local(model, layout) if layout.zero >= 3 else 0.0  # gathered: one layer of experts
-    return sharded_states(params, layout, expert_data_parallel(layout), layer)
+    return sharded_states(params, layout, expert_data_parallel(layout), layer, element_bytes)
 
 
 def routed_tokens(model, layout: Layout, seq_len: int, mbs: int | None = None, load: float = 1.0) -> tuple[float, float]:
@@ -113,10 +115,12 @@ def routed_tokens(model, layout: Layout, seq_len: int, mbs: int | None = None, l
 
 
 def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None = None, *,
-                          runtime: str = "torch") -> dict[str, float]:
+                          runtime: str = "torch", element_bytes: float = BF16) -> dict[str, float]:
     """Bytes one MoE block (router to combine, and the shared experts) saves for its backward, for
-    one micro-batch, by item (module docstring). ``runtime`` is accepted for symmetry with
+    one micro-batch, by item (module docstring; the 2-byte items are in the compute dtype,
+    ``element_bytes`` each). ``runtime`` is accepted for symmetry with
     ``plait.plan.activations.layer_items``: both runtimes save the same tensors here."""
+    e = element_bytes
     moe, h = model.moe, model.hidden
     tokens, routed = routed_tokens(model, layout, seq_len, mbs)
     f = moe.expert_ffn / layout.etp
@@ -126,12 +130,12 @@ def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None =
     return {
         "moe_router_probs": FP32 * tokens * moe.n_experts,
         "moe_combine_weights": FP32 * tokens * moe.top_k,
-        "moe_dispatched": BF16 * routed * h,
-        "moe_up": 2 * BF16 * routed * f,
-        "moe_act_out": 2 * BF16 * routed * f,
-        "moe_expert_out": BF16 * routed * h,
-        "moe_shared_up": 2 * BF16 * full * shared,
-        "moe_shared_act_out": 2 * BF16 * full * shared,
+        "moe_dispatched": e * routed * h,
+        "moe_up": 2 * e * routed * f,
+        "moe_act_out": 2 * e * routed * f,
+        "moe_expert_out": e * routed * h,
+        "moe_shared_up": 2 * e * full * shared,
+        "moe_shared_act_out": 2 * e * full * shared,
         "moe_topk_indices": INT64 * tokens * moe.top_k,
         "moe_topk_norm": FP32 * tokens * (moe.top_k + 1) if moe.norm_topk else 0.0,
         "moe_token_indices": 2 * INT64 * (tokens * moe.top_k + (routed if layout.ep > 1 else 0.0)),
@@ -139,25 +143,25 @@ def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None =
     }
 
 
-def dispatch_buffer_bytes(model, layout: Layout, seq_len: int) -> float:
-    """Send and receive buffers of one MoE layer's dispatch (or combine), bytes."""
+def dispatch_buffer_bytes(model, layout: Layout, seq_len: int, element_bytes: float = BF16) -> float:
+    """Send and receive buffers of one MoE layer's dispatch (or combine), bytes (compute dtype)."""
     if model.moe is None:
         return 0.0
-    return 2 * BF16 * routed_tokens(model, layout, seq_len)[1] * model.hidden
+    return 2 * element_bytes * routed_tokens(model, layout, seq_len)[1] * model.hidden
 
 
-def mla_items(model, layout: Layout, seq_len: int, b: int) -> dict[str, float]:
+def mla_items(model, layout: Layout, seq_len: int, b: int, element_bytes: float = BF16) -> dict[str, float]:
     """Saved bytes of an MLA attention block that differ from GQA's (module docstring)."""
-    mla, a, t = model.mla, model.n_heads, layout.tp
+    mla, a, t, e = model.mla, model.n_heads, layout.tp, element_bytes
     sb = seq_len / layout.cp * b
-    return {"q": BF16 * sb * a * mla.qk_head_dim / t,
-            "kv": BF16 * sb * a * (mla.qk_head_dim + mla.v_head_dim) / t,
-            "attn_out": BF16 * sb * a * mla.v_head_dim / t,
-            "mla_latents": BF16 * sb * (2 * mla.q_lora_rank + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim)}
+    return {"q": e * sb * a * mla.qk_head_dim / t,
+            "kv": e * sb * a * (mla.qk_head_dim + mla.v_head_dim) / t,
+            "attn_out": e * sb * a * mla.v_head_dim / t,
+            "mla_latents": e * sb * (2 * mla.q_lora_rank + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim)}
 
 
 def adjust_layer_items(items: dict[str, float], model, layout: Layout, seq_len: int, mbs: int | None,
-                       runtime: str) -> dict[str, float]:
+                       runtime: str, element_bytes: float = BF16) -> dict[str, float]:
     """``plait.plan.activations.layer_items`` of a dense layer, made those of the model's mean layer:
     MLA's attention widths, and for an MoE model the MoE block's items in place of the dense MLP's,
     weighted by the fraction of MoE layers (the rest keep the dense MLP's). A GQA model's head_dim,
@@ -165,13 +169,14 @@ def adjust_layer_items(items: dict[str, float], model, layout: Layout, seq_len: 
     out = dict(items)
     b = layout.mbs if mbs is None else mbs
     if model.mla is not None:
-        out.update(mla_items(model, layout, seq_len, b))
+        out.update(mla_items(model, layout, seq_len, b, element_bytes))
         out.pop("attn_kv_repeat", None)
     if model.moe is None:
         return out
     fraction = moe_layer_count(model) / model.n_layers
     for key in ("mlp_up", "mlp_act_out"):
         out[key] = (1.0 - fraction) * out[key]
-    for key, value in moe_layer_saved_bytes(model, layout, seq_len, mbs, runtime=runtime).items():
+    for key, value in moe_layer_saved_bytes(model, layout, seq_len, mbs, runtime=runtime,
+                                            element_bytes=element_bytes).items():
         out[key] = fraction * value
     return out
