@@ -233,7 +233,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         bandwidth = cluster.host_link_bandwidth
         if lay.offload_target == "disk":  # through host memory to the local disk
             bandwidth = min(bandwidth, params.disk_bandwidth)
-        moved = sum(stage_layer_bytes(model, lay, job.seq_len, layers, 0, runtime="torch")[1])
+        moved = sum(stage_layer_bytes(model, lay, job.seq_len, layers, 0, runtime="torch",
+                                      element_bytes=element)[1])
         transfer = moved / bandwidth
         offload_mb = (_exposed(transfer, layers * times.fwd, params, params.offload_overlap)
                       + _exposed(transfer, layers * times.bwd, params, params.offload_overlap))

@@ -25,9 +25,18 @@ gloo worker thread (DDP's initial parameter broadcast: a flat copy of all parame
 where the profiler does not look, and would stay "alive" in the count on some runs and not on
 others. Not counted, for the same reason: allocations and frees on foreign threads (the data
 prefetch thread's token rows are numpy arrays on CPU anyway).
+
+While the profiler runs, the process's native stderr goes to a temporary file, replayed when it
+stops without the profiler's own chatter (``PROFILER_NOISE``: kineto's start/stop lines, its GPU
+track warning and the allocator's note about blocks made before it started), so a CPU run prints
+what it printed before; anything else written meanwhile (warnings, a traceback) comes out then.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import tempfile
 
 import torch
 
@@ -46,6 +55,7 @@ class TensorMemoryCounter:
         self.window_step = window_step(start_step, end_step)
         self.enabled = enabled and self.window_step is not None
         self.peak_bytes: int | None = None
+        self._stderr: NativeStderrFilter | None = None
         self.baseline_bytes = 0  # storage bytes of the tensors alive when the profiler started
         self._profiler = None
         self._marker: torch.Tensor | None = None
@@ -58,6 +68,7 @@ class TensorMemoryCounter:
 
         self.baseline_bytes = storage_bytes(tensors)
         self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._stderr = NativeStderrFilter(PROFILER_NOISE)
         self._profiler.start()
         self._profiler.toggle_collection_dynamic(False, [ProfilerActivity.CPU])  # allocator events only
 
@@ -76,17 +87,55 @@ class TensorMemoryCounter:
             self._profiler.stop()
             self._profiler = None
             self._marker = None
+        self._release_stderr()
+
+    def _release_stderr(self) -> None:
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
 
     def _finish(self) -> int | None:
         profiler, marker = self._profiler, self._marker
         profiler.stop()
         self._profiler = None
+        self._release_stderr()
         events = [event for event in _walk(profiler.profiler.kineto_results.experimental_event_tree())
                   if type(event.typed[1]).__name__ == "_ExtraFields_Allocation"]
         self._marker = None
         peak = window_peak([(event.start_time_ns, event.typed[1]) for event in events], marker.data_ptr(),
                            marker.untyped_storage().nbytes())
         return None if peak is None else self.baseline_bytes + peak
+
+
+# Lines the profiler itself writes to native stderr (kineto 2.11-2.13, c10's CPU allocator).
+PROFILER_NOISE = ("SyncActivityProfilerHandler", "Toggling CPU activity", "allocated before the profiling started")
+
+
+class NativeStderrFilter:
+    """Sends file descriptor 2 to a temporary file until ``close()``, then writes what arrived
+    there back to the real stderr, less the lines containing any of ``noise``."""
+
+    def __init__(self, noise: tuple[str, ...]):
+        self.noise = noise
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        self._file = tempfile.TemporaryFile()
+        os.dup2(self._file.fileno(), 2)
+
+    def close(self) -> None:
+        if self._file is None:
+            return
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._file.seek(0)
+        text = self._file.read().decode(errors="replace")
+        self._file.close()
+        self._file = None
+        kept = [line for line in text.splitlines(keepends=True) if not any(n in line for n in self.noise)]
+        if kept:
+            sys.stderr.write("".join(kept))
+            sys.stderr.flush()
 
 
 def storage_bytes(tensors) -> int:

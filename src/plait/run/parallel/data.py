@@ -34,6 +34,8 @@ gradient reduction. On CPU everything is fp32.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -102,7 +104,10 @@ def apply_ddp(model: nn.Module, pdims: ParallelDims) -> nn.Module:
     """Wrap ``model`` in DDP over the dp_replicate (×cp) group (zero=0 without tensor parallelism)."""
     if any(isinstance(p, DTensor) for p in model.parameters()):
         raise ValueError("DDP cannot hold DTensor parameters; use FSDP2 replication")
-    # no buffer broadcast: every rank computes the same RoPE tables, and an MoE layer's expert load
-    # counts are per rank (summed by plait.run.parallel.expert.balance_routers)
-    return DistributedDataParallel(model, process_group=pdims.replicate_group, gradient_as_bucket_view=True,
-                                   broadcast_buffers=False)
+    # no buffer sync in the forward: every rank computes the same RoPE tables, and an MoE layer's
+    # expert load counts are per rank (summed by plait.run.parallel.expert.balance_routers); the
+    # sync at construction is harmless (all buffers start equal). torch >= 2.13 names this
+    # forward_sync_buffers (broadcast_buffers is deprecated there); 2.11 has only broadcast_buffers.
+    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
+    sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in parameters else {"broadcast_buffers": False}
+    return DistributedDataParallel(model, process_group=pdims.replicate_group, gradient_as_bucket_view=True, **sync)
