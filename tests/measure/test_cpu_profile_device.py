@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from plait.measure.profile.cpu_fit import MECHANISM_PARAMS, cpu_device, planned_layer_seconds
+from plait.measure.profile.cpu_fit import MECHANISM_PARAMS, cpu_device, planned_update_seconds
 from plait.measure.profile.fit import calibration_fields
 from plait.measure.profile.machine import host_overhead_layouts, host_overhead_spec
 from plait.plan.calibration import read_calibration
@@ -58,35 +58,34 @@ def test_cpu_profile_writes_fp32_elements_no_gpu_memory_items_and_the_measured_o
     assert "dp_overlap" not in calibration_fields(_raw(overlap=None), None, 1.0)["params"]
 
 
-def test_host_time_per_layer_is_what_the_planners_terms_leave_unexplained():
-    """Timings = the planner's own per-layer time + known extras: the fit gives the extras back,
-    and with the fitted params the planner reproduces every timing."""
+def test_host_time_is_what_the_planners_terms_leave_unexplained():
+    """Update times = the planner's own time for each update + known per-layer, per-micro-batch and
+    per-step extras: the fit gives the extras back, and with the fitted params the planner
+    reproduces every timed update."""
     spec = host_overhead_spec(TINY)
     layouts = host_overhead_layouts(spec, 2)
-    assert set(layouts) == set(MECHANISM_PARAMS)  # tp=2, cp=2 and zero=2 are valid for tiny
+    assert set(layouts) == {"plain", *MECHANISM_PARAMS}  # tp=2, cp=2 and zero=2 are valid for tiny
     base = calibration_fields(_raw(), None, 1.0, 8e9)  # the device and links without host time
     device = cpu_device(base["gpu_overrides"])
     links = base["cluster_overrides"]
-    params = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **base["params"]})
-    extra = {"plain": 1.5e-3, "tp": 7e-3, "cp": 2e-3, "fsdp": 0.5e-3}
-    measured = {"plain": planned_layer_seconds(spec, "dp=1", device, links, params, 32) + extra["plain"]}
-    with_plain = dataclasses.replace(params, layer_overhead_s=extra["plain"])
+    truth = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **base["params"], "layer_overhead_s": 1.5e-3,
+                                  "microbatch_overhead_s": 0.7e-3, "step_overhead_s": 4e-3,
+                                  "tp_layer_overhead_s": 7e-3, "cp_layer_overhead_s": 2e-3,
+                                  "fsdp_layer_overhead_s": 0.5e-3})
+    runs = {"1": (1, 1), "3": (3, 1), "1x2": (1, 2)}
+    host = {"spec": spec.name, "tokens": 32, "layouts": layouts}
     for mechanism, text in layouts.items():
-        measured[mechanism] = planned_layer_seconds(spec, text, device, links, with_plain, 32) + extra[mechanism]
-    fields = calibration_fields(_raw({"spec": spec.name, "tokens": 32, "layouts": layouts, **measured}), None,
-                                1.0, 8e9, spec)
-    fitted = fields["params"]
-    assert fitted["layer_overhead_s"] == pytest.approx(extra["plain"], rel=1e-9, abs=1e-12)
-    for mechanism, name in MECHANISM_PARAMS.items():
-        assert fitted[name] == pytest.approx(extra[mechanism], rel=1e-9, abs=1e-12), mechanism
-    full = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **fitted})
-    for mechanism, text in {"plain": "dp=1", **layouts}.items():
-        assert planned_layer_seconds(spec, text, device, links, full, 32) == pytest.approx(measured[mechanism], rel=1e-9)
-    # a block measured faster than the planner's terms gets no negative overhead
-    fast = {k: v * 1e-3 for k, v in measured.items()}
-    fitted = calibration_fields(_raw({"spec": spec.name, "tokens": 32, "layouts": layouts, **fast}), None,
-                                1.0, 8e9, spec)["params"]
-    assert fitted["layer_overhead_s"] == 0.0 and all(fitted[name] == 0.0 for name in MECHANISM_PARAMS.values())
+        keys = runs if mechanism == "plain" else {k: v for k, v in runs.items() if k != "1x2"}
+        host[mechanism] = {key: planned_update_seconds(spec, text, device, links, truth, 32, *shape)
+                           for key, shape in keys.items()}
+    fitted = calibration_fields(_raw(host), None, 1.0, 8e9, spec)["params"]
+    for name in ("layer_overhead_s", "microbatch_overhead_s", "step_overhead_s", *MECHANISM_PARAMS.values()):
+        assert fitted[name] == pytest.approx(getattr(truth, name), rel=1e-6, abs=1e-12), name
+    # a machine faster than the planner's terms gets no negative host time
+    fast = {**host, **{m: {k: v * 1e-3 for k, v in host[m].items()} for m in layouts}}
+    fitted = calibration_fields(_raw(fast), None, 1.0, 8e9, spec)["params"]
+    assert all(fitted[name] == 0.0 for name in ("layer_overhead_s", "step_overhead_s", *MECHANISM_PARAMS.values()))
+    assert host_overhead_layouts(spec, 1) == {"plain": "dp=1"}  # one process: data parallelism alone
 
 
 def test_host_time_terms_count_per_layer_and_micro_batch_and_only_where_the_mechanism_runs():

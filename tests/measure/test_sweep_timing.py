@@ -44,6 +44,23 @@ def test_default_warmup_is_what_plait_train_summary_skips(steps):
     assert default_warmup_steps(steps) == steps - len(steady_state(records))
 
 
+def test_a_step_run_under_the_memory_profiler_is_never_timed(tmp_path):
+    """The counted-memory window (``"profiled": true`` in the step log) is left out of the sweep's
+    and plait train's step times, after the positional warm-up, unless nothing else is left."""
+    log = tmp_path / "run.jsonl"
+    lines = [{"step": 1, "step_time_s": 9.0, "profiled": True}, {"step": 2, "step_time_s": 5.0, "profiled": True},
+             {"step": 3, "step_time_s": 1.0}, {"summary": True, "step_time_s": 7.0}]
+    log.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert run_timing(log, 1).step_times == (1.0,)  # step 1: warm-up; step 2: profiled
+    lines[2]["profiled"] = True  # everything left was profiled: kept rather than nothing
+    log.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert run_timing(log, 1).step_times == (5.0, 1.0)
+    records = [StepRecord(i, 1.0, 1e-3, 1.0, t, 1.0, None, profiled=p)
+               for i, (t, p) in enumerate([(9.0, True), (5.0, True), (1.0, False)])]
+    assert [r.step_time_s for r in steady_state(records)] == [1.0]
+    assert records[1].to_dict()["profiled"] is True and "profiled" not in records[2].to_dict()
+
+
 def test_quartiles_interpolate_like_numpy():
     # positions 0.25·4 = 1 and 0.75·4 = 3 of [1, 2, 4, 8, 16]
     assert quartiles([16, 1, 8, 2, 4]) == (2, 8)

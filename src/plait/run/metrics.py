@@ -35,12 +35,15 @@ class StepRecord:
     tokens_per_s: float
     mfu: float | None
     offload: dict | None = None  # activation offload counters (OffloadStats.to_dict), written flat
+    profiled: bool = False  # ran under the counted-memory profiler: slower, left out of step times
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
         out["step"] = self.step + 1  # the JSONL counts optimizer steps from 1, as the console does
         out.update(out.pop("offload") or {})
-        return out
+        if not out.pop("profiled"):
+            return out
+        return {**out, "profiled": True}
 
 
 @dataclass
@@ -96,9 +99,11 @@ class RunSummary:
 
 
 def steady_state(records: list[StepRecord]) -> list[StepRecord]:
-    """Steps after warm-up: drop the first step, and the first two when there are at least six."""
+    """Steps after warm-up: drop the first step, and the first two when there are at least six;
+    then a step that ran under the counted-memory profiler, unless it is the only one left."""
     skip = 2 if len(records) >= 6 else 1 if len(records) >= 2 else 0
-    return records[skip:]
+    after = records[skip:]
+    return [r for r in after if not r.profiled] or after
 
 
 def median_step_time(records: list[StepRecord]) -> float:

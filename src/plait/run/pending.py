@@ -70,6 +70,7 @@ class PendingStep:
     checked: bool = False  # the --on-nan policy has seen it
     skipped: str | None = None  # what was not finite when the optimizer step was skipped
     offload: dict | None = None
+    profiled: bool = False  # ran under the counted-memory profiler (plait.run.memory.counted): not timed
 
     @property
     def stop_requested(self) -> bool:
@@ -211,7 +212,7 @@ class StepLedger:
                                 step_time_s=elapsed, tokens_per_s=tokens_per_s,
                                 mfu=mfu(job.model, job.seq_len, tokens_per_s, job.layout.world_size,
                                         self.setup.peak_flops),
-                                offload=pending.offload)
+                                offload=pending.offload, profiled=pending.profiled)
             if pending.skipped:
                 self.display.message(f"step {pending.step + 1}: {pending.skipped} is not finite; optimizer step "
                                      "skipped (--on-nan skip)")

@@ -259,6 +259,7 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
             counter.before_step(step)
         pending = train_step(setup, step, ledger, stop, sync)
         if counter is not None:
+            pending.profiled = counter.profiling
             counter.after_step(step)
         ledger.add(pending)
         if collector is not None:

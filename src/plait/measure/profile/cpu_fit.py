@@ -11,13 +11,15 @@ op as it is dispatched. So a CPU profile writes:
   behind compute (``raw["overlap"]["hidden"]``, ``plait.measure.profile.runtime_cost.overlap``), and
   ``tp_comm_overlap`` = the smaller of that and its default (the runtime's tensor-parallel
   collectives can hide no better than the device allows);
-- ``params.layer_overhead_s`` = the plain blocks' measured seconds per layer (forward +
-  backward, ``raw["layer_host_s"]``) less the planner's own per-layer time for the same model,
-  tokens and layout (``plait.plan.cost.estimate_step`` at 3 and 1 layers on the CPU just
-  described), at least 0; then ``tp_``, ``cp_`` and ``fsdp_layer_overhead_s`` the same way for
-  the blocks run through the runtime's training step under the mechanism's layout over every
-  rank (with ``layer_overhead_s`` already in the planner's time): what the planner's kernel and
-  communication terms leave unexplained, per layer and micro-batch.
+- from the runtime's training updates timed by ``runtime_cost.layer_host_seconds`` (data
+  parallelism alone, "plain", and one layout per mechanism, with 3 and 1 layers, and plain with
+  two micro-batches), each less the planner's own step time for the same update
+  (``plait.plan.cost.estimate_step`` on the CPU just described), in this order, each fitted term
+  in the planner's time for the next: ``params.layer_overhead_s`` (per layer and micro-batch),
+  ``microbatch_overhead_s``, ``step_overhead_s``, then ``tp_``, ``cp_`` and
+  ``fsdp_layer_overhead_s`` (per layer and micro-batch under that mechanism); none below 0. What
+  the planner's kernel and communication terms leave unexplained: the runtime's host time. An
+  optimizer's per-layer cost is in the per-layer terms (one micro-batch was timed).
 """
 
 from __future__ import annotations
@@ -44,19 +46,48 @@ def cpu_device(gpu_overrides: dict) -> GpuSpec:
                    **fields)
 
 
-def planned_layer_seconds(spec: ModelSpec, layout_text: str, device: GpuSpec, cluster_overrides: dict,
-                          params: CostParams, seq_len: int) -> float:
-    """The planner's seconds per layer of ``spec`` under ``layout_text`` (forward + backward, one
-    micro-batch of ``mbs`` sequences of ``seq_len`` per data-parallel rank): the difference of its
-    step time at 3 and 1 layers, halved, on one node of the layout's processes with this device."""
+def planned_update_seconds(spec: ModelSpec, layout_text: str, device: GpuSpec, cluster_overrides: dict,
+                           params: CostParams, seq_len: int, layers: int, micro_batches: int = 1) -> float:
+    """The planner's step time of the update ``runtime_cost.layer_host_seconds`` times: ``spec`` with
+    ``layers`` layers under ``layout_text``, ``micro_batches`` micro-batches of ``mbs`` sequences of
+    ``seq_len`` per data-parallel rank, on one node of the layout's processes with this device."""
     layout = Layout.parse(layout_text)
     world = layout.world_size
     cluster = dataclasses.replace(get_cluster("dgx-h100").with_gpus(world), gpus_per_node=world, gpu=device,
                                   **cluster_overrides)
-    job = JobSpec(global_batch=layout.mbs * layout.dp, seq_len=seq_len)
-    steps = [estimate_step(dataclasses.replace(spec, n_layers=n), cluster, job, layout, params).step_time
-             for n in (1, 3)]
-    return (steps[1] - steps[0]) / 2
+    job = JobSpec(global_batch=layout.mbs * layout.dp * micro_batches, seq_len=seq_len)
+    return estimate_step(dataclasses.replace(spec, n_layers=layers), cluster, job, layout, params).step_time
+
+
+def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides: dict,
+                params: CostParams) -> tuple[dict, dict]:
+    """(params, planned seconds) from ``raw["layer_host_s"]``: each host term is the measured time
+    less the planner's for the same update, with the terms fitted before it in the planner's time
+    (plain per layer, then per micro-batch, then per step, then each mechanism per layer), at least 0."""
+    tokens, layouts = host["tokens"], host["layouts"]
+    zero = {name: 0.0 for name in ("layer_overhead_s", "microbatch_overhead_s", "step_overhead_s",
+                                   *MECHANISM_PARAMS.values())}
+    current = dataclasses.replace(params, **zero)
+    out, planned = {}, {}
+
+    def plan(mechanism: str, layers: int, micro_batches: int = 1) -> float:
+        seconds = planned_update_seconds(spec, layouts[mechanism], device, cluster_overrides, current, tokens,
+                                         layers, micro_batches)
+        planned[f"{mechanism} {layers}x{micro_batches}"] = seconds
+        return seconds
+
+    plain = host["plain"]
+    out["layer_overhead_s"] = max(0.0, (plain["3"] - plain["1"] - (plan("plain", 3) - plan("plain", 1))) / 2)
+    current = dataclasses.replace(current, **out)
+    out["microbatch_overhead_s"] = max(0.0, plain["1x2"] - plain["1"] - (plan("plain", 1, 2) - plan("plain", 1)))
+    current = dataclasses.replace(current, **out)
+    out["step_overhead_s"] = max(0.0, plain["1"] - plan("plain", 1))
+    current = dataclasses.replace(current, **out)
+    for mechanism, name in MECHANISM_PARAMS.items():
+        if mechanism in layouts:
+            timed = host[mechanism]
+            out[name] = max(0.0, (timed["3"] - timed["1"] - (plan(mechanism, 3) - plan(mechanism, 1))) / 2)
+    return out, planned
 
 
 def cpu_device_params(raw: dict, gpu_overrides: dict, cluster_overrides: dict, params: dict,
@@ -79,19 +110,15 @@ def cpu_device_params(raw: dict, gpu_overrides: dict, cluster_overrides: dict, p
         notes.append(f"{hidden:.0%} of an all-reduce hid behind GEMMs running at the same time: dp_overlap, "
                      "offload_overlap and cp_comm_overlap written as that, tp_comm_overlap as at most that")
     host = raw.get("layer_host_s")
-    if host and host_spec is not None:
-        device = cpu_device(gpu_overrides)
+    if host and host_spec is not None and "plain" in host:
         current = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **params, **out})
-        planned = {"plain": planned_layer_seconds(host_spec, "dp=1", device, cluster_overrides, current, host["tokens"])}
-        out["layer_overhead_s"] = max(0.0, host["plain"] - planned["plain"])
-        current = dataclasses.replace(current, layer_overhead_s=out["layer_overhead_s"])
-        for mechanism, layout_text in host.get("layouts", {}).items():
-            planned[mechanism] = planned_layer_seconds(host_spec, layout_text, device, cluster_overrides, current,
-                                                       host["tokens"])
-            out[MECHANISM_PARAMS[mechanism]] = max(0.0, host[mechanism] - planned[mechanism])
+        fitted, planned = host_params(host, host_spec, cpu_device(gpu_overrides), cluster_overrides, current)
+        out.update(fitted)
         fits["layer_host"] = {**host, "planned_s": planned}
-        extra = ", ".join(f"{m} +{1e3 * out[MECHANISM_PARAMS[m]]:.2f} ms" for m in host.get("layouts", {}))
-        notes.append(f"runtime host time per layer and micro-batch ({host['spec']} blocks, {host['tokens']} tokens) "
-                     f"beyond the planner's terms: {1e3 * out['layer_overhead_s']:.2f} ms"
-                     + (f"; {extra}" if extra else ""))
+        extra = ", ".join(f"{m} +{1e3 * out[MECHANISM_PARAMS[m]]:.2f} ms" for m in MECHANISM_PARAMS if m in host)
+        notes.append(f"runtime host time beyond the planner's terms ({host['spec']} blocks, {host['tokens']} tokens): "
+                     f"{1e3 * out['layer_overhead_s']:.2f} ms per layer and micro-batch"
+                     + (f" ({extra})" if extra else "")
+                     + f", {1e3 * out['microbatch_overhead_s']:.2f} ms per micro-batch, "
+                     f"{1e3 * out['step_overhead_s']:.2f} ms per step")
     return out, fits, notes

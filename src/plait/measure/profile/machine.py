@@ -114,17 +114,18 @@ def host_overhead_spec(model: ModelSpec) -> ModelSpec:
 # One layout per runtime mechanism whose host time a CPU profile measures over every rank
 # (runtime_cost.layer_host_seconds), "{n}" = the profile's processes; a layout the planner's
 # rules refuse for the timed model (e.g. tp not dividing its heads) is left out.
-HOST_OVERHEAD_LAYOUTS = {"tp": "tp={n}", "cp": "cp={n}", "fsdp": "dp={n},zero=2"}
+HOST_OVERHEAD_LAYOUTS = {"plain": "dp={n}", "tp": "tp={n}", "cp": "cp={n}", "fsdp": "dp={n},zero=2"}
 
 
 def host_overhead_layouts(model: ModelSpec, world: int) -> dict[str, str]:
-    """Mechanism -> layout over ``world`` processes for the host-time measurement (none for one)."""
+    """Mechanism -> layout over ``world`` processes for the host-time measurement ("plain" only, for
+    one process)."""
     from plait.spec.hardware import get_cluster
     from plait.spec.layout import JobSpec, Layout
     from plait.spec.validate import errors_of, validate
 
     if world < 2:
-        return {}
+        return {"plain": "dp=1"}
     cluster = dataclasses.replace(get_cluster("dgx-h100").with_gpus(world), gpus_per_node=world)
     job = JobSpec(global_batch=world, seq_len=HOST_OVERHEAD_TOKENS)
     out = {}

@@ -5,12 +5,13 @@ A CPU executes each op as it is dispatched, so the runtime's per-op host cost - 
 autograd nodes, DTensor's sharding propagation and redistribution, FSDP2's unshard / reshard /
 reduce hooks, the context-parallel attention's exchange loop - is on the critical path, while on
 a GPU the host runs ahead of the kernels. ``layer_host_seconds`` times models of the runtime's own
-blocks (``plait.run.model``) with 1 and 3 layers at one short sequence: alone in this process
-("plain"), and through the runtime's training step under one layout per mechanism over every
-rank (tensor parallel, context parallel, FSDP2); per layer = (t(3 layers) - t(1 layer)) / 2, so
-the embedding, the head and the loss cancel. ``plait.measure.profile.cpu_fit`` keeps what the
-planner's own kernel and communication terms do not explain for the same configuration as
-``layer_overhead_s``, ``tp_layer_overhead_s``, ``cp_layer_overhead_s`` and ``fsdp_layer_overhead_s``.
+blocks (``plait.run.model``) through the runtime's training update (forward and backward over
+the micro-batches, gradient clipping, AdamW) at one short sequence, under one layout per
+mechanism over every rank: data parallelism alone ("plain"), tensor parallel, context parallel,
+FSDP2; with 3 and 1 layers (per layer = (t(3) - t(1)) / 2: the embedding, the head and the loss
+cancel) and, plain, with two micro-batches. ``plait.measure.profile.cpu_fit`` keeps what the
+planner's own terms do not explain for the same configurations as ``layer_overhead_s``,
+``microbatch_overhead_s``, ``step_overhead_s`` and ``tp_``, ``cp_``, ``fsdp_layer_overhead_s``.
 
 ``overlap`` times a batch of GEMMs alone, a batch of all-reduces alone and both at once (the
 all-reduces issued asynchronously first): the fraction of the shorter one that disappears is how
@@ -32,22 +33,14 @@ from plait.spec.model import ModelSpec
 OVERHEAD_LAYERS = (1, 3)
 
 
-def _plain_step(spec: ModelSpec, layers: int, device: torch.device, seq_len: int):
-    """One forward + backward of a ``layers``-layer model in this process alone."""
-    from plait.run.model import build_model, init_weights
-
-    one = dataclasses.replace(spec, n_layers=layers)
-    net = build_model(one, "meta")
-    net.to_empty(device=device)
-    net.tie_embeddings()
-    init_weights(net, one, 0, device)
-    tokens = torch.randint(0, spec.vocab, (1, seq_len), device=device)
-    return lambda: net(tokens).float().square().mean().backward()
-
-
-def _layout_step(spec: ModelSpec, layers: int, layout_text: str, device: torch.device, seq_len: int):
-    """One training forward + backward (``plait.run.step.forward_backward``) of a ``layers``-layer model
-    under ``layout_text`` over every rank: the runtime's own model parts, collectives and hooks."""
+def _layout_step(spec: ModelSpec, layers: int, layout_text: str, device: torch.device, seq_len: int,
+                 micro_batches: int = 1):
+    """One training update of a ``layers``-layer model under ``layout_text`` over every rank, as
+    ``plait.run.step.train_step`` runs it: ``forward_backward`` over ``micro_batches`` micro-batches
+    (``plait.run.step``), gradient clipping and the AdamW step - the runtime's own model parts,
+    collectives, hooks and optimizer."""
+    from plait.run.config import OptimConfig
+    from plait.run.optim import build_optimizer, clip_grad_norm
     from plait.run.parallel.mesh import build_parallel_dims
     from plait.run.parallel.parallelize import build_model_parts
     from plait.run.parallel.context.shard import sequence_shard_of
@@ -57,35 +50,38 @@ def _layout_step(spec: ModelSpec, layers: int, layout_text: str, device: torch.d
     layout = Layout.parse(layout_text)
     one = dataclasses.replace(spec, n_layers=layers)
     pdims = build_parallel_dims(layout, device.type)
-    parts = build_model_parts(one, pdims, device, 0, 1)
-    tokens = torch.randint(0, spec.vocab, (layout.mbs, seq_len + 1), device=device)
+    parts = build_model_parts(one, pdims, device, 0, micro_batches)
+    optimizer = build_optimizer(parts.parameters(), OptimConfig())
+    tokens = torch.randint(0, spec.vocab, (layout.mbs * micro_batches, seq_len + 1), device=device)
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
     if layout.cp > 1:
         shard = sequence_shard_of(pdims.group("cp"))
         inputs, labels = shard.shard(inputs), shard.shard(labels)
-    return lambda: forward_backward(parts, pdims, inputs, labels, 1)
+
+    def update():
+        forward_backward(parts, pdims, inputs, labels, micro_batches)
+        clip_grad_norm(parts.parameters(), 1.0, pdims)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return update
 
 
 def layer_host_seconds(spec: ModelSpec, device: torch.device, min_time_s: float, seq_len: int,
                        layouts: dict[str, str]) -> dict:
-    """{"spec", "tokens", "layer_params", "plain", <mechanism>...}: seconds per layer (forward +
-    backward) of ``spec``'s blocks (``plait.measure.profile.machine.host_overhead_spec``) at one
-    sequence of ``seq_len`` tokens: "plain" on this process alone, each of ``layouts``
-    (mechanism -> layout over every rank, e.g. {"tp": "tp=2"}) through the runtime's training step.
-    Each is (t(3 layers) - t(1 layer)) / 2, so the embedding, head and loss cancel."""
+    """{"spec", "tokens", "layer_params", "layouts", <mechanism>: {"1": s, "3": s[, "1x2": s]}}:
+    seconds of one training update (``_layout_step``) of ``spec``'s blocks
+    (``plait.measure.profile.machine.host_overhead_spec``) with 1 and 3 layers, one micro-batch of
+    one sequence of ``seq_len`` tokens, for each of ``layouts`` (mechanism -> layout over every
+    rank; "plain" is data parallelism alone); "plain" also with 1 layer and two micro-batches
+    ("1x2"). The differences give per layer, per micro-batch and per step costs
+    (``plait.measure.profile.cpu_fit``)."""
     out = {"spec": spec.name, "tokens": seq_len, "layer_params": spec.layer_params(), "layouts": dict(layouts)}
-    runs = [("plain", None)] + list(layouts.items())
-    span = OVERHEAD_LAYERS[1] - OVERHEAD_LAYERS[0]
-    for mechanism, layout_text in runs:
-        seconds = []
-        for layers in OVERHEAD_LAYERS:
-            if layout_text is None:
-                step = _plain_step(spec, layers, device, seq_len)
-                seconds.append(time_call(step, device, min_time_s))
-            else:
-                step = _layout_step(spec, layers, layout_text, device, seq_len)
-                seconds.append(time_call(step, device, min_time_s, agree=lambda calls: agree_calls(calls, device)))
-        out[mechanism] = max(0.0, (seconds[1] - seconds[0]) / span)
+    for mechanism, layout_text in layouts.items():
+        runs = [(str(n), n, 1) for n in OVERHEAD_LAYERS] + ([("1x2", 1, 2)] if mechanism == "plain" else [])
+        out[mechanism] = {}
+        for key, layers, micro_batches in runs:
+            step = _layout_step(spec, layers, layout_text, device, seq_len, micro_batches)
+            out[mechanism][key] = time_call(step, device, min_time_s, agree=lambda calls: agree_calls(calls, device))
     return out
 
 

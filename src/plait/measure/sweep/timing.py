@@ -68,8 +68,9 @@ class RunTiming:
         return sum(self.step_times)
 
 
-def step_times_of_log(log_path: Path) -> list[float]:
-    """Step times (seconds) of a ``plait train --log`` file, in step order (summary lines skipped)."""
+def step_times_of_log(log_path: Path, with_profiled: bool = False) -> list:
+    """Step times (seconds) of a ``plait train --log`` file, in step order (summary lines skipped);
+    ``with_profiled``: (seconds, whether the step ran under the memory profiler) pairs instead."""
     steps = []
     try:
         lines = log_path.read_text(encoding="utf-8").splitlines()
@@ -82,13 +83,18 @@ def step_times_of_log(log_path: Path) -> list[float]:
             continue
         if isinstance(record, dict) and not record.get("summary") and "step" in record \
                 and isinstance(record.get("step_time_s"), (int, float)):
-            steps.append((record["step"], float(record["step_time_s"])))
-    return [seconds for _, seconds in sorted(steps, key=lambda item: item[0])]
+            steps.append((record["step"], float(record["step_time_s"]), bool(record.get("profiled"))))
+    ordered = sorted(steps, key=lambda item: item[0])
+    return [(seconds, profiled) for _, seconds, profiled in ordered] if with_profiled else \
+        [seconds for _, seconds, _ in ordered]
 
 
 def run_timing(log_path: Path, warmup: int) -> RunTiming | None:
-    """The post-warm-up timing of one run's log; None when no step is left after the warm-up."""
-    times = step_times_of_log(log_path)[warmup:]
+    """The post-warm-up timing of one run's log; None when no step is left after the warm-up. A
+    step that ran under the memory profiler (``"profiled": true``, the counted-memory window of a
+    short CPU run) is left out too, unless it is the only one left."""
+    after = step_times_of_log(log_path, with_profiled=True)[warmup:]
+    times = [seconds for seconds, profiled in after if not profiled] or [seconds for seconds, _ in after]
     return RunTiming(tuple(times), warmup) if times else None
 
 

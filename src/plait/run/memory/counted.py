@@ -16,9 +16,9 @@ the second step of the run (``start_step + WINDOW_OFFSET``: the first creates Ad
 in a one-step run); its peak is the largest number of bytes alive from its
 start to its end, i.e. "bytes alive at the start of the window + the peak increase during
 it". The profiler stops when the window ends; the later steps run without it. The two profiled
-steps (about 5% slower on the tiny model, bench/results/cpu_memory.md) are the warm-up steps that ``plait train``'s
-median and ``plait sweep`` leave out of the step time in a run of six steps or more; in a
-shorter run the second step is timed with them.
+steps (about 5% slower on the tiny model, bench/results/cpu_memory.md) are marked ``profiled``
+in the step log, and ``plait train``'s median and ``plait sweep`` leave them out of the step
+time (a short run's only post-warm-up step excepted).
 
 Why the profiler starts after the set-up, not before: a buffer made during set-up and freed on a
 gloo worker thread (DDP's initial parameter broadcast: a flat copy of all parameters) is freed
@@ -71,6 +71,11 @@ class TensorMemoryCounter:
         self._stderr = NativeStderrFilter(PROFILER_NOISE)
         self._profiler.start()
         self._profiler.toggle_collection_dynamic(False, [ProfilerActivity.CPU])  # allocator events only
+
+    @property
+    def profiling(self) -> bool:
+        """Whether the profiler is running (from ``start`` to the end of the window step)."""
+        return self._profiler is not None
 
     def before_step(self, step: int) -> None:
         if self._profiler is not None and step == self.window_step:
