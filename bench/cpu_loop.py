@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from results_file import append_result  # noqa: E402
 from plait.measure.sweep.stats import spearman  # noqa: E402
 
 # (model argument, sequence length, global batch, two-process layouts, one-process layouts)
@@ -247,12 +248,7 @@ def main() -> int:
     text = markdown(rows, summary, args, fits, spread)
     print(text)
     if not args.no_record:
-        results = ROOT / "bench" / "results" / "cpu_loop.md"
-        if not results.exists():
-            results.write_text("# CPU loop: the planner against plait's own runs on this machine (issue 12)\n\n"
-                               "Written by `python bench/cpu_loop.py`; newest run last.\n\n")
-        with results.open("a") as out:
-            out.write("\n" + text)
+        append_result("cpu_loop.md", "CPU loop: the planner against plait's own runs on this machine (issue 12)", "cpu_loop.py", text)
     print(f"work files: {work}")
     return 0
 

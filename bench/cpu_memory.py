@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cpu_loop import CASES  # noqa: E402
 
+from results_file import append_result  # noqa: E402
 from plait.plan.memory import estimate_memory  # noqa: E402
 from plait.plan.params import DEFAULT_PARAMS  # noqa: E402
 from plait.spec.hardware import cluster_for_gpu  # noqa: E402
@@ -114,12 +115,7 @@ def main() -> int:
                       *header, *rows]) + "\n"
     print("\n" + text)
     if not args.no_record:
-        results = ROOT / "bench" / "results" / "cpu_memory.md"
-        if not results.exists():
-            results.write_text("# CPU memory: the planner's itemized memory against counted tensor bytes (issue 12)\n\n"
-                               "Written by `python bench/cpu_memory.py`; newest run last.\n\n")
-        with results.open("a") as out:
-            out.write("\n" + text)
+        append_result("cpu_memory.md", "CPU memory: the planner's itemized memory against counted tensor bytes (issue 12)", "cpu_memory.py", text)
     return 0
 
 
