@@ -28,6 +28,10 @@ recomputes one chunk's logits at a time in the backward).
 Activation offload (``plait.run.memory.offload``): the first ``offloaded_layer_count`` layers of a
 stage (Kwai's fraction α, pipeline-stage aware) move what autograd saves to host memory or disk;
 the GPU keeps a double buffer of two such layers (the one being copied, the one prefetched).
+Pipeline receive buffers (item ``pipeline_buffers``, plait's runtime only): torch's pipelining
+allocates, when the schedule is built, one buffer per micro-batch for every stage chunk of a rank
+that receives activations and for every one that receives gradients, and keeps them
+(``pipeline_buffer_bytes``).
 
 Fixed: CUDA context and library workspaces, NCCL and bucket buffers (``CostParams``), and an
 allocator-fragmentation reserve over the dynamic memory.
@@ -91,6 +95,7 @@ class MemoryBreakdown:
     stage: str
     host_bytes: float = 0.0  # optimizer states and activations kept in host memory
     moe_buffers: float = 0.0  # expert dispatch send/receive buffers of one layer (plait.plan.moe.memory)
+    pipeline_buffers: float = 0.0  # torch.distributed.pipelining's receive buffers (pipeline_buffer_bytes)
 
     @property
     def model_states(self) -> float:
@@ -100,7 +105,7 @@ class MemoryBreakdown:
     def total(self) -> float:
         return (self.model_states + self.activations + self.embedding_activations + self.logits
                 + self.zero3_buffers + self.comm_buffers + self.cuda_context + self.fragmentation
-                + self.moe_buffers)
+                + self.moe_buffers + self.pipeline_buffers)
 
     @property
     def allocated(self) -> float:
@@ -200,6 +205,22 @@ def activation_bytes(model: ModelSpec, layout: Layout, job: JobSpec, in_flight: 
     return total, offloaded
 
 
+def pipeline_buffer_bytes(model: ModelSpec, layout: Layout, job: JobSpec, rank: int, element_bytes: float,
+                          runtime: str = "torch") -> float:
+    """Receive buffers that torch.distributed.pipelining allocates on pipeline rank ``rank`` when the
+    schedule is built and keeps for the whole run: one per micro-batch for each of the rank's stage
+    chunks that receives activations (every stage but the first) and for each that receives
+    gradients (every stage but the last), each one micro-batch's hidden state as sent between stages
+    (sequence-parallel shard under sp); bytes. 0 without a pipeline and for other runtimes."""
+    if layout.pp == 1 or runtime != "torch":
+        return 0.0
+    rep = layout.tp if layout.sequence_parallel else 1
+    one = element_bytes * job.seq_len / layout.cp * layout.mbs * model.hidden / rep
+    forward = layout.vpp - (1 if rank == 0 else 0)
+    backward = layout.vpp - (1 if rank == layout.pp - 1 else 0)
+    return (forward + backward) * layout.micro_batches(job.global_batch) * one
+
+
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
                     params: CostParams = DEFAULT_PARAMS, runtime: str = "torch") -> MemoryBreakdown:
     """Peak memory of the most loaded GPU (the larger of the first and last stages)."""
@@ -229,7 +250,8 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
         stage_acts, offloaded = activation_bytes(model, layout, job, stage_in_flight, runtime,
                                                  stage=0 if is_first else layout.pp - 1, element_bytes=e)
         embed_acts = stage_in_flight * embed_per_mb if is_first else 0.0
-        dynamic = stage_acts + embed_acts + (logits if is_last else 0.0) + buffers + moe_buffers
+        pipeline = pipeline_buffer_bytes(model, layout, job, 0 if is_first else layout.pp - 1, e, runtime)
+        dynamic = stage_acts + embed_acts + (logits if is_last else 0.0) + buffers + moe_buffers + pipeline
         grads = gradients_at_peak(grads, layout, layout.micro_batches(job.global_batch), e, dynamic)
         candidates.append(MemoryBreakdown(
             weights=weights, gradients=grads, optimizer=optim, activations=stage_acts,
@@ -238,6 +260,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout
             comm_buffers=params.comm_buffer_bytes, cuda_context=params.cuda_context_bytes,
             fragmentation=params.fragmentation * dynamic, capacity=cluster.gpu.hbm_bytes,
             stage="only" if layout.pp == 1 else stage, host_bytes=host + offloaded, moe_buffers=moe_buffers,
+            pipeline_buffers=pipeline,
         ))
     return max(candidates, key=lambda m: m.total)
 

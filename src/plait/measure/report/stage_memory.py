@@ -19,6 +19,7 @@ from plait.plan.memory import (
     estimate_memory,
     in_flight_microbatches,
     loss_tokens,
+    pipeline_buffer_bytes,
     stage_params,
 )
 from plait.plan.params import DEFAULT_PARAMS, CostParams
@@ -62,10 +63,11 @@ def stage_memories(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout:
         in_flight = stage_in_flight(layout, m, rank)
         acts, offloaded = activation_bytes(model, layout, job, in_flight, stage=rank, element_bytes=e)
         embed_acts = in_flight * embed_per_mb if first else 0.0
-        dynamic = acts + embed_acts + (logits if last else 0.0) + buffers
+        pipeline = pipeline_buffer_bytes(model, layout, job, rank, e)
+        dynamic = acts + embed_acts + (logits if last else 0.0) + buffers + pipeline
         out.append(MemoryBreakdown(
             weights=weights, gradients=grads, optimizer=optim, activations=acts, embedding_activations=embed_acts,
             logits=logits if last else 0.0, zero3_buffers=buffers, comm_buffers=params.comm_buffer_bytes,
             cuda_context=params.cuda_context_bytes, fragmentation=params.fragmentation * dynamic,
-            capacity=cluster.gpu.hbm_bytes, stage=str(rank), host_bytes=host + offloaded))
+            capacity=cluster.gpu.hbm_bytes, stage=str(rank), host_bytes=host + offloaded, pipeline_buffers=pipeline))
     return out
