@@ -12,7 +12,13 @@ import json
 
 import pytest
 
-from plait.measure.profile.cpu_fit import MECHANISM_PARAMS, cpu_device, planned_update_seconds
+from plait.measure.profile.cpu_fit import (
+    HOST_LAYERS,
+    HOST_MICRO_BATCHES,
+    MECHANISM_PARAMS,
+    cpu_device,
+    planned_update_seconds,
+)
 from plait.measure.profile.fit import calibration_fields
 from plait.measure.profile.machine import host_overhead_layouts, host_overhead_spec
 from plait.plan.calibration import read_calibration
@@ -72,10 +78,11 @@ def test_host_time_is_what_the_planners_terms_leave_unexplained():
                                   "microbatch_overhead_s": 0.7e-3, "step_overhead_s": 4e-3,
                                   "tp_layer_overhead_s": 7e-3, "cp_layer_overhead_s": 2e-3,
                                   "fsdp_layer_overhead_s": 0.5e-3})
-    runs = {"1": (1, 1), "3": (3, 1), "1x2": (1, 2)}
+    low, high = HOST_LAYERS
+    runs = {f"{low}x1": (low, 1), f"{high}x1": (high, 1), f"{low}x{HOST_MICRO_BATCHES}": (low, HOST_MICRO_BATCHES)}
     host = {"spec": spec.name, "tokens": 32, "layouts": layouts}
     for mechanism, text in layouts.items():
-        keys = runs if mechanism == "plain" else {k: v for k, v in runs.items() if k != "1x2"}
+        keys = runs if mechanism == "plain" else {k: v for k, v in runs.items() if v[1] == 1}
         host[mechanism] = {key: planned_update_seconds(spec, text, device, links, truth, 32, *shape)
                            for key, shape in keys.items()}
     fitted = calibration_fields(_raw(host), None, 1.0, 8e9, spec)["params"]

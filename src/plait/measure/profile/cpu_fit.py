@@ -13,7 +13,7 @@ op as it is dispatched. So a CPU profile writes:
   collectives can hide no better than the device allows);
 - from the runtime's training updates timed by ``runtime_cost.layer_host_seconds`` (data
   parallelism alone, "plain", and one layout per mechanism, with 3 and 1 layers, and plain with
-  two micro-batches), each less the planner's own step time for the same update
+  more micro-batches), each less the planner's own step time for the same update
   (``plait.plan.cost.estimate_step`` on the CPU just described), in this order, each fitted term
   in the planner's time for the next: ``params.layer_overhead_s`` (per layer and micro-batch),
   ``microbatch_overhead_s``, ``step_overhead_s``, then ``tp_``, ``cp_`` and
@@ -32,6 +32,10 @@ from plait.spec.hardware import GpuSpec, get_cluster
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 
+# layer counts of the updates runtime_cost.layer_host_seconds times (per layer: their difference), and
+# the micro-batches of the plain update it times again with the fewer layers
+HOST_LAYERS = (1, 5)
+HOST_MICRO_BATCHES = 3
 # the cost parameter that holds each mechanism's unexplained host time (runtime_cost.layer_host_seconds)
 MECHANISM_PARAMS = {"tp": "tp_layer_overhead_s", "cp": "cp_layer_overhead_s", "fsdp": "fsdp_layer_overhead_s"}
 
@@ -76,17 +80,25 @@ def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides:
         planned[f"{mechanism} {layers}x{micro_batches}"] = seconds
         return seconds
 
+    low, high = HOST_LAYERS
+    span = high - low
+
+    def per_layer(mechanism: str) -> float:
+        timed = host[mechanism]
+        return (timed[f"{high}x1"] - timed[f"{low}x1"] - (plan(mechanism, high) - plan(mechanism, low))) / span
+
     plain = host["plain"]
-    out["layer_overhead_s"] = max(0.0, (plain["3"] - plain["1"] - (plan("plain", 3) - plan("plain", 1))) / 2)
+    out["layer_overhead_s"] = max(0.0, per_layer("plain"))
     current = dataclasses.replace(current, **out)
-    out["microbatch_overhead_s"] = max(0.0, plain["1x2"] - plain["1"] - (plan("plain", 1, 2) - plan("plain", 1)))
+    extra = HOST_MICRO_BATCHES - 1
+    out["microbatch_overhead_s"] = max(0.0, (plain[f"{low}x{HOST_MICRO_BATCHES}"] - plain[f"{low}x1"]
+                                             - (plan("plain", low, HOST_MICRO_BATCHES) - plan("plain", low))) / extra)
     current = dataclasses.replace(current, **out)
-    out["step_overhead_s"] = max(0.0, plain["1"] - plan("plain", 1))
+    out["step_overhead_s"] = max(0.0, plain[f"{low}x1"] - plan("plain", low))
     current = dataclasses.replace(current, **out)
     for mechanism, name in MECHANISM_PARAMS.items():
         if mechanism in layouts:
-            timed = host[mechanism]
-            out[name] = max(0.0, (timed["3"] - timed["1"] - (plan(mechanism, 3) - plan(mechanism, 1))) / 2)
+            out[name] = max(0.0, per_layer(mechanism))
     return out, planned
 
 

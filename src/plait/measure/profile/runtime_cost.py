@@ -8,8 +8,8 @@ a GPU the host runs ahead of the kernels. ``layer_host_seconds`` times models of
 blocks (``plait.run.model``) through the runtime's training update (forward and backward over
 the micro-batches, gradient clipping, AdamW) at one short sequence, under one layout per
 mechanism over every rank: data parallelism alone ("plain"), tensor parallel, context parallel,
-FSDP2; with 3 and 1 layers (per layer = (t(3) - t(1)) / 2: the embedding, the head and the loss
-cancel) and, plain, with two micro-batches. ``plait.measure.profile.cpu_fit`` keeps what the
+FSDP2; with 5 and 1 layers (per layer = (t(5) - t(1)) / 4: the embedding, the head and the loss
+cancel) and, plain, with three micro-batches. ``plait.measure.profile.cpu_fit`` keeps what the
 planner's own terms do not explain for the same configurations as ``layer_overhead_s``,
 ``microbatch_overhead_s``, ``step_overhead_s`` and ``tp_``, ``cp_``, ``fsdp_layer_overhead_s``.
 
@@ -22,15 +22,19 @@ with the compute threads for the same cores; a GPU has copy engines and NICs of 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
 from plait.measure.profile.bench import agree_calls, time_call
+from plait.measure.profile.cpu_fit import HOST_LAYERS, HOST_MICRO_BATCHES
 from plait.spec.model import ModelSpec
 
-OVERHEAD_LAYERS = (1, 3)
+
+
+OVERLAP_TRIALS = 9
 
 
 def _layout_step(spec: ModelSpec, layers: int, layout_text: str, device: torch.device, seq_len: int,
@@ -68,26 +72,31 @@ def _layout_step(spec: ModelSpec, layers: int, layout_text: str, device: torch.d
 
 def layer_host_seconds(spec: ModelSpec, device: torch.device, min_time_s: float, seq_len: int,
                        layouts: dict[str, str]) -> dict:
-    """{"spec", "tokens", "layer_params", "layouts", <mechanism>: {"1": s, "3": s[, "1x2": s]}}:
-    seconds of one training update (``_layout_step``) of ``spec``'s blocks
-    (``plait.measure.profile.machine.host_overhead_spec``) with 1 and 3 layers, one micro-batch of
-    one sequence of ``seq_len`` tokens, for each of ``layouts`` (mechanism -> layout over every
-    rank; "plain" is data parallelism alone); "plain" also with 1 layer and two micro-batches
-    ("1x2"). The differences give per layer, per micro-batch and per step costs
-    (``plait.measure.profile.cpu_fit``)."""
+    """{"spec", "tokens", "layer_params", "layouts", <mechanism>: {"LxM": seconds}}: seconds of one
+    training update (``_layout_step``) of ``spec``'s blocks with L layers and M micro-batches of one
+    sequence of ``seq_len`` tokens, for each of ``layouts`` (mechanism -> layout over every rank;
+    "plain" is data parallelism alone): L in ``HOST_LAYERS`` with M = 1, and for "plain" also
+    L = 1 with M = ``HOST_MICRO_BATCHES``. Their differences give per layer, per micro-batch and
+    per step costs (``plait.measure.profile.cpu_fit``)."""
     out = {"spec": spec.name, "tokens": seq_len, "layer_params": spec.layer_params(), "layouts": dict(layouts)}
     for mechanism, layout_text in layouts.items():
-        runs = [(str(n), n, 1) for n in OVERHEAD_LAYERS] + ([("1x2", 1, 2)] if mechanism == "plain" else [])
+        shapes = [(layers, 1) for layers in HOST_LAYERS]
+        if mechanism == "plain":
+            shapes.append((HOST_LAYERS[0], HOST_MICRO_BATCHES))
         out[mechanism] = {}
-        for key, layers, micro_batches in runs:
+        for layers, micro_batches in shapes:
             step = _layout_step(spec, layers, layout_text, device, seq_len, micro_batches)
-            out[mechanism][key] = time_call(step, device, min_time_s, agree=lambda calls: agree_calls(calls, device))
+            out[mechanism][f"{layers}x{micro_batches}"] = time_call(
+                step, device, min_time_s, batches=5,
+                agree=lambda calls: agree_calls(calls, device))
     return out
 
 
 def overlap(device: torch.device, dtype: torch.dtype, gemm_size: int, reduce_bytes: int, repeats: int) -> dict:
-    """Seconds of ``repeats`` GEMMs (``gemm_size``³), of ``repeats`` all-reduces of ``reduce_bytes``
-    over every rank, and of both at once; ``hidden``: the fraction of the shorter one that hid."""
+    """``OVERLAP_TRIALS`` trials, each the seconds of ``repeats`` GEMMs (``gemm_size``³), of ``repeats``
+    all-reduces of ``reduce_bytes`` over every rank, and of both at once, with the fraction of the
+    shorter one that hid; ``hidden``: its median over the trials (on a CPU whose processes and
+    collective threads share the cores it varies from trial to trial between 0 and 1)."""
     a = torch.randn(gemm_size, gemm_size, device=device, dtype=dtype)
     b = torch.randn(gemm_size, gemm_size, device=device, dtype=dtype)
     c = torch.empty_like(a)
@@ -120,9 +129,10 @@ def overlap(device: torch.device, dtype: torch.dtype, gemm_size: int, reduce_byt
             work.wait()
 
     gemms(), reduces(False)  # warm-up
-    compute = min(timed(gemms) for _ in range(3))
-    comm = min(timed(lambda: reduces(False)) for _ in range(3))
-    together = min(timed(both) for _ in range(3))
-    hidden = (compute + comm - together) / min(compute, comm)
-    return {"gemm_size": gemm_size, "reduce_bytes": reduce_bytes, "repeats": repeats, "compute_s": compute,
-            "comm_s": comm, "together_s": together, "hidden": min(1.0, max(0.0, hidden))}
+    trials = []
+    for _ in range(OVERLAP_TRIALS):  # each: alone, alone, together - the hidden fraction varies a lot
+        compute, comm, together = timed(gemms), timed(lambda: reduces(False)), timed(both)
+        trials.append({"compute_s": compute, "comm_s": comm, "together_s": together,
+                       "hidden": min(1.0, max(0.0, (compute + comm - together) / min(compute, comm)))})
+    return {"gemm_size": gemm_size, "reduce_bytes": reduce_bytes, "repeats": repeats, "trials": trials,
+            "hidden": statistics.median(t["hidden"] for t in trials)}
