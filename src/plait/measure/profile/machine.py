@@ -177,8 +177,6 @@ def profile_config(model: ModelSpec, seq_len: int, where: Where, quick: bool, ti
     host_model = host_overhead_spec(model)
     extra = {} if gpu else {"host_overhead_model": host_model.to_dict(),  # runtime_cost.layer_host_seconds
                             "host_overhead_tokens": HOST_OVERHEAD_TOKENS,
-                            # seconds per timed batch of updates: their differences are small
-                            "host_min_time_s": 0.02 if quick else 0.2,
                             "host_overhead_layouts": host_overhead_layouts(host_model,
                                                                            where.nproc_per_node * where.nnodes)}
     return {

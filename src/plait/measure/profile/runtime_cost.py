@@ -5,11 +5,11 @@ A CPU executes each op as it is dispatched, so the runtime's per-op host cost - 
 autograd nodes, DTensor's sharding propagation and redistribution, FSDP2's unshard / reshard /
 reduce hooks, the context-parallel attention's exchange loop - is on the critical path, while on
 a GPU the host runs ahead of the kernels. ``layer_host_seconds`` times models of the runtime's own
-blocks (``plait.run.model``) through the runtime's training update (forward and backward over
-the micro-batches, gradient clipping, AdamW) at one short sequence, under one layout per
-mechanism over every rank: data parallelism alone ("plain"), tensor parallel, context parallel,
-FSDP2; with 5 and 1 layers (per layer = (t(5) - t(1)) / 4: the embedding, the head and the loss
-cancel) and, plain, with three micro-batches. ``plait.measure.profile.cpu_fit`` keeps what the
+blocks (``plait.run.model``) through short ``plait train`` runs (the runtime's whole step) at one
+short sequence, under one layout per mechanism over every rank: data parallelism alone
+("plain"), tensor parallel, context parallel, FSDP2; with 5 and 1 layers (per layer =
+(t(5) - t(1)) / 4: the embedding, the head and the loss cancel) and, plain, with three
+micro-batches. ``plait.measure.profile.cpu_fit`` keeps what the
 planner's own terms do not explain for the same configurations as ``layer_overhead_s``,
 ``microbatch_overhead_s``, ``step_overhead_s`` and ``tp_``, ``cp_``, ``fsdp_layer_overhead_s``.
 
@@ -21,14 +21,15 @@ with the compute threads for the same cores; a GPU has copy engines and NICs of 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
-from plait.measure.profile.bench import agree_calls, time_call
 from plait.measure.profile.cpu_fit import HOST_LAYERS, HOST_MICRO_BATCHES
 from plait.spec.model import ModelSpec
 
@@ -37,58 +38,46 @@ from plait.spec.model import ModelSpec
 OVERLAP_TRIALS = 9
 
 
-def _layout_step(spec: ModelSpec, layers: int, layout_text: str, device: torch.device, seq_len: int,
-                 micro_batches: int = 1):
-    """One training update of a ``layers``-layer model under ``layout_text`` over every rank, as
-    ``plait.run.step.train_step`` runs it: ``forward_backward`` over ``micro_batches`` micro-batches
-    (``plait.run.step``), gradient clipping and the AdamW step - the runtime's own model parts,
-    collectives, hooks and optimizer."""
-    from plait.run.config import OptimConfig
-    from plait.run.optim import build_optimizer, clip_grad_norm
-    from plait.run.parallel.mesh import build_parallel_dims
-    from plait.run.parallel.parallelize import build_model_parts
-    from plait.run.parallel.context.shard import sequence_shard_of
-    from plait.run.step import forward_backward
+HOST_STEPS = 24  # steps of each timed training run (the median of its steady steps is kept)
+
+
+def train_step_seconds(spec: ModelSpec, layers: int, layout_text: str, device: torch.device, seq_len: int,
+                       micro_batches: int = 1) -> float:
+    """Median steady-state step time of a short ``plait train`` run (``plait.run.trainer.run_training``,
+    in this process group, every rank) of ``spec`` with ``layers`` layers under ``layout_text``,
+    ``micro_batches`` micro-batches of ``mbs`` sequences of ``seq_len`` tokens per data-parallel
+    rank, synthetic data: the runtime's whole step - data, forward and backward, gradient sync,
+    clipping, AdamW, the loss and its host read, the step log - as a user's run has it."""
+    from plait.run.config import LogConfig, RunConfig, RuntimeConfig, TrainJob
+    from plait.run.metrics import median_step_time
+    from plait.run.trainer import run_training
     from plait.spec.layout import Layout
 
     layout = Layout.parse(layout_text)
-    one = dataclasses.replace(spec, n_layers=layers)
-    pdims = build_parallel_dims(layout, device.type)
-    parts = build_model_parts(one, pdims, device, 0, micro_batches)
-    optimizer = build_optimizer(parts.parameters(), OptimConfig())
-    tokens = torch.randint(0, spec.vocab, (layout.mbs * micro_batches, seq_len + 1), device=device)
-    inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    if layout.cp > 1:
-        shard = sequence_shard_of(pdims.group("cp"))
-        inputs, labels = shard.shard(inputs), shard.shard(labels)
-
-    def update():
-        forward_backward(parts, pdims, inputs, labels, micro_batches)
-        clip_grad_norm(parts.parameters(), 1.0, pdims)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return update
+    job = TrainJob(model=dataclasses.replace(spec, n_layers=layers), layout=layout,
+                   global_batch=layout.mbs * layout.dp * micro_batches, seq_len=seq_len, steps=HOST_STEPS)
+    config = RunConfig(job=job, runtime=RuntimeConfig(device=device.type), observe=LogConfig(log_every=HOST_STEPS))
+    with contextlib.redirect_stdout(io.StringIO()):  # its progress and summary lines are not the profile's
+        result = run_training(config, device)
+    return median_step_time(result.records)
 
 
-def layer_host_seconds(spec: ModelSpec, device: torch.device, min_time_s: float, seq_len: int,
-                       layouts: dict[str, str]) -> dict:
-    """{"spec", "tokens", "layer_params", "layouts", <mechanism>: {"LxM": seconds}}: seconds of one
-    training update (``_layout_step``) of ``spec``'s blocks with L layers and M micro-batches of one
-    sequence of ``seq_len`` tokens, for each of ``layouts`` (mechanism -> layout over every rank;
-    "plain" is data parallelism alone): L in ``HOST_LAYERS`` with M = 1, and for "plain" also
-    L = 1 with M = ``HOST_MICRO_BATCHES``. Their differences give per layer, per micro-batch and
-    per step costs (``plait.measure.profile.cpu_fit``)."""
-    out = {"spec": spec.name, "tokens": seq_len, "layer_params": spec.layer_params(), "layouts": dict(layouts)}
+def layer_host_seconds(spec: ModelSpec, device: torch.device, seq_len: int, layouts: dict[str, str]) -> dict:
+    """{"spec", "tokens", "layer_params", "layouts", <mechanism>: {"LxM": seconds}}: the step time of a
+    short training run (``train_step_seconds``) of ``spec``'s blocks with L layers and M
+    micro-batches of one sequence of ``seq_len`` tokens, for each of ``layouts`` (mechanism -> layout
+    over every rank; "plain" is data parallelism alone): L in ``HOST_LAYERS`` with M = 1, and for
+    "plain" also L = 1 with M = ``HOST_MICRO_BATCHES``. Their differences give per layer, per
+    micro-batch and per step costs (``plait.measure.profile.cpu_fit``)."""
+    out = {"spec": spec.name, "tokens": seq_len, "layer_params": spec.layer_params(), "layouts": dict(layouts),
+           "steps": HOST_STEPS}
     for mechanism, layout_text in layouts.items():
         shapes = [(layers, 1) for layers in HOST_LAYERS]
         if mechanism == "plain":
             shapes.append((HOST_LAYERS[0], HOST_MICRO_BATCHES))
-        out[mechanism] = {}
-        for layers, micro_batches in shapes:
-            step = _layout_step(spec, layers, layout_text, device, seq_len, micro_batches)
-            out[mechanism][f"{layers}x{micro_batches}"] = time_call(
-                step, device, min_time_s, batches=5,
-                agree=lambda calls: agree_calls(calls, device))
+        out[mechanism] = {f"{layers}x{micro_batches}": train_step_seconds(spec, layers, layout_text, device, seq_len,
+                                                                           micro_batches)
+                          for layers, micro_batches in shapes}
     return out
 
 

@@ -91,8 +91,7 @@ def run(config: dict, device: torch.device, env: RankEnv) -> dict | None:
         from plait.spec.model import ModelSpec
 
         spec = ModelSpec.from_dict(config["host_overhead_model"])
-        raw["layer_host_s"] = runtime_cost.layer_host_seconds(spec, device, config["host_min_time_s"],
-                                                              config["host_overhead_tokens"],
+        raw["layer_host_s"] = runtime_cost.layer_host_seconds(spec, device, config["host_overhead_tokens"],
                                                               config["host_overhead_layouts"])
         tick("runtime host time per layer")
     bar.close()
