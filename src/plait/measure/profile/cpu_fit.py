@@ -11,9 +11,9 @@ op as it is dispatched. So a CPU profile writes:
   behind compute (``raw["overlap"]["hidden"]``, ``plait.measure.profile.runtime_cost.overlap``), and
   ``tp_comm_overlap`` = the smaller of that and its default (the runtime's tensor-parallel
   collectives can hide no better than the device allows);
-- from the runtime's training updates timed by ``runtime_cost.layer_host_seconds`` (data
-  parallelism alone, "plain", and one layout per mechanism, with 3 and 1 layers, and plain with
-  more micro-batches), each less the planner's own step time for the same update
+- from the short ``plait train`` runs timed by ``runtime_cost.layer_host_seconds`` (data
+  parallelism alone, "plain", and one layout per mechanism, with 5 and 1 layers, and plain with
+  more micro-batches), each less the planner's own step time for the same run
   (``plait.plan.cost.estimate_step`` on the CPU just described), in this order, each fitted term
   in the planner's time for the next: ``params.layer_overhead_s`` (per layer and micro-batch),
   ``microbatch_overhead_s``, ``step_overhead_s``, then ``tp_``, ``cp_`` and
@@ -52,7 +52,7 @@ def cpu_device(gpu_overrides: dict) -> GpuSpec:
 
 def planned_update_seconds(spec: ModelSpec, layout_text: str, device: GpuSpec, cluster_overrides: dict,
                            params: CostParams, seq_len: int, layers: int, micro_batches: int = 1) -> float:
-    """The planner's step time of the update ``runtime_cost.layer_host_seconds`` times: ``spec`` with
+    """The planner's step time of a run ``runtime_cost.layer_host_seconds`` times: ``spec`` with
     ``layers`` layers under ``layout_text``, ``micro_batches`` micro-batches of ``mbs`` sequences of
     ``seq_len`` per data-parallel rank, on one node of the layout's processes with this device."""
     layout = Layout.parse(layout_text)
