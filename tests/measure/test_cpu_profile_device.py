@@ -17,7 +17,7 @@ from plait.measure.profile.cpu_fit import (
     HOST_MICRO_BATCHES,
     MECHANISM_PARAMS,
     cpu_device,
-    planned_update_seconds,
+    planned_run_seconds,
 )
 from plait.measure.profile.fit import calibration_fields
 from plait.measure.profile.machine import host_overhead_layouts, host_overhead_spec
@@ -83,7 +83,7 @@ def test_host_time_is_what_the_planners_terms_leave_unexplained():
     host = {"spec": spec.name, "tokens": 32, "layouts": layouts}
     for mechanism, text in layouts.items():
         keys = runs if mechanism == "plain" else {k: v for k, v in runs.items() if v[1] == 1}
-        host[mechanism] = {key: planned_update_seconds(spec, text, device, links, truth, 32, *shape)
+        host[mechanism] = {key: planned_run_seconds(spec, text, device, links, truth, 32, *shape)
                            for key, shape in keys.items()}
     fitted = calibration_fields(_raw(host), None, 1.0, 8e9, spec)["params"]
     for name in ("layer_overhead_s", "microbatch_overhead_s", "step_overhead_s", *MECHANISM_PARAMS.values()):

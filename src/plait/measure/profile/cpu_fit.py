@@ -32,8 +32,8 @@ from plait.spec.hardware import GpuSpec, get_cluster
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 
-# layer counts of the updates runtime_cost.layer_host_seconds times (per layer: their difference), and
-# the micro-batches of the plain update it times again with the fewer layers
+# layer counts of the runs runtime_cost.layer_host_seconds times (per layer: their difference), and
+# the micro-batches of the plain run it times again with the fewer layers
 HOST_LAYERS = (1, 5)
 HOST_MICRO_BATCHES = 3
 # the cost parameter that holds each mechanism's unexplained host time (runtime_cost.layer_host_seconds)
@@ -50,7 +50,7 @@ def cpu_device(gpu_overrides: dict) -> GpuSpec:
                    **fields)
 
 
-def planned_update_seconds(spec: ModelSpec, layout_text: str, device: GpuSpec, cluster_overrides: dict,
+def planned_run_seconds(spec: ModelSpec, layout_text: str, device: GpuSpec, cluster_overrides: dict,
                            params: CostParams, seq_len: int, layers: int, micro_batches: int = 1) -> float:
     """The planner's step time of a run ``runtime_cost.layer_host_seconds`` times: ``spec`` with
     ``layers`` layers under ``layout_text``, ``micro_batches`` micro-batches of ``mbs`` sequences of
@@ -66,7 +66,7 @@ def planned_update_seconds(spec: ModelSpec, layout_text: str, device: GpuSpec, c
 def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides: dict,
                 params: CostParams) -> tuple[dict, dict]:
     """(params, planned seconds) from ``raw["layer_host_s"]``: each host term is the measured time
-    less the planner's for the same update, with the terms fitted before it in the planner's time
+    less the planner's for the same run, with the terms fitted before it in the planner's time
     (plain per layer, then per micro-batch, then per step, then each mechanism per layer), at least 0."""
     tokens, layouts = host["tokens"], host["layouts"]
     zero = {name: 0.0 for name in ("layer_overhead_s", "microbatch_overhead_s", "step_overhead_s",
@@ -75,7 +75,7 @@ def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides:
     out, planned = {}, {}
 
     def plan(mechanism: str, layers: int, micro_batches: int = 1) -> float:
-        seconds = planned_update_seconds(spec, layouts[mechanism], device, cluster_overrides, current, tokens,
+        seconds = planned_run_seconds(spec, layouts[mechanism], device, cluster_overrides, current, tokens,
                                          layers, micro_batches)
         planned[f"{mechanism} {layers}x{micro_batches}"] = seconds
         return seconds
