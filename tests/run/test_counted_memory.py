@@ -95,3 +95,15 @@ def test_two_process_summary_and_sweep_row_fill_the_memory_columns(dist_pool):
     assert row.memory_error == pytest.approx(measured / predicted - 1)
     for_gpu = dataclasses.replace(row, gpu="h100-sxm", memory_error=None).with_errors()
     assert for_gpu.memory_error is None  # a GPU's prediction is not compared with a CPU's tensors
+
+
+def test_storage_bytes_counts_each_storage_once_and_looks_inside_wrapper_subclasses():
+    """Shared storages count once; a wrapper subclass (torchao's fp8 / MX weights are such) has no
+    storage of its own and counts the tensors it wraps."""
+    from plait.run.memory.counted import storage_bytes
+
+    a = torch.zeros(10)
+    assert storage_bytes([a, a[2:5], a.view(2, 5)]) == 40
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+    wrapped = two_tensor.TwoTensor(torch.zeros(4), torch.ones(4))
+    assert storage_bytes([wrapped, a]) == 16 + 16 + 40

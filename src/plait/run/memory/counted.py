@@ -144,13 +144,30 @@ class NativeStderrFilter:
 
 
 def storage_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (a DTensor: its local shard)."""
+    """Bytes of the distinct storages behind ``tensors`` (a DTensor: its local shard; a wrapper
+    subclass such as torchao's fp8 / MX weights: the tensors it wraps)."""
     seen: dict[int, int] = {}
     for tensor in tensors:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        storage = local.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
+        for key, nbytes in _storages(tensor):
+            seen[key] = nbytes
     return sum(seen.values())
+
+
+def _storages(tensor):
+    """(storage address, bytes) of each plain tensor behind ``tensor``."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    if is_traceable_wrapper_subclass(local):
+        names, _ = local.__tensor_flatten__()
+        for name in names:
+            yield from _storages(getattr(local, name))
+        return
+    try:
+        storage = local.untyped_storage()
+        yield storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # no storage of its own: its elements
+        yield id(local), local.numel() * local.element_size()
 
 
 def window_step(start_step: int, end_step: int | None) -> int | None:
