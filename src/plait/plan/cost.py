@@ -23,7 +23,6 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
       backward, and the forward's again under ckpt=full), item ``ep_comm``; the routed experts'
       gradients are reduced over the expert-data-parallel group (in ``dp_comm``) and their
       optimizer step counted with the rest.
-
   host time (``CostParams.layer_overhead_s`` and the tp / cp / FSDP2 ones, per layer and
       micro-batch; 0 by default: on a GPU the host runs ahead of the kernels; a CPU profile
       measures them) is added to the per-micro-batch overhead. Bytes are priced in the device's
