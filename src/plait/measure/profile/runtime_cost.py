@@ -38,12 +38,9 @@ from plait.spec.model import ModelSpec
 OVERLAP_TRIALS = 9
 
 
-HOST_STEPS = 24  # steps of each timed training run (the median of its steady steps is kept)
-
-
 def train_step_seconds(spec: ModelSpec, layers: int, layout_text: str, device: torch.device, seq_len: int,
-                       micro_batches: int = 1) -> float:
-    """Median steady-state step time of a short ``plait train`` run (``plait.run.trainer.run_training``,
+                       micro_batches: int = 1, steps: int = 24) -> float:
+    """Median steady-state step time of a ``steps``-step ``plait train`` run (``plait.run.trainer.run_training``,
     in this process group, every rank) of ``spec`` with ``layers`` layers under ``layout_text``,
     ``micro_batches`` micro-batches of ``mbs`` sequences of ``seq_len`` tokens per data-parallel
     rank, synthetic data: the runtime's whole step - data, forward and backward, gradient sync,
@@ -55,14 +52,15 @@ def train_step_seconds(spec: ModelSpec, layers: int, layout_text: str, device: t
 
     layout = Layout.parse(layout_text)
     job = TrainJob(model=dataclasses.replace(spec, n_layers=layers), layout=layout,
-                   global_batch=layout.mbs * layout.dp * micro_batches, seq_len=seq_len, steps=HOST_STEPS)
-    config = RunConfig(job=job, runtime=RuntimeConfig(device=device.type), observe=LogConfig(log_every=HOST_STEPS))
+                   global_batch=layout.mbs * layout.dp * micro_batches, seq_len=seq_len, steps=steps)
+    config = RunConfig(job=job, runtime=RuntimeConfig(device=device.type), observe=LogConfig(log_every=steps))
     with contextlib.redirect_stdout(io.StringIO()):  # its progress and summary lines are not the profile's
         result = run_training(config, device)
     return median_step_time(result.records)
 
 
-def layer_host_seconds(spec: ModelSpec, device: torch.device, seq_len: int, layouts: dict[str, str]) -> dict:
+def layer_host_seconds(spec: ModelSpec, device: torch.device, seq_len: int, layouts: dict[str, str],
+                       steps: int = 24) -> dict:
     """{"spec", "tokens", "layer_params", "layouts", <mechanism>: {"LxM": seconds}}: the step time of a
     short training run (``train_step_seconds``) of ``spec``'s blocks with L layers and M
     micro-batches of one sequence of ``seq_len`` tokens, for each of ``layouts`` (mechanism -> layout
@@ -70,13 +68,13 @@ def layer_host_seconds(spec: ModelSpec, device: torch.device, seq_len: int, layo
     "plain" also L = 1 with M = ``HOST_MICRO_BATCHES``. Their differences give per layer, per
     micro-batch and per step costs (``plait.measure.profile.cpu_fit``)."""
     out = {"spec": spec.name, "tokens": seq_len, "layer_params": spec.layer_params(), "layouts": dict(layouts),
-           "steps": HOST_STEPS}
+           "steps": steps}
     for mechanism, layout_text in layouts.items():
         shapes = [(layers, 1) for layers in HOST_LAYERS]
         if mechanism == "plain":
             shapes.append((HOST_LAYERS[0], HOST_MICRO_BATCHES))
         out[mechanism] = {f"{layers}x{micro_batches}": train_step_seconds(spec, layers, layout_text, device, seq_len,
-                                                                           micro_batches)
+                                                                           micro_batches, steps)
                           for layers, micro_batches in shapes}
     return out
 
