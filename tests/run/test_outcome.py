@@ -243,3 +243,17 @@ def test_sweep_takes_the_status_from_the_outcome_file(tmp_path, monkeypatch, out
     row = run_one.run_case(spec, case, tmp_path / "layout")
     assert (row.status, row.reason) == (status, reason)
     assert row.elapsed_s is not None and row.measured_step_time_s is None
+
+
+def test_a_peer_sigtermed_after_a_rank_failed_with_its_own_error_is_not_the_root_cause(tmp_path):
+    """torchrun SIGTERMs the survivors of a failed rank; one it reaches before that rank's error file
+    is written is a consequence, not the failure (a race the sweep test met under load)."""
+    from plait.run.launcher.outcome import failed_run
+
+    (tmp_path / "error-rank1.json").write_text(json.dumps({"rank": 1, "type": "PlaitError", "time": 1.0,
+                                                           "message": "injected failure"}))
+    outcome, message = failed_run(tmp_path, exits={0: -15, 1: 2})
+    assert outcome.failed_rank == 1 and "injected failure" in outcome.reason
+    # a rank killed by SIGKILL stays the root cause: the survivors' errors follow from it
+    outcome, _ = failed_run(tmp_path, exits={0: -9, 1: 2})
+    assert outcome.failed_rank == 0 and outcome.signal == "SIGKILL"

@@ -146,13 +146,16 @@ def failed_run(run_dir: str | Path, what: str = "training", died: str = "", dead
     makes a rank killed by SIGKILL ``killed by the OS (SIGKILL, exit -9; out of memory?) — NOTE``:
     on the CPU the kernel's OOM killer is what ends a process that runs out of memory.
     """
-    from plait.run.launcher.deaths import how_it_died, root_error, signal_of, silent_deaths
+    from plait.run.launcher.deaths import how_it_died, is_collective, root_error, signal_of, silent_deaths
 
     errors = rank_errors(run_dir)
     exits = dict(exits or {})
     if dead_rank is not None and signal and dead_rank not in exits:
         exits[dead_rank] = _signal_exit(signal)
     silent = silent_deaths(exits, {e["rank"] for e in errors})
+    if any(not is_collective(e) for e in errors):  # a rank failed with its own error: torchrun then
+        # SIGTERMs the others, and a peer it reaches before that peer writes a file is no root cause
+        silent = [rank for rank in silent if signal_of(exits[rank]) != "SIGTERM"]
     memory = [e for e in errors if is_out_of_memory(e)]
     if silent and not memory:
         root = silent[0]
