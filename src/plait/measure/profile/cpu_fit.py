@@ -106,8 +106,8 @@ def cpu_device_params(raw: dict, gpu_overrides: dict, cluster_overrides: dict, p
                       host_spec: ModelSpec | None) -> tuple[dict, dict, list[str]]:
     """(params to write, fits to record, notes) of a CPU profile; ``gpu_overrides`` gains element_bytes.
 
-    ``params``: the params fitted so far (GEMM curve, attention backward), used for the planner's
-    kernel time of the timed block.
+    ``params``: the params fitted so far (GEMM curve, attention backward); with ``gpu_overrides`` and
+    ``cluster_overrides`` they make the planner's time of each timed run (``host_params``).
     """
     gpu_overrides["element_bytes"] = ELEMENT_BYTES[raw.get("dtype", "float32")]
     out = {"cuda_context_bytes": 0.0, "comm_buffer_bytes": 0.0, "fragmentation": 0.0}
