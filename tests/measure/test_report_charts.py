@@ -8,7 +8,8 @@ import pytest
 
 from plait.measure.report.chart_data import GIB, MIB, duration, memory_axis, step_spread, waterfall_bars
 from plait.measure.report.plots import spread_errors
-from plait.measure.report.stage_memory import stage_in_flight, stage_memories
+from plait.measure.report.stage_memory import stage_memories
+from plait.plan.memory import rank_in_flight as stage_in_flight
 from plait.measure.report.timeline import (
     BUBBLE,
     busy_spans,

@@ -16,10 +16,13 @@ runtime frees them after every step and makes them as the backward frees activat
   Tensor parallel shards the GEMM weights and the vocabulary by tp; norms stay replicated.
 
 Activations (``plait.plan.activations``): bytes per layer and micro-batch × layers on the GPU ×
-micro-batches in flight on the first stage: 1 without pipelining, all m for GPipe, min(p, m)
-for 1F1B and zero-bubble (ZB-H1 keeps 1F1B's memory), and for interleaved 1F1B the penalty
-factor (1 + (p-1)/(p·v)) of Korthikanti et al. 2022. Checkpointing adds the tensors that one
-layer dropped, live again while it is recomputed for its backward. The first stage adds the
+micro-batches in flight on the rank (``rank_in_flight``): 1 without pipelining, all m for GPipe,
+min(p, m) on the first stage for 1F1B and zero-bubble (p - r on rank r, one on the last), and for
+interleaved 1F1B the penalty factor (1 + (p-1)/(p·v)) of Korthikanti et al. 2022. Megatron's ZB-H1
+keeps 1F1B's memory; torch's zero-bubble schedule (plait's runtime) keeps min(p, m) on every rank
+and, on rank r > 0, the output gradients of r + 1 micro-batches for their deferred weight steps
+(item ``deferred_weight_grads``, ``deferred_weight_grad_bytes``), so its last stage is the peak.
+Checkpointing adds the tensors that one layer dropped, live again while it is recomputed for its backward. The first stage adds the
 embedding output, the last stage the logits (bf16 logits, their fp32 log-softmax and its
 gradient, one micro-batch; ``loss_tokens``): all of the micro-batch's tokens with
 ``loss=unfused``, one chunk of ``LOSS_CHUNK_TOKENS`` with ``loss=fused`` (the chunked cross
@@ -31,7 +34,8 @@ the GPU keeps a double buffer of two such layers (the one being copied, the one 
 Pipeline receive buffers (item ``pipeline_buffers``, plait's runtime only): torch's pipelining
 allocates, when the schedule is built, one buffer per micro-batch for every stage chunk of a rank
 that receives activations and for every one that receives gradients, and keeps them
-(``pipeline_buffer_bytes``).
+(``pipeline_buffer_bytes``); the interleaved and zero-bubble schedules hold as many sent tensors
+until the end of the step.
 
 Fixed: CUDA context and library workspaces, NCCL and bucket buffers (``CostParams``), and an
 allocator-fragmentation reserve over the dynamic memory.
@@ -68,7 +72,9 @@ from plait.spec.validate import stage_layers
 
 # items outside the allocator's count: CUDA context, NCCL buffers, fragmentation reserve
 OVERHEAD_ITEMS = ("cuda_context", "comm_buffers", "fragmentation")
-DEFAULT_HEADROOM = 0.05  # fraction of HBM kept free for what the formula does not count
+DEFAULT_HEADROOM = 0.05
+# schedules that plait's runtime builds on torch's _PipelineScheduleRuntime (sends waited at step end)
+SENDS_HELD_SCHEDULES = ("interleaved-1f1b", "zero-bubble")  # fraction of HBM kept free for what the formula does not count
 
 
 def allocated_bytes(items: dict[str, float]) -> float:
@@ -96,6 +102,7 @@ class MemoryBreakdown:
     host_bytes: float = 0.0  # optimizer states and activations kept in host memory
     moe_buffers: float = 0.0  # expert dispatch send/receive buffers of one layer (plait.plan.moe.memory)
     pipeline_buffers: float = 0.0  # torch.distributed.pipelining's receive buffers (pipeline_buffer_bytes)
+    deferred_weight_grads: float = 0.0  # zero-bubble's held output gradients (deferred_weight_grad_bytes)
 
     @property
     def model_states(self) -> float:
@@ -105,7 +112,7 @@ class MemoryBreakdown:
     def total(self) -> float:
         return (self.model_states + self.activations + self.embedding_activations + self.logits
                 + self.zero3_buffers + self.comm_buffers + self.cuda_context + self.fragmentation
-                + self.moe_buffers + self.pipeline_buffers)
+                + self.moe_buffers + self.pipeline_buffers + self.deferred_weight_grads)
 
     @property
     def allocated(self) -> float:
@@ -140,7 +147,7 @@ def zero_shard_degree(layout: Layout) -> int:
 
 
 def stage_params(model: ModelSpec, layout: Layout) -> dict[str, float]:
-    """Parameters held by one GPU on the first and on the last pipeline stage (after TP)."""
+    """Parameters held by one GPU on the first, the last and a middle pipeline stage (after TP)."""
     t = layout.tp
     layers = stage_layers(model, layout) * layout.vpp
     # GEMM weights are sharded by tp; norms and biases are counted whole (they are < 0.1%)
@@ -156,8 +163,8 @@ def stage_params(model: ModelSpec, layout: Layout) -> dict[str, float]:
     if layout.pp == 1:
         both = blocks + token_embedding + positions + model.final_norm_params()
         both += 0 if model.tied_embeddings else head
-        return {"first": both, "last": both}
-    return {"first": first, "last": last}
+        return {"first": both, "last": both, "middle": both}
+    return {"first": first, "last": last, "middle": blocks}
 
 
 def model_states(params: float, model: ModelSpec, layout: Layout,
@@ -211,58 +218,120 @@ def pipeline_buffer_bytes(model: ModelSpec, layout: Layout, job: JobSpec, rank: 
     schedule is built and keeps for the whole run: one per micro-batch for each of the rank's stage
     chunks that receives activations (every stage but the first) and for each that receives
     gradients (every stage but the last), each one micro-batch's hidden state as sent between stages
-    (sequence-parallel shard under sp); bytes. 0 without a pipeline and for other runtimes."""
+    (sequence-parallel shard under sp); bytes. 0 without a pipeline and for other runtimes.
+
+    The interleaved and zero-bubble schedules (torch's ``_PipelineScheduleRuntime``) also wait on
+    their sends only at the end of the step, so every tensor the rank sent - one per micro-batch
+    for each chunk that sends activations and each that sends gradients, as many as it receives -
+    stays alive until then: twice the receive buffers. 1F1B and GPipe wait on each send at once."""
     if layout.pp == 1 or runtime != "torch":
         return 0.0
     rep = layout.tp if layout.sequence_parallel else 1
     one = element_bytes * job.seq_len / layout.cp * layout.mbs * model.hidden / rep
     forward = layout.vpp - (1 if rank == 0 else 0)
     backward = layout.vpp - (1 if rank == layout.pp - 1 else 0)
-    return (forward + backward) * layout.micro_batches(job.global_batch) * one
+    held_sends = 2 if layout.schedule in SENDS_HELD_SCHEDULES else 1
+    return held_sends * (forward + backward) * layout.micro_batches(job.global_batch) * one
+
+
+def deferred_weight_grad_bytes(model: ModelSpec, layout: Layout, job: JobSpec, last_stage: bool,
+                               element_bytes: float) -> float:
+    """Output gradients that torch's zero-bubble schedule holds for ONE micro-batch on a stage that is
+    not the first, between its input-gradient step (``stage_backward_input``) and its deferred
+    weight-gradient step, bytes.
+
+    ``stage_backward_input`` keeps, for every parameter, the gradient of the op where the weight
+    meets the activations (its "intermediate"): per layer the outputs of the Q, K, V, output,
+    gate/up and down projections and of the two norms; on the last stage also the final norm and
+    the LM head (the logits' gradient, ``loss_tokens`` of them). Column-parallel outputs are
+    sharded by tp; the row-parallel outputs (attention output, MLP down) are full-width partial
+    sums; norm outputs are sharded by tp under sequence parallelism. The first stage skips the
+    input step (its input needs no gradient) and runs its whole backward as the weight step."""
+    tp = layout.tp
+    norm_share = tp if layout.sequence_parallel else 1
+    mlp_in = (2 if model.gated else 1) * model.ffn_hidden
+    per_token = ((model.q_hidden + 2 * model.kv_hidden + mlp_in) / tp + 2 * model.hidden
+                 + 2 * model.hidden / norm_share)
+    tokens = job.seq_len / layout.cp * layout.mbs
+    total = element_bytes * tokens * per_token * stage_layers(model, layout) * layout.vpp
+    if last_stage:
+        total += element_bytes * (tokens * model.hidden / norm_share
+                                  + loss_tokens(layout, job.seq_len) * model.vocab / tp)
+    return total
+
+
+def rank_in_flight(layout: Layout, micro_batches: int, rank: int, runtime: str = "torch") -> float:
+    """Micro-batches whose activations pipeline rank ``rank`` holds at its peak: all m for GPipe;
+    ``in_flight_microbatches`` on the first stage and one on the last for 1F1B-type schedules, with
+    p - r (at most m) between them, times the interleaved penalty factor (1 + (p-1)/(p·v)) for
+    interleaved 1F1B. torch's zero-bubble (``runtime="torch"``) keeps min(p, m) on every rank:
+    rank r runs p-1-r warm-up forwards and defers each weight step by r micro-batches, so a
+    micro-batch's saved tensors stay until its weight step."""
+    p, m = layout.pp, micro_batches
+    first = in_flight_microbatches(layout, m)
+    if p == 1 or rank == 0 or layout.schedule == "gpipe":
+        return first
+    if layout.schedule == "zero-bubble" and runtime == "torch":
+        return float(min(p, m))
+    if rank == p - 1:
+        return 1.0
+    factor = 1 + (p - 1) / (p * layout.vpp) if layout.schedule == "interleaved-1f1b" else 1.0
+    return min(p - rank, m) * factor
+
+
+def deferred_weight_grad_sets(layout: Layout, micro_batches: int, rank: int, runtime: str = "torch") -> int:
+    """Micro-batches whose output gradients pipeline rank ``rank`` holds for a deferred weight
+    step under torch's zero-bubble: r + 1 (at most m) on rank r > 0 (its weight step trails the
+    input step by r micro-batches); none on the first rank, for other schedules and runtimes."""
+    if layout.schedule != "zero-bubble" or runtime != "torch" or rank == 0 or layout.pp == 1:
+        return 0
+    return min(rank + 1, micro_batches)
+
+
+def rank_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout, rank: int,
+                params: CostParams = DEFAULT_PARAMS, runtime: str = "torch") -> MemoryBreakdown:
+    """Itemized peak memory of pipeline rank ``rank`` (0 .. pp-1; with pp = 1 the only one), bytes.
+    ``stage`` names it "only", "first", "last" or the rank number."""
+    e = cluster.gpu.element_bytes  # the compute dtype: 2 (bf16) on a GPU, 4 (fp32) on a CPU
+    rep = layout.tp if layout.sequence_parallel else 1
+    m = layout.micro_batches(job.global_batch)
+    is_first, is_last = rank == 0, rank == layout.pp - 1
+    embed_per_mb = e * job.seq_len / layout.cp * layout.mbs * model.hidden / rep * (1.5 if model.dropout else 1.0)
+    # the logits in the compute dtype (logits_bytes_per_element counts them as bf16) and the fp32
+    # log-softmax and gradient; soft-capped logits (Gemma-2): tanh saves its output beside them
+    per_logit = params.logits_bytes_per_element - BF16 + e + (e if model.logit_softcap else 0.0)
+    logits = per_logit * loss_tokens(layout, job.seq_len) * model.vocab / layout.tp if is_last else 0.0
+    local = stage_params(model, layout)
+    held = local["first"] if is_first else local["last"] if is_last else local["middle"]
+    weights, grads, optim, buffers, host = model_states(held, model, layout, e)
+    grads += ddp_accumulation_bytes(held, layout, m, e)
+    if model.moe is not None:  # routed experts: split by ep·etp, ZeRO over edp (plait.plan.moe.memory)
+        experts = expert_states(model, layout, stage_layers(model, layout) * layout.vpp, e)
+        weights, grads, optim, buffers, host = (a + b for a, b in zip((weights, grads, optim, buffers, host), experts))
+    moe_buffers = dispatch_buffer_bytes(model, layout, job.seq_len, e) if model.moe is not None else 0.0
+    in_flight = rank_in_flight(layout, m, rank, runtime)
+    acts, offloaded = activation_bytes(model, layout, job, in_flight, runtime, stage=rank, element_bytes=e)
+    embed_acts = in_flight * embed_per_mb if is_first else 0.0
+    pipeline = pipeline_buffer_bytes(model, layout, job, rank, e, runtime)
+    deferred = deferred_weight_grad_sets(layout, m, rank, runtime) * deferred_weight_grad_bytes(
+        model, layout, job, is_last, e)
+    dynamic = acts + embed_acts + logits + buffers + moe_buffers + pipeline + deferred
+    grads = gradients_at_peak(grads, layout, m, e, dynamic)
+    stage = "only" if layout.pp == 1 else "first" if is_first else "last" if is_last else str(rank)
+    return MemoryBreakdown(
+        weights=weights, gradients=grads, optimizer=optim, activations=acts, embedding_activations=embed_acts,
+        logits=logits, zero3_buffers=buffers, comm_buffers=params.comm_buffer_bytes,
+        cuda_context=params.cuda_context_bytes, fragmentation=params.fragmentation * dynamic,
+        capacity=cluster.gpu.hbm_bytes, stage=stage, host_bytes=host + offloaded, moe_buffers=moe_buffers,
+        pipeline_buffers=pipeline, deferred_weight_grads=deferred,
+    )
 
 
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
                     params: CostParams = DEFAULT_PARAMS, runtime: str = "torch") -> MemoryBreakdown:
     """Peak memory of the most loaded GPU (the larger of the first and last stages)."""
-    e = cluster.gpu.element_bytes  # the compute dtype: 2 (bf16) on a GPU, 4 (fp32) on a CPU
-    s_local = job.seq_len / layout.cp
-    sb = s_local * layout.mbs
-    rep = layout.tp if layout.sequence_parallel else 1
-    in_flight = in_flight_microbatches(layout, layout.micro_batches(job.global_batch))
-    embed_per_mb = e * sb * model.hidden / rep * (1.5 if model.dropout else 1.0)
-    # the logits in the compute dtype (logits_bytes_per_element counts them as bf16) and the fp32
-    # log-softmax and gradient; soft-capped logits (Gemma-2): tanh saves its output beside them
-    per_logit = params.logits_bytes_per_element - BF16 + e + (e if model.logit_softcap else 0.0)
-    logits = per_logit * loss_tokens(layout, job.seq_len) * model.vocab / layout.tp
-    candidates = []
-    local = stage_params(model, layout)
-    for stage in ("first", "last"):
-        weights, grads, optim, buffers, host = model_states(local[stage], model, layout, e)
-        grads += ddp_accumulation_bytes(local[stage], layout, layout.micro_batches(job.global_batch), e)
-        if model.moe is not None:  # routed experts: split by ep·etp, ZeRO over edp (plait.plan.moe.memory)
-            experts = expert_states(model, layout, stage_layers(model, layout) * layout.vpp, e)
-            weights, grads, optim, buffers, host = (a + b for a, b in zip((weights, grads, optim, buffers, host), experts))
-        moe_buffers = dispatch_buffer_bytes(model, layout, job.seq_len, e) if model.moe is not None else 0.0
-        is_first = stage == "first" or layout.pp == 1
-        is_last = stage == "last" or layout.pp == 1
-        # the last stage of 1F1B-type schedules holds one micro-batch; GPipe's holds them all
-        stage_in_flight = in_flight if is_first or layout.schedule == "gpipe" else 1.0
-        stage_acts, offloaded = activation_bytes(model, layout, job, stage_in_flight, runtime,
-                                                 stage=0 if is_first else layout.pp - 1, element_bytes=e)
-        embed_acts = stage_in_flight * embed_per_mb if is_first else 0.0
-        pipeline = pipeline_buffer_bytes(model, layout, job, 0 if is_first else layout.pp - 1, e, runtime)
-        dynamic = stage_acts + embed_acts + (logits if is_last else 0.0) + buffers + moe_buffers + pipeline
-        grads = gradients_at_peak(grads, layout, layout.micro_batches(job.global_batch), e, dynamic)
-        candidates.append(MemoryBreakdown(
-            weights=weights, gradients=grads, optimizer=optim, activations=stage_acts,
-            embedding_activations=embed_acts,
-            logits=logits if is_last else 0.0, zero3_buffers=buffers,
-            comm_buffers=params.comm_buffer_bytes, cuda_context=params.cuda_context_bytes,
-            fragmentation=params.fragmentation * dynamic, capacity=cluster.gpu.hbm_bytes,
-            stage="only" if layout.pp == 1 else stage, host_bytes=host + offloaded, moe_buffers=moe_buffers,
-            pipeline_buffers=pipeline,
-        ))
-    return max(candidates, key=lambda m: m.total)
+    ranks = (0,) if layout.pp == 1 else (0, layout.pp - 1)
+    return max((rank_memory(model, cluster, job, layout, r, params, runtime) for r in ranks), key=lambda m: m.total)
 
 
 def is_risky(memory: MemoryBreakdown, headroom: float = DEFAULT_HEADROOM) -> bool:
