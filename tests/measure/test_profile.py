@@ -117,6 +117,36 @@ def test_collective_fit_recovers_the_comm_model(op, n):
     assert fit["latency_s"] == pytest.approx(7e-6, rel=1e-6)
 
 
+def test_each_op_keeps_its_own_measured_bandwidth_through_the_planner():
+    """A profile whose reduce-scatter is 5x slower than its all-reduce (gloo on a CPU) writes the
+    all-reduce as the link and every other op as a factor of it; the planner then times each op
+    as it was measured, latency unchanged."""
+    truth = replace(CLUSTERS["dgx-h100"], intra_node_bandwidth=2e9, intra_node_latency=4e-4, link_efficiency=1.0,
+                    all_gather_bandwidth_factor=0.5, reduce_scatter_bandwidth_factor=0.2,
+                    all_to_all_bandwidth_factor=0.7, send_recv_bandwidth_factor=1.3)
+    group = GroupPlacement(size=2, stride=1, nodes=1, ranks_per_node=2)
+    ops = {"all_reduce": comm.all_reduce, "all_gather": comm.all_gather, "reduce_scatter": comm.reduce_scatter,
+           "all_to_all": comm.all_to_all, "send_recv": lambda c, g, b: comm.send_recv(c, False, b)}
+    points = [{"op": op, "scope": "intra", "group_size": 2, "bytes": b, "time_s": time(truth, group, b)}
+              for op, time in ops.items() if op != "all_to_all" for b in (1e5, 1e6, 1e7)]
+    links = calibration_fields({"collectives": points, "kernel_overhead_s": 1e-6, "memory": [{"bytes_per_s": 1e10}],
+                                "gemm": [{"flops": f, "time_s": f / 1e11, "flops_per_s": 1e11} for f in (1e8, 1e9)]},
+                               None, link_efficiency=1.0)["cluster_overrides"]
+    assert links["intra_node_bandwidth"] == pytest.approx(2e9, rel=1e-6)  # the all-reduce's, not a median
+    assert links["reduce_scatter_bandwidth_factor"] == pytest.approx(0.2, rel=1e-6)
+    assert links["all_gather_bandwidth_factor"] == pytest.approx(0.5, rel=1e-6)
+    assert links["send_recv_bandwidth_factor"] == pytest.approx(1.3, rel=1e-6)
+    assert "all_to_all_bandwidth_factor" not in links  # not measured: the planner keeps 1.0
+    planned = replace(CLUSTERS["dgx-h100"], **links)
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"):
+        assert ops[op](planned, group, 4e6) == pytest.approx(ops[op](truth, group, 4e6), rel=1e-6), op
+    # the factor scales the bandwidth term only: a one-byte message costs the one latency either way
+    for op in ("all_gather", "reduce_scatter"):
+        assert ops[op](truth, group, 1.0) == pytest.approx(4e-4, abs=1e-8)
+    assert comm.reduce_scatter(truth, group, 1e8) == pytest.approx(
+        0.5e8 / (2e9 * 0.2) + 4e-4, rel=1e-12)
+
+
 def test_gpu_fields_are_fractions_of_the_preset_and_links_round_trip():
     gpu = GPUS["h100-sxm"]
     raw = {"kernel_overhead_s": 4e-6,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from plait.cli.support.common import warn
 from plait.errors import PlaitError
+from plait.spec.hardware import OP_BANDWIDTH_FACTORS
 
 HELP = "micro-benchmark this machine and write a calibration file"
 
@@ -82,6 +83,9 @@ def _print_summary(data: dict, out: str) -> None:
             latency = links[f"{scope}_node_latency"]
             lines.append(f"{scope}-node links: {links[key] * links['link_efficiency'] / 1e9:.3g} GB/s bus bandwidth, "
                          f"{latency * 1e6:.3g} us per step")
+    factors = [f"{op.replace('_', '-')} {links[field]:.2f}x" for op, field in OP_BANDWIDTH_FACTORS.items() if field in links]
+    if factors:
+        lines.append("bus bandwidth against the all-reduce's: " + ", ".join(factors))
     lines += data["notes"]
     lines.append(f"wrote {out} (use: plait plan ... --calibration {out})")
     print("\n".join(lines), flush=True)

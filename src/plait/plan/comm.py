@@ -10,6 +10,10 @@ bus bandwidth plus one latency per step:
   network   the GPU's NIC share, ``inter_node_bandwidth / gpus_per_nic`` · ``link_efficiency``
             (never the node's other NICs: they carry the other GPUs' bytes)
 
+Each op may reach its own bus bandwidth: ``ClusterSpec.<op>_bandwidth_factor`` scales the link's
+for all-gather, reduce-scatter, all-to-all and send/recv (1.0 on every preset; a profile of gloo
+on a CPU measures reduce-scatter far slower than all-reduce).
+
 "Bus bandwidth" is nccl-tests' definition (NVIDIA/nccl-tests doc/PERFORMANCE.md): the link
 speed a rank needs to reach the measured time, busbw = S/t · 2(n-1)/n for all-reduce and
 S/t · (n-1)/n for all-gather and reduce-scatter - so that one bus bandwidth describes a link for
@@ -44,7 +48,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from plait.spec.hardware import ClusterSpec
+from plait.spec.hardware import OP_BANDWIDTH_FACTORS, ClusterSpec
 from plait.spec.layout import GroupPlacement
 
 ALGORITHMS = ("ring", "tree", "two_level")
@@ -96,11 +100,18 @@ def traffic(algorithm: str, group: GroupPlacement, nbytes: float, passes: int = 
     raise ValueError(f"unknown collective algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
 
 
-def time_of(cluster: ClusterSpec, moved: Traffic) -> float:
-    """Seconds for ``moved``: each level's bytes at its bus bandwidth plus one latency per step."""
+def op_factor(cluster: ClusterSpec, op: str) -> float:
+    """The bus bandwidth ``op`` reaches as a multiple of the all-reduce's (1.0 for the all-reduce)."""
+    return getattr(cluster, OP_BANDWIDTH_FACTORS[op]) if op in OP_BANDWIDTH_FACTORS else 1.0
+
+
+def time_of(cluster: ClusterSpec, moved: Traffic, op: str = "all_reduce") -> float:
+    """Seconds for ``moved``: each level's bytes at its bus bandwidth (scaled for ``op``,
+    ``op_factor``) plus one latency per step."""
     seconds = moved.nvlink_steps * cluster.intra_node_latency + moved.nic_steps * cluster.inter_node_latency
-    nvlink = moved.nvlink_bytes / nvlink_bandwidth(cluster) if moved.nvlink_bytes else 0.0
-    nic = moved.nic_bytes / nic_bandwidth(cluster) if moved.nic_bytes else 0.0
+    factor = op_factor(cluster, op)
+    nvlink = moved.nvlink_bytes / (nvlink_bandwidth(cluster) * factor) if moved.nvlink_bytes else 0.0
+    nic = moved.nic_bytes / (nic_bandwidth(cluster) * factor) if moved.nic_bytes else 0.0
     return seconds + (max(nvlink, nic) if moved.concurrent else nvlink + nic)
 
 
@@ -114,15 +125,19 @@ def all_reduce(cluster: ClusterSpec, group: GroupPlacement, nbytes: float) -> fl
 
 def all_gather(cluster: ClusterSpec, group: GroupPlacement, nbytes: float) -> float:
     """Gather ``nbytes`` in total (each rank contributes nbytes / n): NCCL's ring."""
-    return time_of(cluster, traffic("ring", group, nbytes))
+    return time_of(cluster, traffic("ring", group, nbytes), "all_gather")
 
 
-reduce_scatter = all_gather  # the same ring, bytes and steps as the all-gather of the result
+def reduce_scatter(cluster: ClusterSpec, group: GroupPlacement, nbytes: float) -> float:
+    """Reduce-scatter of ``nbytes``: the same ring, bytes and steps as the all-gather of the result."""
+    return time_of(cluster, traffic("ring", group, nbytes), "reduce_scatter")
 
 
-def two_level(cluster: ClusterSpec, group: GroupPlacement, nbytes: float, passes: int = 1) -> float:
-    """A rail-aligned hierarchical all-gather / reduce-scatter (passes=1) or all-reduce (2)."""
-    return time_of(cluster, traffic("two_level", group, nbytes, passes))
+def two_level(cluster: ClusterSpec, group: GroupPlacement, nbytes: float, passes: int = 1,
+              op: str = "all_reduce") -> float:
+    """A rail-aligned hierarchical all-gather / reduce-scatter (passes=1, ``op`` names which) or
+    all-reduce (2)."""
+    return time_of(cluster, traffic("two_level", group, nbytes, passes), op)
 
 
 def all_to_all(cluster: ClusterSpec, group: GroupPlacement, nbytes: float) -> float:
@@ -132,7 +147,7 @@ def all_to_all(cluster: ClusterSpec, group: GroupPlacement, nbytes: float) -> fl
     if n <= 1 or nbytes <= 0:
         return 0.0
     return time_of(cluster, Traffic((r - 1) / n * nbytes, (n - r) / n * nbytes,
-                                    1 if r > 1 else 0, 1 if group.spans_nodes else 0))
+                                    1 if r > 1 else 0, 1 if group.spans_nodes else 0), "all_to_all")
 
 
 def all_to_all_hierarchical(cluster: ClusterSpec, group: GroupPlacement, nbytes: float,
@@ -150,7 +165,7 @@ def all_to_all_hierarchical(cluster: ClusterSpec, group: GroupPlacement, nbytes:
     if not group.spans_nodes:
         return all_to_all(cluster, group, nbytes)
     nic = min(nic_bytes, (n - r) / n * nbytes)
-    return time_of(cluster, Traffic((r - 1) / r * nbytes, nic, 1 if r > 1 else 0, 1, concurrent=True))
+    return time_of(cluster, Traffic((r - 1) / r * nbytes, nic, 1 if r > 1 else 0, 1, concurrent=True), "all_to_all")
 
 
 def send_recv(cluster: ClusterSpec, crosses_nodes: bool, nbytes: float) -> float:
@@ -158,6 +173,7 @@ def send_recv(cluster: ClusterSpec, crosses_nodes: bool, nbytes: float) -> float
     they are on different nodes)."""
     if nbytes <= 0:
         return 0.0
+    factor = op_factor(cluster, "send_recv")
     if crosses_nodes:
-        return nbytes / nic_bandwidth(cluster) + cluster.inter_node_latency
-    return nbytes / nvlink_bandwidth(cluster) + cluster.intra_node_latency
+        return nbytes / (nic_bandwidth(cluster) * factor) + cluster.inter_node_latency
+    return nbytes / (nvlink_bandwidth(cluster) * factor) + cluster.intra_node_latency

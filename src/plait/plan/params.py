@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
+from plait.spec.hardware import OP_BANDWIDTH_FACTORS
 from plait.spec.units import GIB, MIB_BYTES
 from plait.spec.serialize import dataclass_from_dict
 
@@ -177,6 +178,7 @@ GPU_RANGES: dict[str, Range] = {
 CLUSTER_RANGES: dict[str, Range] = {
     "intra_node_bandwidth": POSITIVE, "inter_node_bandwidth": POSITIVE, "intra_node_latency": NON_NEGATIVE,
     "inter_node_latency": NON_NEGATIVE, "host_link_bandwidth": POSITIVE, "link_efficiency": EFFICIENCY,
+    **{field: POSITIVE for field in OP_BANDWIDTH_FACTORS.values()},
 }
 
 

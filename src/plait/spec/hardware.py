@@ -21,6 +21,8 @@ from plait.spec.units import GB, GIB
 
 # (lowest allowed, whether the lowest itself is allowed, highest) of each number field.
 _POSITIVE, _NON_NEGATIVE, _FRACTION = (0.0, False, math.inf), (0.0, True, math.inf), (0.0, False, 1.0)
+# collectives whose bus bandwidth a cluster may give relative to the all-reduce's: op -> ClusterSpec field
+OP_BANDWIDTH_FACTORS = {op: f"{op}_bandwidth_factor" for op in ("all_gather", "reduce_scatter", "all_to_all", "send_recv")}
 
 
 def _number_problems(spec, ranges: dict[str, tuple[float, bool, float]]) -> list[str]:
@@ -115,6 +117,11 @@ class ClusterSpec:
         host_link_bandwidth: GPU <-> host (PCIe) bandwidth per GPU per direction, bytes/s.
         link_efficiency: fraction of link bandwidth a large collective reaches (bus bandwidth).
         n_gpus: GPUs in the job (``plait plan --gpus`` sets it).
+        all_gather_bandwidth_factor / reduce_scatter_bandwidth_factor / all_to_all_bandwidth_factor /
+            send_recv_bandwidth_factor: the bus bandwidth that op reaches as a multiple of the
+            all-reduce's (which the link fields above describe), on every level. 1.0 on every
+            preset: NCCL reaches about the same bus bandwidth on each op. ``plait profile`` writes
+            what it measured (gloo on a CPU: reduce-scatter about a fifth of the all-reduce's).
     """
 
     name: str
@@ -128,8 +135,13 @@ class ClusterSpec:
     link_efficiency: float = 0.80
     n_gpus: int = 8
     gpus_per_nic: int = 1
+    all_gather_bandwidth_factor: float = 1.0
+    reduce_scatter_bandwidth_factor: float = 1.0
+    all_to_all_bandwidth_factor: float = 1.0
+    send_recv_bandwidth_factor: float = 1.0
 
     RANGES = {"intra_node_bandwidth": _POSITIVE, "inter_node_bandwidth": _POSITIVE,
+              **{field: _POSITIVE for field in OP_BANDWIDTH_FACTORS.values()},
               "intra_node_latency": _NON_NEGATIVE, "inter_node_latency": _NON_NEGATIVE,
               "host_link_bandwidth": _POSITIVE, "link_efficiency": _FRACTION}
 

@@ -14,9 +14,11 @@ Each fit uses the planner's own formula, so what is measured lands where the pla
 - One-element kernels back to back give ``kernel_overhead``.
 - Collectives (``plait.plan.comm``): t = steps · (S / n / B + L) with steps = 2(n-1) for
   all-reduce and n-1 for all-gather / reduce-scatter, a line in S: B is the bus bandwidth, L the
-  per-step latency. The median B of those three inside a node, over ``link_efficiency``, gives
-  ``intra_node_bandwidth`` (across nodes, with one rank per node: ``inter_node_bandwidth``), the
-  median L the latency. Pinned host copies give ``host_link_bandwidth``.
+  per-step latency. The all-reduce's B inside a node (the median of the three when it was not
+  measured), over ``link_efficiency``, gives ``intra_node_bandwidth`` (across nodes, with one rank
+  per node: ``inter_node_bandwidth``), the median L the latency, and every other op's B over it
+  its ``ClusterSpec.<op>_bandwidth_factor`` (all-gather, reduce-scatter, all-to-all, send/recv;
+  from inside a node when measured there). Pinned host copies give ``host_link_bandwidth``.
 
 A CPU has no vendor peak in plait: a CPU profile describes the CPU as the device, with the
 fitted large-GEMM rate as its peak (``bf16_flops``, efficiency 1.0), the copy bandwidth as its
@@ -31,7 +33,7 @@ import math
 import statistics
 
 from plait.measure.profile.cpu_fit import cpu_device_params
-from plait.spec.hardware import GpuSpec
+from plait.spec.hardware import OP_BANDWIDTH_FACTORS, GpuSpec
 from plait.spec.model import ModelSpec
 
 FIT_OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -122,9 +124,17 @@ def _links(raw: dict, efficiency: float) -> tuple[dict, list[dict], list[str]]:
     for scope, bandwidth_field, latency_field in (("intra", "intra_node_bandwidth", "intra_node_latency"),
                                                    ("inter", "inter_node_bandwidth", "inter_node_latency")):
         used = [f for f in fits if f["scope"] == scope and f["op"] in FIT_OPS]
-        if used:
-            overrides[bandwidth_field] = statistics.median(f["bus_bytes_per_s"] for f in used) / efficiency
-            overrides[latency_field] = statistics.median(f["latency_s"] for f in used)
+        if not used:
+            continue
+        reference = next((f["bus_bytes_per_s"] for f in used if f["op"] == "all_reduce"), None)
+        if reference is None:
+            reference = statistics.median(f["bus_bytes_per_s"] for f in used)
+        overrides[bandwidth_field] = reference / efficiency
+        overrides[latency_field] = statistics.median(f["latency_s"] for f in used)
+        if not any(field in overrides for field in OP_BANDWIDTH_FACTORS.values()):  # inside a node first
+            for f in fits:
+                if f["scope"] == scope and f["op"] in OP_BANDWIDTH_FACTORS:
+                    overrides[OP_BANDWIDTH_FACTORS[f["op"]]] = f["bus_bytes_per_s"] / reference
     if overrides:
         overrides["link_efficiency"] = efficiency  # bandwidth · link_efficiency = the measured bus bandwidth
     else:
