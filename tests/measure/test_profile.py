@@ -172,6 +172,26 @@ def test_gpu_fields_are_fractions_of_the_preset_and_links_round_trip():
     assert links["host_link_bandwidth"] == 48e9
 
 
+def test_host_time_runs_are_interleaved_rounds_reported_by_their_median(monkeypatch):
+    pytest.importorskip("torch")
+    from plait.measure.profile import runtime_cost
+
+    calls = []
+    slow_spell = {3, 4, 5}  # the machine is 10x slower for three consecutive runs of the first round
+
+    def fake(spec, layers, layout_text, device, seq_len, micro_batches=1, steps=24):
+        calls.append((layout_text, layers, micro_batches))
+        return 0.001 * layers * micro_batches * (10.0 if len(calls) - 1 in slow_spell else 1.0)
+
+    monkeypatch.setattr(runtime_cost, "train_step_seconds", fake)
+    out = runtime_cost.layer_host_seconds(get_model("tiny"), None, 32, {"plain": "dp=2", "tp": "tp=2"}, steps=8,
+                                          rounds=3)
+    runs = [("dp=2", 1, 1), ("dp=2", 5, 1), ("dp=2", 1, 3), ("tp=2", 1, 1), ("tp=2", 5, 1)]
+    assert calls == runs * 3  # every run once per round, in the same order
+    assert out["plain"] == {"1x1": 0.001, "5x1": 0.005, "1x3": 0.003}  # the spell is outvoted
+    assert out["tp"] == {"1x1": 0.001, "5x1": 0.005} and out["rounds"] == 3
+
+
 def test_cpu_profile_sizes_are_capped_for_any_model():
     """On a CPU the default (not --quick) profile of a large model stays a small amount of work."""
     from plait.measure.profile.machine import CPU_MAX_FLOPS, attention_flops, compute_flops

@@ -178,6 +178,7 @@ def profile_config(model: ModelSpec, seq_len: int, where: Where, quick: bool, ti
     extra = {} if gpu else {"host_overhead_model": host_model.to_dict(),  # runtime_cost.layer_host_seconds
                             "host_overhead_tokens": HOST_OVERHEAD_TOKENS,
                             "host_steps": 8 if quick else 24,  # steps of each timed training run
+                            "host_rounds": 1 if quick else 3,  # interleaved rounds of them (median)
                             "host_overhead_layouts": host_overhead_layouts(host_model,
                                                                            where.nproc_per_node * where.nnodes)}
     return {

@@ -60,22 +60,31 @@ def train_step_seconds(spec: ModelSpec, layers: int, layout_text: str, device: t
 
 
 def layer_host_seconds(spec: ModelSpec, device: torch.device, seq_len: int, layouts: dict[str, str],
-                       steps: int = 24) -> dict:
+                       steps: int = 24, rounds: int = 1) -> dict:
     """{"spec", "tokens", "layer_params", "layouts", <mechanism>: {"LxM": seconds}}: the step time of a
     short training run (``train_step_seconds``) of ``spec``'s blocks with L layers and M
     micro-batches of one sequence of ``seq_len`` tokens, for each of ``layouts`` (mechanism -> layout
     over every rank; "plain" is data parallelism alone): L in ``HOST_LAYERS`` with M = 1, and for
     "plain" also L = 1 with M = ``HOST_MICRO_BATCHES``. Their differences give per layer, per
-    micro-batch and per step costs (``plait.measure.profile.cpu_fit``)."""
+    micro-batch and per step costs (``plait.measure.profile.cpu_fit``). Every run is made
+    ``rounds`` times, all runs in turn each round, and reported as the median of its rounds: the
+    differences of two runs are what is fitted, so a slow spell of the machine during one run
+    must not land in one of them alone."""
     out = {"spec": spec.name, "tokens": seq_len, "layer_params": spec.layer_params(), "layouts": dict(layouts),
-           "steps": steps}
+           "steps": steps, "rounds": rounds}
+    runs = []
     for mechanism, layout_text in layouts.items():
         shapes = [(layers, 1) for layers in HOST_LAYERS]
         if mechanism == "plain":
             shapes.append((HOST_LAYERS[0], HOST_MICRO_BATCHES))
-        out[mechanism] = {f"{layers}x{micro_batches}": train_step_seconds(spec, layers, layout_text, device, seq_len,
-                                                                           micro_batches, steps)
-                          for layers, micro_batches in shapes}
+        runs += [(mechanism, layout_text, layers, micro_batches) for layers, micro_batches in shapes]
+    seconds: dict[tuple, list[float]] = {}
+    for _ in range(max(1, rounds)):
+        for mechanism, layout_text, layers, micro_batches in runs:
+            seconds.setdefault((mechanism, layers, micro_batches), []).append(
+                train_step_seconds(spec, layers, layout_text, device, seq_len, micro_batches, steps))
+    for (mechanism, layers, micro_batches), times in seconds.items():
+        out.setdefault(mechanism, {})[f"{layers}x{micro_batches}"] = statistics.median(times)
     return out
 
 

@@ -92,7 +92,8 @@ def run(config: dict, device: torch.device, env: RankEnv) -> dict | None:
 
         spec = ModelSpec.from_dict(config["host_overhead_model"])
         raw["layer_host_s"] = runtime_cost.layer_host_seconds(spec, device, config["host_overhead_tokens"],
-                                                              config["host_overhead_layouts"], config["host_steps"])
+                                                              config["host_overhead_layouts"], config["host_steps"],
+                                                              config.get("host_rounds", 1))
         tick("runtime host time per layer")
     bar.close()
     return raw if rank == 0 else None
