@@ -13,6 +13,7 @@ from plait.cli import main
 from plait.errors import PlaitError, RunStopped
 from plait.measure.sweep import run_one
 from plait.measure.sweep.cases import SweepSpec, make_cases
+from plait.run.config import RuntimeConfig
 from plait.run.launcher.launch import RunFailed, record_refusal
 from plait.run.launcher.outcome import (
     FORMAT,
@@ -121,7 +122,9 @@ def test_a_restart_note_names_the_dead_rank(tmp_path):
 
 
 class SavedConfig:
-    """What launch() needs of a RunConfig here: something to save as RUN_DIR/config.json."""
+    """What launch() needs of a RunConfig here: something to save as RUN_DIR/config.json, a device."""
+
+    runtime = RuntimeConfig(device="cpu")
 
     def save(self, path):
         path.write_text("{}")

@@ -242,7 +242,7 @@ def run_workers(config: dict, where: Where, run_dir: Path, rdzv_endpoint: str | 
     flags = torchrun_args(options, str(run_dir))
     flags = flags[: flags.index("-m")] + ["-m", "plait.measure.profile.worker", str(run_dir)]
     (run_dir / "profile-config.json").write_text(json.dumps(config))
-    run_torchrun(flags, run_dir, where.nproc_per_node, what="profiling")
+    run_torchrun(flags, run_dir, where.nproc_per_node, what="profiling", cpu=where.device == "cpu")
     raw_file = run_dir / "raw.json"
     if not raw_file.is_file():  # another node's rank 0 writes it
         return {}

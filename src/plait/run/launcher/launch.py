@@ -15,7 +15,6 @@ for programs such as ``plait sweep``.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 
 from plait.errors import PlaitError, RunStopped
 from plait.run.config import RunConfig
+from plait.run.launcher.device import uses_gpu
+from plait.run.launcher.environment import worker_environment
 from plait.run.launcher.host_memory import HostMemory
 from plait.run.launcher.outcome import (
     EXIT_ERROR,
@@ -103,7 +104,8 @@ def launch(config: RunConfig, options: LaunchOptions, run_dir: str | None = None
     try:
         try:
             outcome, message = workers_outcome(torchrun_args(options, str(directory)), directory,
-                                               options.nproc_per_node, host_memory=host_memory)
+                                               options.nproc_per_node, host_memory=host_memory,
+                                               cpu=not uses_gpu(config.runtime.device))
         except PlaitError as exc:
             write_outcome(directory, refused(exc))
             raise
@@ -136,14 +138,15 @@ def record_refusal(run_dir: str | None, exc: PlaitError) -> None:
         pass
 
 
-def run_torchrun(args: list[str], run_dir: Path, nproc_per_node: int, what: str = "training") -> None:
+def run_torchrun(args: list[str], run_dir: Path, nproc_per_node: int, what: str = "training",
+                 cpu: bool = False) -> None:
     """Run torchrun with ``args`` (``torchrun_args``' form) in this process, to completion.
 
     Raises RunFailed when a worker failed (the message names the first failed rank, from the
     ``error-rank<R>.json`` files in ``run_dir``; ``what`` names the work: "training failed on
     rank 1: ..."), RunStopped when a signal stopped the run.
     """
-    raise_for(*workers_outcome(args, run_dir, nproc_per_node, what))
+    raise_for(*workers_outcome(args, run_dir, nproc_per_node, what, cpu=cpu))
 
 
 def raise_for(outcome: Outcome, message: str) -> None:
@@ -155,8 +158,11 @@ def raise_for(outcome: Outcome, message: str) -> None:
 
 
 def workers_outcome(args: list[str], run_dir: Path, nproc_per_node: int, what: str = "training",
-                    host_memory: HostMemory | None = None) -> tuple[Outcome, str]:
+                    host_memory: HostMemory | None = None, cpu: bool = False) -> tuple[Outcome, str]:
     """Run torchrun with ``args``; (how it ended, the error message with traceback, "" when ok).
+
+    The workers start with ``plait.run.launcher.environment.worker_environment`` (``cpu``: the CPU
+    allocator settings too).
 
     ``host_memory``: a CPU run's predicted and available host memory; a worker killed by SIGKILL
     is then reported as killed by the OS, with these numbers (``outcome.failed_run``)."""
@@ -166,10 +172,9 @@ def workers_outcome(args: list[str], run_dir: Path, nproc_per_node: int, what: s
 
     from plait.run.launcher.restarts import restart_notes
 
-    # torchrun sets 1 thread per worker (and warns) when unset; share the cores instead
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     try:
-        with restart_notes(Path(run_dir), what, lambda note: print(f"plait: {note}", flush=True)):
+        with worker_environment(nproc_per_node, cpu), \
+                restart_notes(Path(run_dir), what, lambda note: print(f"plait: {note}", flush=True)):
             run(parse_args(args))
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
