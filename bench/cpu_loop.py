@@ -230,7 +230,7 @@ def markdown(rows: list[dict], summary: dict, args, fits: list[dict] = (), sprea
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--work", help="keep calibrations, sweep CSVs and logs here (default: a temp dir)")
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/results/cpu_loop.md")
