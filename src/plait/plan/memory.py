@@ -22,10 +22,10 @@ interleaved 1F1B the penalty factor (1 + (p-1)/(p·v)) of Korthikanti et al. 202
 keeps 1F1B's memory; torch's zero-bubble schedule (plait's runtime) keeps min(p, m) on every rank
 and, on rank r > 0, the output gradients of r + 1 micro-batches for their deferred weight steps
 (item ``deferred_weight_grads``, ``deferred_weight_grad_bytes``), so its last stage is the peak.
-Checkpointing adds the tensors that one layer dropped, live again while it is recomputed for its backward. The first stage adds the
-embedding output, the last stage the logits (bf16 logits, their fp32 log-softmax and its
-gradient, one micro-batch; ``loss_tokens``): all of the micro-batch's tokens with
-``loss=unfused``, one chunk of ``LOSS_CHUNK_TOKENS`` with ``loss=fused`` (the chunked cross
+Checkpointing adds the tensors that one layer dropped, live again while it is recomputed for its
+backward. The first stage adds the embedding output, the last stage the logits (bf16 logits,
+their fp32 log-softmax and its gradient, one micro-batch; ``loss_tokens``): all of the
+micro-batch's tokens with ``loss=unfused``, one chunk of ``LOSS_CHUNK_TOKENS`` with ``loss=fused`` (the chunked cross
 entropy keeps only the final hidden state, which the LM head's GEMM saves in both cases, and
 recomputes one chunk's logits at a time in the backward).
 Activation offload (``plait.run.memory.offload``): the first ``offloaded_layer_count`` layers of a
@@ -72,9 +72,9 @@ from plait.spec.validate import stage_layers
 
 # items outside the allocator's count: CUDA context, NCCL buffers, fragmentation reserve
 OVERHEAD_ITEMS = ("cuda_context", "comm_buffers", "fragmentation")
-DEFAULT_HEADROOM = 0.05
+DEFAULT_HEADROOM = 0.05  # fraction of HBM kept free for what the formula does not count
 # schedules that plait's runtime builds on torch's _PipelineScheduleRuntime (sends waited at step end)
-SENDS_HELD_SCHEDULES = ("interleaved-1f1b", "zero-bubble")  # fraction of HBM kept free for what the formula does not count
+SENDS_HELD_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
 
 
 def allocated_bytes(items: dict[str, float]) -> float:
