@@ -70,14 +70,14 @@ def test_host_time_is_what_the_planners_terms_leave_unexplained():
     reproduces every timed update."""
     spec = host_overhead_spec(TINY)
     layouts = host_overhead_layouts(spec, 2)
-    assert set(layouts) == {"plain", *MECHANISM_PARAMS}  # tp=2, cp=2 and zero=2 are valid for tiny
+    assert set(layouts) == {"plain", *MECHANISM_PARAMS}  # tp=2, cp=2, zero=2 and balanced are valid for tiny
     base = calibration_fields(_raw(), None, 1.0, 8e9)  # the device and links without host time
     device = cpu_device(base["gpu_overrides"])
     links = base["cluster_overrides"]
     truth = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **base["params"], "layer_overhead_s": 1.5e-3,
                                   "microbatch_overhead_s": 0.7e-3, "step_overhead_s": 4e-3,
                                   "tp_layer_overhead_s": 7e-3, "cp_layer_overhead_s": 2e-3,
-                                  "fsdp_layer_overhead_s": 0.5e-3})
+                                  "fsdp_layer_overhead_s": 0.5e-3, "sac_layer_overhead_s": 3e-3})
     low, high = HOST_LAYERS
     runs = {f"{low}x1": (low, 1), f"{high}x1": (high, 1), f"{low}x{HOST_MICRO_BATCHES}": (low, HOST_MICRO_BATCHES)}
     host = {"spec": spec.name, "tokens": 32, "layouts": layouts}
@@ -92,7 +92,9 @@ def test_host_time_is_what_the_planners_terms_leave_unexplained():
     fast = {**host, **{m: {k: v * 1e-3 for k, v in host[m].items()} for m in layouts}}
     fitted = calibration_fields(_raw(fast), None, 1.0, 8e9, spec)["params"]
     assert all(fitted[name] == 0.0 for name in ("layer_overhead_s", "step_overhead_s", *MECHANISM_PARAMS.values()))
-    assert host_overhead_layouts(spec, 1) == {"plain": "dp=1"}  # one process: data parallelism alone
+    # one process: data parallelism alone and the selective checkpoint
+    assert host_overhead_layouts(spec, 1) == {"plain": "dp=1,tp=1,pp=1,cp=1,mbs=1",
+                                              "sac": "dp=1,tp=1,pp=1,cp=1,mbs=1,ckpt=balanced"}
 
 
 def test_host_time_terms_count_per_layer_and_micro_batch_and_only_where_the_mechanism_runs():
@@ -100,7 +102,8 @@ def test_host_time_terms_count_per_layer_and_micro_batch_and_only_where_the_mech
     cluster = dataclasses.replace(cluster, gpus_per_node=2)
     job = JobSpec(global_batch=8, seq_len=128)
     params = dataclasses.replace(DEFAULT_PARAMS, layer_overhead_s=1e-3, tp_layer_overhead_s=10e-3,
-                                 cp_layer_overhead_s=100e-3, fsdp_layer_overhead_s=1000e-3)
+                                 cp_layer_overhead_s=100e-3, fsdp_layer_overhead_s=1000e-3,
+                                 sac_layer_overhead_s=10000e-3)
     layers = TINY.n_layers
 
     def extra(text: str, ckpt_layers: float = 0.0) -> float:
@@ -114,6 +117,9 @@ def test_host_time_terms_count_per_layer_and_micro_batch_and_only_where_the_mech
     assert extra("cp=2,mbs=4") == pytest.approx(layers * 101e-3)
     assert extra("dp=2,mbs=2,zero=2") == pytest.approx(layers * 1001e-3)
     assert extra("dp=2,mbs=2,ckpt=full") == pytest.approx((layers + layers / 3) * 1e-3)  # forward again
+    assert extra("dp=2,mbs=2,ckpt=balanced") == pytest.approx(layers * 10001e-3)  # per checkpointed layer
+    assert extra("dp=2,mbs=2,ckpt=balanced,ckpt_layers=1") == pytest.approx(layers * 1e-3 + 10000e-3)
+    assert extra("dp=2,mbs=2,ckpt=selective") == pytest.approx(layers * 1e-3)  # no policy asked per op
     # the defaults (every GPU plan) carry no host time
     assert all(getattr(DEFAULT_PARAMS, n) == 0.0 for n in ("layer_overhead_s", *MECHANISM_PARAMS.values()))
 

@@ -24,7 +24,7 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
       gradients are reduced over the expert-data-parallel group (in ``dp_comm``) and their
       optimizer step counted with the rest.
   host time (``CostParams.layer_overhead_s`` and the tp / cp / FSDP2 ones, per layer and
-      micro-batch; 0 by default: on a GPU the host runs ahead of the kernels; a CPU profile
+      micro-batch, and the selective-checkpoint one per ``ckpt=balanced`` layer; 0 by default: on a GPU the host runs ahead of the kernels; a CPU profile
       measures them) is added to the per-micro-batch overhead. Bytes are priced in the device's
       compute dtype (``GpuSpec.element_bytes``: 2 on GPUs, 4 on a CPU profile).
 
@@ -267,6 +267,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
                   + (params.cp_layer_overhead_s if lay.cp > 1 else 0.0)
                   + (params.fsdp_layer_overhead_s if lay.uses_fsdp else 0.0))
     host_mb = host_layer * (layers + (n_ckpt / 3.0 if lay.ckpt == "full" else 0.0))
+    host_mb += params.sac_layer_overhead_s * n_ckpt if lay.ckpt == "balanced" else 0.0
     overhead_mb = params.microbatch_overhead_s * lay.vpp + host_mb
     body_mb = kernels_mb + elementwise_mb + recompute_mb + tp_mb + cp_mb + offload_mb + pp_mb + overhead_mb + ep_mb
     slowest_mb = body_mb + head_mb  # the last stage (or the only one) carries the head

@@ -69,6 +69,10 @@ class CostParams:
         (``Layout.uses_fsdp``); 0 on a GPU; measured by a CPU profile like ``tp_layer_overhead_s``.
     cp_layer_overhead_s: host seconds per layer and micro-batch that context parallelism adds at
         cp > 1 (the sequence shard's exchange loop around attention); 0 on a GPU; measured likewise.
+    sac_layer_overhead_s: host seconds per checkpointed layer and micro-batch that torch's selective
+        activation checkpointing adds where plait's runtime uses it (``ckpt=balanced``: a dispatch
+        mode asks the save-or-recompute policy about every op of the layer, in the forward and again
+        in the recompute); 0 on a GPU; measured by a CPU profile like ``tp_layer_overhead_s``.
     cp_comm_overlap: fraction of the attention kernels that the context-parallel K/V exchange hides
         behind (1.0 on a GPU: the ring's next block travels while the current one is computed; a
         CPU profile writes its measured overlap).
@@ -102,6 +106,7 @@ class CostParams:
     tp_layer_overhead_s: float = 0.0
     fsdp_layer_overhead_s: float = 0.0
     cp_layer_overhead_s: float = 0.0
+    sac_layer_overhead_s: float = 0.0
     cp_comm_overlap: float = 1.0
 
     def to_dict(self) -> dict:

@@ -16,8 +16,8 @@ op as it is dispatched. So a CPU profile writes:
   more micro-batches), each less the planner's own step time for the same run
   (``plait.plan.cost.estimate_step`` on the CPU just described), in this order, each fitted term
   in the planner's time for the next: ``params.layer_overhead_s`` (per layer and micro-batch),
-  ``microbatch_overhead_s``, ``step_overhead_s``, then ``tp_``, ``cp_`` and
-  ``fsdp_layer_overhead_s`` (per layer and micro-batch under that mechanism); none below 0. What
+  ``microbatch_overhead_s``, ``step_overhead_s``, then ``tp_``, ``cp_``, ``fsdp_`` and
+  ``sac_layer_overhead_s`` (per layer and micro-batch under that mechanism); none below 0. What
   the planner's kernel and communication terms leave unexplained: the runtime's host time. An
   optimizer's per-layer cost is in the per-layer terms (one micro-batch was timed).
 """
@@ -37,7 +37,8 @@ from plait.spec.model import ModelSpec
 HOST_LAYERS = (1, 5)
 HOST_MICRO_BATCHES = 3
 # the cost parameter that holds each mechanism's unexplained host time (runtime_cost.layer_host_seconds)
-MECHANISM_PARAMS = {"tp": "tp_layer_overhead_s", "cp": "cp_layer_overhead_s", "fsdp": "fsdp_layer_overhead_s"}
+MECHANISM_PARAMS = {"tp": "tp_layer_overhead_s", "cp": "cp_layer_overhead_s", "fsdp": "fsdp_layer_overhead_s",
+                    "sac": "sac_layer_overhead_s"}
 
 ELEMENT_BYTES = {"float32": 4.0, "bfloat16": 2.0}
 

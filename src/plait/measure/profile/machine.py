@@ -113,22 +113,24 @@ def host_overhead_spec(model: ModelSpec) -> ModelSpec:
 # One layout per runtime mechanism whose host time a CPU profile measures over every rank
 # (runtime_cost.layer_host_seconds), "{n}" = the profile's processes; a layout the planner's
 # rules refuse for the timed model (e.g. tp not dividing its heads) is left out.
-HOST_OVERHEAD_LAYOUTS = {"plain": "dp={n}", "tp": "tp={n}", "cp": "cp={n}", "fsdp": "dp={n},zero=2"}
+HOST_OVERHEAD_LAYOUTS = {"plain": "dp={n}", "tp": "tp={n}", "cp": "cp={n}", "fsdp": "dp={n},zero=2",
+                         "sac": "dp={n},ckpt=balanced"}
+SINGLE_PROCESS_MECHANISMS = ("plain", "sac")  # the others need two processes or more
 
 
 def host_overhead_layouts(model: ModelSpec, world: int) -> dict[str, str]:
-    """Mechanism -> layout over ``world`` processes for the host-time measurement ("plain" only, for
-    one process)."""
+    """Mechanism -> layout over ``world`` processes for the host-time measurement (for one process
+    only those in ``SINGLE_PROCESS_MECHANISMS``)."""
     from plait.spec.hardware import get_cluster
     from plait.spec.layout import JobSpec, Layout
     from plait.spec.validate import errors_of, validate
 
-    if world < 2:
-        return {"plain": "dp=1"}
     cluster = dataclasses.replace(get_cluster("dgx-h100").with_gpus(world), gpus_per_node=world)
     job = JobSpec(global_batch=world, seq_len=HOST_OVERHEAD_TOKENS)
     out = {}
     for mechanism, text in HOST_OVERHEAD_LAYOUTS.items():
+        if world < 2 and mechanism not in SINGLE_PROCESS_MECHANISMS:
+            continue
         layout = Layout.parse(text.format(n=world))
         if not errors_of(validate(model, cluster, job, layout)):
             out[mechanism] = str(layout)

@@ -7,11 +7,12 @@ reduce hooks, the context-parallel attention's exchange loop - is on the critica
 a GPU the host runs ahead of the kernels. ``layer_host_seconds`` times models of the runtime's own
 blocks (``plait.run.model``) through short ``plait train`` runs (the runtime's whole step) at one
 short sequence, under one layout per mechanism over every rank: data parallelism alone
-("plain"), tensor parallel, context parallel, FSDP2; with 5 and 1 layers (per layer =
+("plain"), tensor parallel, context parallel, FSDP2, selective activation checkpointing
+(``ckpt=balanced``); with 5 and 1 layers (per layer =
 (t(5) - t(1)) / 4: the embedding, the head and the loss cancel) and, plain, with three
 micro-batches. ``plait.measure.profile.cpu_fit`` keeps what the
 planner's own terms do not explain for the same configurations as ``layer_overhead_s``,
-``microbatch_overhead_s``, ``step_overhead_s`` and ``tp_``, ``cp_``, ``fsdp_layer_overhead_s``.
+``microbatch_overhead_s``, ``step_overhead_s`` and ``tp_``, ``cp_``, ``fsdp_``, ``sac_layer_overhead_s``.
 
 ``overlap`` times a batch of GEMMs alone, a batch of all-reduces alone and both at once (the
 all-reduces issued asynchronously first): the fraction of the shorter one that disappears is how
