@@ -133,11 +133,9 @@ def reduce_scatter(cluster: ClusterSpec, group: GroupPlacement, nbytes: float) -
     return time_of(cluster, traffic("ring", group, nbytes), "reduce_scatter")
 
 
-def two_level(cluster: ClusterSpec, group: GroupPlacement, nbytes: float, passes: int = 1,
-              op: str = "all_reduce") -> float:
-    """A rail-aligned hierarchical all-gather / reduce-scatter (passes=1, ``op`` names which) or
-    all-reduce (2)."""
-    return time_of(cluster, traffic("two_level", group, nbytes, passes), op)
+def two_level(cluster: ClusterSpec, group: GroupPlacement, nbytes: float, passes: int = 1) -> float:
+    """A rail-aligned hierarchical all-gather / reduce-scatter (passes=1) or all-reduce (2)."""
+    return time_of(cluster, traffic("two_level", group, nbytes, passes))
 
 
 def all_to_all(cluster: ClusterSpec, group: GroupPlacement, nbytes: float) -> float:

@@ -24,8 +24,8 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
       gradients are reduced over the expert-data-parallel group (in ``dp_comm``) and their
       optimizer step counted with the rest.
   host time (``CostParams.layer_overhead_s`` and the tp / cp / FSDP2 ones, per layer and
-      micro-batch, and the selective-checkpoint one per ``ckpt=balanced`` layer; 0 by default: on a GPU the host runs ahead of the kernels; a CPU profile
-      measures them) is added to the per-micro-batch overhead. Bytes are priced in the device's
+      micro-batch, and the selective-checkpoint one per ``ckpt=balanced`` layer; 0 by default:
+      on a GPU the host runs ahead of the kernels; a CPU profile measures them) is added to the per-micro-batch overhead. Bytes are priced in the device's
       compute dtype (``GpuSpec.element_bytes``: 2 on GPUs, 4 on a CPU profile).
 
 MFU = model FLOPs (causal attention counted explicitly) / (step time · GPUs · dense bf16 peak).

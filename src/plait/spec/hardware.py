@@ -121,7 +121,7 @@ class ClusterSpec:
             send_recv_bandwidth_factor: the bus bandwidth that op reaches as a multiple of the
             all-reduce's (which the link fields above describe), on every level. 1.0 on every
             preset: NCCL reaches about the same bus bandwidth on each op. ``plait profile`` writes
-            what it measured (gloo on a CPU: reduce-scatter about a fifth of the all-reduce's).
+            what it measured (gloo on a 2-core CPU: reduce-scatter 0.3-0.4x the all-reduce's).
     """
 
     name: str

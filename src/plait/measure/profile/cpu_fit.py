@@ -52,7 +52,7 @@ def cpu_device(gpu_overrides: dict) -> GpuSpec:
 
 
 def planned_run_seconds(spec: ModelSpec, layout_text: str, device: GpuSpec, cluster_overrides: dict,
-                           params: CostParams, seq_len: int, layers: int, micro_batches: int = 1) -> float:
+                        params: CostParams, seq_len: int, layers: int, micro_batches: int = 1) -> float:
     """The planner's step time of a run ``runtime_cost.layer_host_seconds`` times: ``spec`` with
     ``layers`` layers under ``layout_text``, ``micro_batches`` micro-batches of ``mbs`` sequences of
     ``seq_len`` per data-parallel rank, on one node of the layout's processes with this device."""
@@ -77,7 +77,7 @@ def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides:
 
     def plan(mechanism: str, layers: int, micro_batches: int = 1) -> float:
         seconds = planned_run_seconds(spec, layouts[mechanism], device, cluster_overrides, current, tokens,
-                                         layers, micro_batches)
+                                      layers, micro_batches)
         planned[f"{mechanism} {layers}x{micro_batches}"] = seconds
         return seconds
 

@@ -121,6 +121,8 @@ def _links(raw: dict, efficiency: float) -> tuple[dict, list[dict], list[str]]:
         if point["group_size"] > 1:
             by_key.setdefault((point["op"], point["scope"]), []).append(point)
     fits = [fit_collective(points) for points in by_key.values()]
+    # the per-op factors come from one scope: inside a node when measured there
+    factor_scope = "intra" if any(f["scope"] == "intra" for f in fits) else "inter"
     for scope, bandwidth_field, latency_field in (("intra", "intra_node_bandwidth", "intra_node_latency"),
                                                    ("inter", "inter_node_bandwidth", "inter_node_latency")):
         used = [f for f in fits if f["scope"] == scope and f["op"] in FIT_OPS]
@@ -131,10 +133,9 @@ def _links(raw: dict, efficiency: float) -> tuple[dict, list[dict], list[str]]:
             reference = statistics.median(f["bus_bytes_per_s"] for f in used)
         overrides[bandwidth_field] = reference / efficiency
         overrides[latency_field] = statistics.median(f["latency_s"] for f in used)
-        if not any(field in overrides for field in OP_BANDWIDTH_FACTORS.values()):  # inside a node first
-            for f in fits:
-                if f["scope"] == scope and f["op"] in OP_BANDWIDTH_FACTORS:
-                    overrides[OP_BANDWIDTH_FACTORS[f["op"]]] = f["bus_bytes_per_s"] / reference
+        if scope == factor_scope:
+            overrides.update({OP_BANDWIDTH_FACTORS[f["op"]]: f["bus_bytes_per_s"] / reference
+                              for f in fits if f["scope"] == scope and f["op"] in OP_BANDWIDTH_FACTORS})
     if overrides:
         overrides["link_efficiency"] = efficiency  # bandwidth · link_efficiency = the measured bus bandwidth
     else:
