@@ -15,6 +15,7 @@ import pytest
 from plait.measure.profile.cpu_fit import (
     HOST_LAYERS,
     HOST_MICRO_BATCHES,
+    ENDS_PARAMS,
     MECHANISM_PARAMS,
     cpu_device,
     planned_run_seconds,
@@ -77,7 +78,9 @@ def test_host_time_is_what_the_planners_terms_leave_unexplained():
     truth = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **base["params"], "layer_overhead_s": 1.5e-3,
                                   "microbatch_overhead_s": 0.7e-3, "step_overhead_s": 4e-3,
                                   "tp_layer_overhead_s": 7e-3, "cp_layer_overhead_s": 2e-3,
-                                  "fsdp_layer_overhead_s": 0.5e-3, "sac_layer_overhead_s": 3e-3})
+                                  "fsdp_layer_overhead_s": 0.5e-3, "sac_layer_overhead_s": 3e-3,
+                                  "tp_ends_overhead_s": 11e-3, "cp_ends_overhead_s": 1.3e-3,
+                                  "fsdp_ends_overhead_s": 6e-3})
     low, high = HOST_LAYERS
     runs = {f"{low}x1": (low, 1), f"{high}x1": (high, 1), f"{low}x{HOST_MICRO_BATCHES}": (low, HOST_MICRO_BATCHES)}
     host = {"spec": spec.name, "tokens": 32, "layouts": layouts}
@@ -86,12 +89,14 @@ def test_host_time_is_what_the_planners_terms_leave_unexplained():
         host[mechanism] = {key: planned_run_seconds(spec, text, device, links, truth, 32, *shape)
                            for key, shape in keys.items()}
     fitted = calibration_fields(_raw(host), None, 1.0, 8e9, spec)["params"]
-    for name in ("layer_overhead_s", "microbatch_overhead_s", "step_overhead_s", *MECHANISM_PARAMS.values()):
+    for name in ("layer_overhead_s", "microbatch_overhead_s", "step_overhead_s", *MECHANISM_PARAMS.values(),
+                 *ENDS_PARAMS.values()):
         assert fitted[name] == pytest.approx(getattr(truth, name), rel=1e-6, abs=1e-12), name
     # a machine faster than the planner's terms gets no negative host time
     fast = {**host, **{m: {k: v * 1e-3 for k, v in host[m].items()} for m in layouts}}
     fitted = calibration_fields(_raw(fast), None, 1.0, 8e9, spec)["params"]
-    assert all(fitted[name] == 0.0 for name in ("layer_overhead_s", "step_overhead_s", *MECHANISM_PARAMS.values()))
+    assert all(fitted[name] == 0.0 for name in ("layer_overhead_s", "step_overhead_s", *MECHANISM_PARAMS.values(),
+                                                *ENDS_PARAMS.values()))
     # one process: data parallelism alone and the selective checkpoint
     assert host_overhead_layouts(spec, 1) == {"plain": "dp=1,tp=1,pp=1,cp=1,mbs=1",
                                               "sac": "dp=1,tp=1,pp=1,cp=1,mbs=1,ckpt=balanced"}
@@ -121,7 +126,37 @@ def test_host_time_terms_count_per_layer_and_micro_batch_and_only_where_the_mech
     assert extra("dp=2,mbs=2,ckpt=balanced,ckpt_layers=1") == pytest.approx(layers * 1e-3 + 10000e-3)
     assert extra("dp=2,mbs=2,ckpt=selective") == pytest.approx(layers * 1e-3)  # no policy asked per op
     # the defaults (every GPU plan) carry no host time
-    assert all(getattr(DEFAULT_PARAMS, n) == 0.0 for n in ("layer_overhead_s", *MECHANISM_PARAMS.values()))
+    assert all(getattr(DEFAULT_PARAMS, n) == 0.0 for n in ("layer_overhead_s", *MECHANISM_PARAMS.values(),
+                                                           *ENDS_PARAMS.values()))
+
+
+def test_host_time_at_the_ends_counts_once_per_micro_batch_on_the_last_stage():
+    """tp / cp / FSDP2 host time outside the layers: once per micro-batch wherever the mechanism
+    runs, whatever the layer count; under pipelining on the last stage only, so the step grows by
+    m (slowest stage) plus a bubble share of 1/p of it."""
+    cluster = dataclasses.replace(get_cluster("dgx-h100").with_gpus(2), gpus_per_node=2)
+    job = JobSpec(global_batch=8, seq_len=128)
+    params = dataclasses.replace(DEFAULT_PARAMS, tp_ends_overhead_s=10e-3, cp_ends_overhead_s=100e-3,
+                                 fsdp_ends_overhead_s=1000e-3)
+
+    def extra(text: str, model=TINY, gpus: int = 2) -> float:
+        layout, on = Layout.parse(text), dataclasses.replace(cluster.with_gpus(gpus), gpus_per_node=gpus)
+        with_host = estimate_step(model, on, job, layout, params)
+        without = estimate_step(model, on, job, layout, DEFAULT_PARAMS)
+        assert with_host.overhead - without.overhead == pytest.approx(with_host.step_time - without.step_time
+                                                                      - (with_host.bubble - without.bubble))
+        return (with_host.step_time - without.step_time) / layout.micro_batches(job.global_batch)
+
+    assert extra("dp=2,mbs=2") == 0.0  # DDP: no mechanism at the ends
+    assert extra("tp=2,mbs=4") == pytest.approx(10e-3)
+    assert extra("tp=2,mbs=4", dataclasses.replace(TINY, n_layers=2 * TINY.n_layers)) == pytest.approx(10e-3)
+    assert extra("cp=2,mbs=4") == pytest.approx(100e-3)
+    assert extra("dp=2,mbs=2,zero=3") == pytest.approx(1000e-3)
+    assert extra("dp=2,mbs=2,zero=2,ckpt=full") == pytest.approx(1000e-3)  # not recomputed: outside the layers
+    # pp=2 with tp=2: on the last stage; the 1F1B bubble, (p-1) average stages, adds 1/p of it
+    assert extra("pp=2,mbs=1", gpus=2) == 0.0
+    m = Layout.parse("pp=2,tp=2,mbs=1").micro_batches(job.global_batch)
+    assert extra("pp=2,tp=2,mbs=1", gpus=4) == pytest.approx(10e-3 * (1 + (2 - 1) / (2 * m)))
 
 
 def test_element_bytes_prices_the_compute_dtype():

@@ -305,7 +305,8 @@ def test_cpu_profile_file_schema(cpu_profile):
     assert set(host["layouts"]) == {"plain", "tp", "cp", "fsdp", "sac"} and set(host["plain"]) == {"1x1", "5x1", "1x3"}
     assert all(seconds > 0 for key in host["layouts"] for seconds in host[key].values())
     for name in ("layer_overhead_s", "microbatch_overhead_s", "step_overhead_s", "tp_layer_overhead_s",
-                 "cp_layer_overhead_s", "fsdp_layer_overhead_s", "sac_layer_overhead_s"):
+                 "cp_layer_overhead_s", "fsdp_layer_overhead_s", "sac_layer_overhead_s", "tp_ends_overhead_s",
+                 "cp_ends_overhead_s", "fsdp_ends_overhead_s"):
         assert data["params"][name] >= 0.0, name
 
 

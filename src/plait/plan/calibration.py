@@ -29,7 +29,8 @@ CLUSTER_CALIBRATION_FIELDS = tuple(CLUSTER_RANGES)
 DEVICE_MEASURED_PARAMS = ("gemm_half_flops", "flash_backward_factor", "cuda_context_bytes", "comm_buffer_bytes",
                           "fragmentation", "dp_overlap", "offload_overlap", "cp_comm_overlap", "tp_comm_overlap",
                           "layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "fsdp_layer_overhead_s",
-                          "sac_layer_overhead_s", "microbatch_overhead_s", "step_overhead_s")
+                          "sac_layer_overhead_s", "tp_ends_overhead_s", "cp_ends_overhead_s", "fsdp_ends_overhead_s",
+                          "microbatch_overhead_s", "step_overhead_s")
 
 
 @dataclass(frozen=True)

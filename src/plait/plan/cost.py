@@ -24,7 +24,8 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
       gradients are reduced over the expert-data-parallel group (in ``dp_comm``) and their
       optimizer step counted with the rest.
   host time (``CostParams.layer_overhead_s`` and the tp / cp / FSDP2 ones, per layer and
-      micro-batch, and the selective-checkpoint one per ``ckpt=balanced`` layer; 0 by default:
+      micro-batch, and the selective-checkpoint one per ``ckpt=balanced`` layer; the tp / cp /
+      FSDP2 ones at the model's ends per micro-batch, on the last stage; 0 by default:
       on a GPU the host runs ahead of the kernels; a CPU profile measures them) is added to the per-micro-batch overhead. Bytes are priced in the device's
       compute dtype (``GpuSpec.element_bytes``: 2 on GPUs, 4 on a CPU profile).
 
@@ -44,7 +45,7 @@ from plait.plan.kernels import head_time, layer_times
 from plait.plan.memory import stage_params, zero_shard_degree
 from plait.plan.moe.memory import stage_expert_params, stage_layer_split
 from plait.plan.moe.timing import expert_dp_comm, moe_comm_layer, moe_layer_times
-from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAMS, CostParams
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import GroupPlacement, JobSpec, Layout, group_of
 from plait.spec.model import ModelSpec
@@ -182,6 +183,16 @@ def _groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
     }
 
 
+def host_time(params: CostParams, lay: Layout) -> tuple[float, float]:
+    """(per layer, at the model's ends) host seconds per micro-batch of the runtime's machinery
+    that ``lay`` runs: the plain module and autograd calls per layer, plus per layer and at the
+    ends each mechanism's own (DTensor tensor parallel at tp > 1, context parallel at cp > 1,
+    FSDP2 where ``Layout.uses_fsdp``). All 0 by default (a GPU's host runs ahead of its kernels)."""
+    running = [name for name, runs in (("tp", lay.tp > 1), ("cp", lay.cp > 1), ("fsdp", lay.uses_fsdp)) if runs]
+    per_layer = params.layer_overhead_s + sum(getattr(params, HOST_LAYER_PARAMS[name]) for name in running)
+    return per_layer, sum(getattr(params, HOST_ENDS_PARAMS[name]) for name in running)
+
+
 def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
                   params: CostParams = DEFAULT_PARAMS, runtime: str = "torch") -> StepBreakdown:
     """Predicted time of one optimizer step of ``job`` under ``layout`` (assumed valid).
@@ -263,15 +274,14 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     tp_mb, cp_mb = layers * tp_layer, layers * cp_layer
     # host time of the runtime's machinery per layer (0 on a GPU: hidden behind the kernels; a CPU
     # profile measures it), its forward part (a third) again for each fully recomputed layer
-    host_layer = (params.layer_overhead_s + (params.tp_layer_overhead_s if lay.tp > 1 else 0.0)
-                  + (params.cp_layer_overhead_s if lay.cp > 1 else 0.0)
-                  + (params.fsdp_layer_overhead_s if lay.uses_fsdp else 0.0))
+    host_layer, host_ends = host_time(params, lay)
     host_mb = host_layer * (layers + (n_ckpt / 3.0 if lay.ckpt == "full" else 0.0))
     host_mb += params.sac_layer_overhead_s * n_ckpt if lay.ckpt == "balanced" else 0.0
     overhead_mb = params.microbatch_overhead_s * lay.vpp + host_mb
     body_mb = kernels_mb + elementwise_mb + recompute_mb + tp_mb + cp_mb + offload_mb + pp_mb + overhead_mb + ep_mb
-    slowest_mb = body_mb + head_mb  # the last stage (or the only one) carries the head
-    average_mb = body_mb + head_mb / lay.pp
+    # the last stage (or the only one) carries the head, and the mechanisms' host time at the ends
+    slowest_mb = body_mb + head_mb + host_ends
+    average_mb = body_mb + (head_mb + host_ends) / lay.pp
 
     # ---- pipeline
     scale = m  # every per-micro-batch item happens m times on the slowest stage
@@ -331,7 +341,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         dp_comm=dp_comm,
         offload=scale * offload_mb + offload_step,
         optimizer=optimizer,
-        overhead=params.step_overhead_s + scale * overhead_mb,
+        overhead=params.step_overhead_s + scale * (overhead_mb + host_ends),
         step_time=step,
         tokens_per_step=job.tokens_per_step,
         n_gpus=lay.world_size,

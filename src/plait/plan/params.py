@@ -73,6 +73,13 @@ class CostParams:
         activation checkpointing adds where plait's runtime uses it (``ckpt=balanced``: a dispatch
         mode asks the save-or-recompute policy about every op of the layer, in the forward and again
         in the recompute); 0 on a GPU; measured by a CPU profile like ``tp_layer_overhead_s``.
+    tp_ends_overhead_s, cp_ends_overhead_s, fsdp_ends_overhead_s: host seconds per micro-batch that
+        the mechanism adds outside the layers, at the model's ends (tensor parallel: the
+        vocab-parallel embedding, LM head and loss on DTensors; context parallel: sharding the
+        sequence's tokens, positions and labels and the loss over the cp group; FSDP2: the hooks
+        of its embedding and [final norm, LM head] units and of the root), where that mechanism
+        runs; counted on the last pipeline stage (it holds the head). 0 on a GPU; a CPU profile
+        measures each as its one-layer run's time less everything else the planner counts.
     cp_comm_overlap: fraction of the attention kernels that the context-parallel K/V exchange hides
         behind (1.0 on a GPU: the ring's next block travels while the current one is computed; a
         CPU profile writes its measured overlap).
@@ -107,6 +114,9 @@ class CostParams:
     fsdp_layer_overhead_s: float = 0.0
     cp_layer_overhead_s: float = 0.0
     sac_layer_overhead_s: float = 0.0
+    tp_ends_overhead_s: float = 0.0
+    cp_ends_overhead_s: float = 0.0
+    fsdp_ends_overhead_s: float = 0.0
     cp_comm_overlap: float = 1.0
 
     def to_dict(self) -> dict:
@@ -126,6 +136,13 @@ class CostParams:
 
 
 DEFAULT_PARAMS = CostParams()
+
+# The runtime mechanisms whose host time a CPU profile measures (``plait.measure.profile.cpu_fit``)
+# and the cost parameters that hold it: per layer and micro-batch, and at the model's ends per
+# micro-batch (the selective checkpoint wraps layers only).
+HOST_LAYER_PARAMS = {"tp": "tp_layer_overhead_s", "cp": "cp_layer_overhead_s", "fsdp": "fsdp_layer_overhead_s",
+                     "sac": "sac_layer_overhead_s"}
+HOST_ENDS_PARAMS = {"tp": "tp_ends_overhead_s", "cp": "cp_ends_overhead_s", "fsdp": "fsdp_ends_overhead_s"}
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,9 @@ FITTABLE: dict[str, Bound] = {
     "cp_layer_overhead_s": Bound(1e-6, 0.2, log=True),
     "fsdp_layer_overhead_s": Bound(1e-6, 0.2, log=True),
     "sac_layer_overhead_s": Bound(1e-6, 0.2, log=True),
+    "tp_ends_overhead_s": Bound(1e-6, 0.2, log=True),
+    "cp_ends_overhead_s": Bound(1e-6, 0.2, log=True),
+    "fsdp_ends_overhead_s": Bound(1e-6, 0.2, log=True),
 }
 DEFAULT_FIT = ("elementwise_passes", "tp_comm_overlap", "dp_overlap", "microbatch_overhead_s")
 METRICS = ("mfu", "step_time")

@@ -17,9 +17,12 @@ op as it is dispatched. So a CPU profile writes:
   (``plait.plan.cost.estimate_step`` on the CPU just described), in this order, each fitted term
   in the planner's time for the next: ``params.layer_overhead_s`` (per layer and micro-batch),
   ``microbatch_overhead_s``, ``step_overhead_s``, then ``tp_``, ``cp_``, ``fsdp_`` and
-  ``sac_layer_overhead_s`` (per layer and micro-batch under that mechanism); none below 0. What
+  ``sac_layer_overhead_s`` (per layer and micro-batch under that mechanism), then ``tp_``, ``cp_``
+  and ``fsdp_ends_overhead_s`` (what that mechanism's one-layer run leaves after all of these: its
+  cost outside the layers, which the difference of two layer counts cancels); none below 0. What
   the planner's kernel and communication terms leave unexplained: the runtime's host time. An
-  optimizer's per-layer cost is in the per-layer terms (one micro-batch was timed).
+  optimizer's per-layer cost is in the per-layer terms (one micro-batch was timed), its cost over
+  the embedding and head in the ends terms.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 
 from plait.plan.cost import estimate_step
-from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAMS, CostParams
 from plait.spec.hardware import GpuSpec, get_cluster
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
@@ -36,9 +39,10 @@ from plait.spec.model import ModelSpec
 # the micro-batches of the plain run it times again with the fewer layers
 HOST_LAYERS = (1, 5)
 HOST_MICRO_BATCHES = 3
-# the cost parameter that holds each mechanism's unexplained host time (runtime_cost.layer_host_seconds)
-MECHANISM_PARAMS = {"tp": "tp_layer_overhead_s", "cp": "cp_layer_overhead_s", "fsdp": "fsdp_layer_overhead_s",
-                    "sac": "sac_layer_overhead_s"}
+# the cost parameters that hold each mechanism's unexplained host time (runtime_cost.layer_host_seconds):
+# per layer, and at the model's ends
+MECHANISM_PARAMS = HOST_LAYER_PARAMS
+ENDS_PARAMS = HOST_ENDS_PARAMS
 
 ELEMENT_BYTES = {"float32": 4.0, "bfloat16": 2.0}
 
@@ -68,10 +72,11 @@ def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides:
                 params: CostParams) -> tuple[dict, dict]:
     """(params, planned seconds) from ``raw["layer_host_s"]``: each host term is the measured time
     less the planner's for the same run, with the terms fitted before it in the planner's time
-    (plain per layer, then per micro-batch, then per step, then each mechanism per layer), at least 0."""
+    (plain per layer, then per micro-batch, then per step, then each mechanism per layer, then each
+    mechanism at the ends), at least 0."""
     tokens, layouts = host["tokens"], host["layouts"]
     zero = {name: 0.0 for name in ("layer_overhead_s", "microbatch_overhead_s", "step_overhead_s",
-                                   *MECHANISM_PARAMS.values())}
+                                   *MECHANISM_PARAMS.values(), *ENDS_PARAMS.values())}
     current = dataclasses.replace(params, **zero)
     out, planned = {}, {}
 
@@ -100,6 +105,10 @@ def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides:
     for mechanism, name in MECHANISM_PARAMS.items():
         if mechanism in layouts:
             out[name] = max(0.0, per_layer(mechanism))
+    current = dataclasses.replace(current, **out)
+    for mechanism, name in ENDS_PARAMS.items():
+        if mechanism in layouts:  # the one-layer run less everything above, its layer's term included
+            out[name] = max(0.0, host[mechanism][f"{low}x1"] - plan(mechanism, low))
     return out, planned
 
 
@@ -128,7 +137,9 @@ def cpu_device_params(raw: dict, gpu_overrides: dict, cluster_overrides: dict, p
         fitted, planned = host_params(host, host_spec, cpu_device(gpu_overrides), cluster_overrides, current)
         out.update(fitted)
         fits["layer_host"] = {**host, "planned_s": planned}
-        extra = ", ".join(f"{m} +{1e3 * out[MECHANISM_PARAMS[m]]:.2f} ms" for m in MECHANISM_PARAMS if m in host)
+        extra = ", ".join(f"{m} +{1e3 * out[MECHANISM_PARAMS[m]]:.2f} ms"
+                          + (f" and +{1e3 * out[ENDS_PARAMS[m]]:.2f} ms at the ends" if m in ENDS_PARAMS else "")
+                          for m in MECHANISM_PARAMS if m in host)
         notes.append(f"runtime host time beyond the planner's terms ({host['spec']} blocks, {host['tokens']} tokens): "
                      f"{1e3 * out['layer_overhead_s']:.2f} ms per layer and micro-batch"
                      + (f" ({extra})" if extra else "")
