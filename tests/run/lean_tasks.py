@@ -81,3 +81,34 @@ def count_fused_projections(layout: str, model: str = "tiny") -> int:
     finally:
         model_module.qkv_projection = original
     return len(calls)
+
+
+# the c10d calls FSDP2 makes for its units, by torch version (2.13: *_single; earlier: *_tensor)
+FSDP_COLLECTIVES = {"all_gather": ("all_gather_single", "all_gather_into_tensor"),
+                    "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor")}
+
+
+def fsdp_collective_counts(layout: str, steps: int = 2) -> dict[str, int]:
+    """{"all_gather", "reduce_scatter"}: how many of each FSDP2 made on this rank while training
+    the tiny model ``steps`` steps under ``layout`` (counted by wrapping the c10d functions FSDP2
+    calls through ``torch.distributed``)."""
+    counts = dict.fromkeys(FSDP_COLLECTIVES, 0)
+    originals = {}
+
+    def counting(kind, function):
+        def call(*args, **kwargs):
+            counts[kind] += 1
+            return function(*args, **kwargs)
+        return call
+
+    for kind, names in FSDP_COLLECTIVES.items():
+        for name in names:
+            if hasattr(dist, name):
+                originals[name] = getattr(dist, name)
+                setattr(dist, name, counting(kind, originals[name]))
+    try:
+        runtime_tasks.train_layout(layout, steps=steps)
+    finally:
+        for name, function in originals.items():
+            setattr(dist, name, function)
+    return counts

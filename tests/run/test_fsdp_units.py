@@ -65,3 +65,15 @@ def test_tied_gpt_zero3_matches_one_process(dist_pool, layout):
     reference = lean_tasks.reference_spec(spec)
     out = dist_pool(2).run(lean_tasks.train_spec, layout, spec, timeout=240)
     assert_same_training(out[0], reference, layout)
+
+
+def test_zero1_gathers_and_reduces_once_per_step_and_zero2_per_micro_batch(dist_pool):
+    """dp=2, batch 8, mbs 1: 4 micro-batches per step. ZeRO-1 accumulates unsharded gradients and
+    keeps the parameters gathered until the last micro-batch, so every unit is gathered and
+    reduce-scattered once per step; ZeRO-2 does both for every micro-batch (as the planner
+    counts them, ``plait.plan.cost``). Parity with one process: test_runtime_parity."""
+    zero1 = dist_pool(2).run(lean_tasks.fsdp_collective_counts, "dp=2,zero=1")[0]
+    zero2 = dist_pool(2).run(lean_tasks.fsdp_collective_counts, "dp=2,zero=2")[0]
+    units_with_params, steps, micro_batches = 6, 2, 4  # embedding, 4 blocks, [norm, head]; the root is empty
+    assert zero1 == {"all_gather": units_with_params * steps, "reduce_scatter": units_with_params * steps}
+    assert zero2 == {kind: micro_batches * count for kind, count in zero1.items()}

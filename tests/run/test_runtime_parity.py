@@ -31,6 +31,7 @@ PARAM_ATOL = tolerances.param_atol(3)  # runtime_tasks.make_config's 3 steps
 
 CASES_2 = [
     ("dp=2", "DDP"),
+    ("dp=2,zero=1", "FSDP2 ZeRO-1: unsharded gradients accumulated over 4 micro-batches"),
     ("dp=2,zero=2", "FSDP2 ZeRO-2"),
     ("dp=2,zero=3", "FSDP2 ZeRO-3"),
     ("dp=2,zero=3,reshard=0,ckpt=full", "ZeRO-3 without reshard, full checkpointing"),

@@ -10,8 +10,9 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
       compute it overlaps; the last stage adds the LM head and loss.
   pipeline: m · t_slowest + bubble, bubble = (p-1)·t for GPipe and 1F1B (Narayanan et al.
       2021), (p-1)·t/v for interleaved 1F1B, (p-1)·t/3 for zero-bubble (ZB-H1).
-  data parallel: gradient all-reduce (ZeRO 0), reduce-scatter + parameter all-gather (ZeRO 1/2),
-      each hidden behind up to ``dp_overlap`` of the compute it can overlap; ZeRO-3: per
+  data parallel: gradient all-reduce (ZeRO 0), reduce-scatter + parameter all-gather (ZeRO 1/2:
+      once per step; ZeRO-2 without a pipeline once per micro-batch, as the runtime does them),
+      each hidden behind up to ``dp_overlap`` of the micro-batch's compute it can overlap; ZeRO-3: per
       micro-batch and layer, the parameter all-gather (forward; again in backward when resharded)
       and the gradient reduce-scatter, each prefetched one layer ahead so that it hides behind at
       most one layer's compute, the first all-gather of each micro-batch and the last
@@ -301,8 +302,12 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
             dp_comm = _exposed(comm.all_reduce(cluster, groups["dp_cp"], grad_bytes), bwd_window, params)
         elif lay.zero in (1, 2):
             shard = groups["shard"]
-            dp_comm = _exposed(comm.reduce_scatter(cluster, shard, grad_bytes), bwd_window, params)
-            dp_comm += _exposed(comm.all_gather(cluster, shard, element * local), fwd_window, params)
+            # ZeRO-2 without a pipeline (plait's runtime, as DeepSpeed's) reduce-scatters every
+            # micro-batch and gathers again for the next; ZeRO-1 and the pipeline schedules
+            # accumulate full gradients and do both once per step (plait.run.step)
+            rounds = m if lay.zero == 2 and lay.pp == 1 else 1
+            dp_comm = rounds * (_exposed(comm.reduce_scatter(cluster, shard, grad_bytes), bwd_window, params)
+                                + _exposed(comm.all_gather(cluster, shard, element * local), fwd_window, params))
         else:
             dp_comm = _zero3_exposed(cluster, groups["shard"], local, layers, times, n_ckpt * recompute_layer,
                                      lay.reshard, m, params)

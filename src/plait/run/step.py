@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
@@ -51,14 +52,22 @@ def compute_context(parts: ModelParts, device: torch.device):
     return contextlib.nullcontext()
 
 
-def _gradient_sync(module: torch.nn.Module, enabled: bool):
-    """DDP: skip the all-reduce on all but the last micro-batch (gradients are full anyway).
+def _gradient_sync(module: torch.nn.Module, enabled: bool, zero: int):
+    """Gradient reduction of one micro-batch (``enabled``: it is the step's last).
 
-    FSDP reduce-scatters after every micro-batch, so that only sharded gradients are kept
-    between micro-batches (skipping it would hold the full fp32 gradient of the whole model).
+    DDP skips the all-reduce on all but the last micro-batch (gradients are full anyway). FSDP2
+    under zero=1 (ZeRO-1: full gradients, sharded optimizer states) does the same: all but the
+    last micro-batch accumulate unsharded gradients and keep the parameters gathered, so a step
+    gathers each unit once and reduce-scatters it once. Under zero=2 and 3 FSDP2 reduce-scatters
+    after every micro-batch (and gathers again for the next), so that only sharded gradients are
+    kept between micro-batches. (Pipeline stages are left to torch's schedule, which reduces once
+    per step under any zero.)
     """
     if isinstance(module, DistributedDataParallel) and not enabled:
         return module.no_sync()
+    if zero == 1 and isinstance(module, FSDPModule):
+        module.set_requires_gradient_sync(enabled)
+        module.set_reshard_after_backward(enabled)
     return contextlib.nullcontext()
 
 
@@ -73,7 +82,7 @@ def forward_backward(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tenso
     total = torch.zeros((), device=inputs.device)
     with loss_context(pdims), compute_context(parts, inputs.device):
         for index, (x, y) in enumerate(zip(inputs.chunk(n_microbatches), labels.chunk(n_microbatches))):
-            with _gradient_sync(model, index == n_microbatches - 1):
+            with _gradient_sync(model, index == n_microbatches - 1, pdims.layout.zero):
                 loss = parts.loss_fn(model(x, positions=positions), y) / n_microbatches
                 loss.backward()
             total += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()

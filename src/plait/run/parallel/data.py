@@ -8,10 +8,13 @@ How each planner ZeRO stage runs (``Layout.zero``):
             parameters and all-reduces gradients exactly as DDP does (DDP's reducer does not
             survive the pipeline schedules' split backward, and cannot hold DTensors).
   zero=1    FSDP2 with ``reshard_after_forward=False``: parameters stay gathered from forward to
-            backward, gradients are reduce-scattered, optimizer states sharded. FSDP2 has no
-            ZeRO-1 mode (full gradients with sharded optimizer states); this is ZeRO-2, which
-            moves the same bytes over the network and needs no more memory.
-  zero=2    the same as zero=1.
+            backward, optimizer states sharded; in a step of several micro-batches all but the
+            last accumulate full (unsharded) gradients and keep the parameters gathered
+            (``plait.run.step``), so each unit is gathered once and reduce-scattered once per
+            step: ZeRO-1. With one micro-batch it runs exactly as zero=2.
+  zero=2    FSDP2 with ``reshard_after_forward=False``, gradients reduce-scattered after every
+            micro-batch (only sharded gradients kept between micro-batches) and the parameters
+            gathered again for the next.
   zero=3    FSDP2 with ``reshard_after_forward`` = ``Layout.reshard`` (default on: parameters
             freed after forward and gathered again for backward).
   hsdp=R    zero≥1 on a 2-D (dp_replicate=R, dp_shard=dp/R) mesh: shard inside groups of dp/R
