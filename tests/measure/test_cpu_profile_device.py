@@ -132,8 +132,9 @@ def test_host_time_terms_count_per_layer_and_micro_batch_and_only_where_the_mech
 
 def test_host_time_at_the_ends_counts_once_per_micro_batch_on_the_last_stage():
     """tp / cp / FSDP2 host time outside the layers: once per micro-batch wherever the mechanism
-    runs, whatever the layer count; under pipelining on the last stage only, so the step grows by
-    m (slowest stage) plus a bubble share of 1/p of it."""
+    runs, whatever the layer count; under pipelining on the last stage only: per micro-batch the
+    step grows by it once (the slowest stage) and by the 1F1B bubble's (p-1)/m average stages,
+    each holding 1/p of it."""
     cluster = dataclasses.replace(get_cluster("dgx-h100").with_gpus(2), gpus_per_node=2)
     job = JobSpec(global_batch=8, seq_len=128)
     params = dataclasses.replace(DEFAULT_PARAMS, tp_ends_overhead_s=10e-3, cp_ends_overhead_s=100e-3,
