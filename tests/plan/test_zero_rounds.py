@@ -38,3 +38,22 @@ def test_zero2_communicates_every_micro_batch_and_zero1_once_per_step():
 
 def test_pipeline_stages_reduce_once_per_step_under_zero2():
     assert dp_comm("pp=2,dp=4,mbs=1,zero=2", 8) == pytest.approx(dp_comm("pp=2,dp=4,mbs=1,zero=2", 1))
+
+
+
+def test_hybrid_sharding_reduces_across_replicas_as_often_as_it_reduce_scatters():
+    """dp=8, hsdp=2 on nodes of 4: each shard group inside a node, the replica all-reduce across
+    the two. Slowing the network changes only the replica term, by as many all-reduces as FSDP2
+    makes: one per micro-batch under ZeRO-2 and 3, one per step under ZeRO-1."""
+    two_nodes = dataclasses.replace(get_cluster("dgx-h100").with_gpus(8), gpus_per_node=4)
+    slow = dataclasses.replace(two_nodes, inter_node_bandwidth=two_nodes.inter_node_bandwidth / 10)
+
+    def replica_cost(zero: int, micro_batches: int) -> float:
+        lay = Layout.parse(f"dp=8,hsdp=2,mbs=1,zero={zero}")
+        job = JobSpec(global_batch=8 * micro_batches, seq_len=2048)
+        return (estimate_step(MODEL, slow, job, lay, NOTHING_HIDES).dp_comm
+                - estimate_step(MODEL, two_nodes, job, lay, NOTHING_HIDES).dp_comm)
+
+    for zero, reductions in ((1, 1), (2, 4), (3, 4)):
+        assert replica_cost(zero, 1) > 0
+        assert replica_cost(zero, 4) == pytest.approx(reductions * replica_cost(zero, 1)), zero

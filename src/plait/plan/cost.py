@@ -11,7 +11,8 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
   pipeline: m · t_slowest + bubble, bubble = (p-1)·t for GPipe and 1F1B (Narayanan et al.
       2021), (p-1)·t/v for interleaved 1F1B, (p-1)·t/3 for zero-bubble (ZB-H1).
   data parallel: gradient all-reduce (ZeRO 0), reduce-scatter + parameter all-gather (ZeRO 1/2:
-      once per step; ZeRO-2 without a pipeline once per micro-batch, as the runtime does them),
+      once per step; ZeRO-2 without a pipeline once per micro-batch, as the runtime does them,
+      ``gradient_reductions``; hybrid sharding's all-reduce across replicas as often),
       each hidden behind up to ``dp_overlap`` of the micro-batch's compute it can overlap; ZeRO-3: per
       micro-batch and layer, the parameter all-gather (forward; again in backward when resharded)
       and the gradient reduce-scatter, each prefetched one layer ahead so that it hides behind at
@@ -184,6 +185,15 @@ def _groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
     }
 
 
+def gradient_reductions(lay: Layout, micro_batches: int) -> int:
+    """How many times per step plait's runtime reduces the gradients under ZeRO >= 1 (each a
+    reduce-scatter, and across replicas an all-reduce under hsdp): ZeRO-2 and 3 without a pipeline
+    (FSDP2, as DeepSpeed) after every micro-batch, ZeRO-2 gathering the parameters again for the
+    next; ZeRO-1 and the pipeline schedules accumulate full gradients and reduce once
+    (``plait.run.step``)."""
+    return micro_batches if lay.zero >= 2 and lay.pp == 1 else 1
+
+
 def host_time(params: CostParams, lay: Layout) -> tuple[float, float]:
     """(per layer, at the model's ends) host seconds per micro-batch of the runtime's machinery
     that ``lay`` runs: the plain module and autograd calls per layer, plus per layer and at the
@@ -302,17 +312,15 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
             dp_comm = _exposed(comm.all_reduce(cluster, groups["dp_cp"], grad_bytes), bwd_window, params)
         elif lay.zero in (1, 2):
             shard = groups["shard"]
-            # ZeRO-2 without a pipeline (plait's runtime, as DeepSpeed's) reduce-scatters every
-            # micro-batch and gathers again for the next; ZeRO-1 and the pipeline schedules
-            # accumulate full gradients and do both once per step (plait.run.step)
-            rounds = m if lay.zero == 2 and lay.pp == 1 else 1
-            dp_comm = rounds * (_exposed(comm.reduce_scatter(cluster, shard, grad_bytes), bwd_window, params)
-                                + _exposed(comm.all_gather(cluster, shard, element * local), fwd_window, params))
+            scatter = _exposed(comm.reduce_scatter(cluster, shard, grad_bytes), bwd_window, params)
+            gather = _exposed(comm.all_gather(cluster, shard, element * local), fwd_window, params)
+            dp_comm = gradient_reductions(lay, m) * (scatter + gather)
         else:
             dp_comm = _zero3_exposed(cluster, groups["shard"], local, layers, times, n_ckpt * recompute_layer,
                                      lay.reshard, m, params)
-        if lay.hsdp > 1:
-            dp_comm += comm.all_reduce(cluster, groups["replicate"], grad_bytes / max(1, d // lay.cp))
+        if lay.hsdp > 1:  # FSDP2 all-reduces the shards across replicas with every reduce-scatter
+            replicas = comm.all_reduce(cluster, groups["replicate"], grad_bytes / max(1, d // lay.cp))
+            dp_comm += gradient_reductions(lay, m) * replicas
     if model.moe is not None and expert_data_parallel(lay) > 1:  # routed experts: over the expert-dp ranks
         if lay.zero == 3:  # gathered layer by layer, as the dense weights
             edp = expert_groups(lay, cluster.gpus_per_node)["edp"]
