@@ -21,7 +21,8 @@ Each fit uses the planner's own formula, so what is measured lands where the pla
   from inside a node when measured there). Pinned host copies give ``host_link_bandwidth``.
 
 A CPU has no vendor peak in plait: a CPU profile describes the CPU as the device, with the
-fitted large-GEMM rate as its peak (``bf16_flops``, efficiency 1.0), the copy bandwidth as its
+fastest GEMM rate measured as its peak (``bf16_flops``: the denominator of MFU, which no step can
+exceed) and the fitted curve's large-GEMM rate over it as ``gemm_efficiency``, the copy bandwidth as its
 memory bandwidth, and its RAM share per process as capacity; what else describes a CPU (fp32
 elements, no CUDA context, measured overlap and host time per layer) is
 ``plait.measure.profile.cpu_fit``.
@@ -60,13 +61,15 @@ def _gemm_residuals(xs, ys, rate: float, half: float, overhead_s: float) -> floa
 
 
 def fit_gemm(points: list[dict], overhead_s: float) -> dict:
-    """{"rate": large-GEMM FLOP/s, "half_flops": F_half, "max_error": worst relative residual, "fit": how}.
+    """{"rate": large-GEMM FLOP/s, "half_flops": F_half, "max_error": worst relative residual, "fit": how,
+    "fastest": the fastest measured GEMM's FLOP/s}.
 
     The curve is the planner's t = (F + F_half) / rate + overhead, fitted by least squares on
-    relative error. Both numbers come from one fit: a free line (``fit: "line"``); if its F_half
-    is negative, the line through the launch overhead (F_half = 0, ``"through overhead"``); if its
-    rate is below a measured GEMM's rate (noise, or a small GEMM faster than the large ones),
-    that measured rate with F_half refitted for it (``"rate from the fastest GEMM"``).
+    relative error: what was measured, even where single GEMMs ran faster than the curve (on a CPU
+    the rate varies with the shape, and a lucky call is not the rate the model's GEMMs reach).
+    Both numbers come from one fit: a free line (``fit: "line"``); if its F_half is negative, the
+    line through the launch overhead (F_half = 0, ``"through overhead"``); if no line fits (a
+    slope that is not positive), the fastest GEMM's rate with F_half fitted for it.
     """
     xs, ys = [p["flops"] for p in points], [p["time_s"] for p in points]
     w = [1.0 / (y * y) for y in ys]
@@ -78,12 +81,11 @@ def fit_gemm(points: list[dict], overhead_s: float) -> dict:
         if half < 0:  # the line through the launch overhead (F_half = 0)
             slope = sum(wi * x * (y - overhead_s) for wi, x, y in zip(w, xs, ys)) / sum(wi * x * x for wi, x in zip(w, xs))
             rate, half, how = (1.0 / slope, 0.0, "through overhead") if slope > 0 else (math.nan, 0.0, how)
-    if not rate >= best:  # NaN, or slower than a measured GEMM: that rate, and F_half fitted for it
-        if math.isfinite(rate):
-            how = "rate from the fastest GEMM"
+    if not math.isfinite(rate):  # no line: the fastest rate, and F_half fitted for it
         rate = best
         half = max(0.0, rate * sum(wi * (y - overhead_s - x / rate) for wi, x, y in zip(w, xs, ys)) / sum(w))
-    return {"rate": rate, "half_flops": half, "max_error": _gemm_residuals(xs, ys, rate, half, overhead_s), "fit": how}
+    return {"rate": rate, "half_flops": half, "max_error": _gemm_residuals(xs, ys, rate, half, overhead_s),
+            "fit": how, "fastest": best}
 
 
 def fit_attention(points: list[dict], half_flops: float, overhead_s: float) -> dict:
@@ -160,9 +162,9 @@ def calibration_fields(raw: dict, gpu: GpuSpec | None, link_efficiency: float,
     params = {"gemm_half_flops": gemm["half_flops"]}
     if attention:
         params["flash_backward_factor"] = attention["backward_factor"]
-    if gpu is None:  # a CPU profile: the CPU is the device
-        peak = gemm["rate"]
-        gpu_overrides = {"bf16_flops": peak, "gemm_efficiency": 1.0, "hbm_bandwidth": copy_rate,
+    if gpu is None:  # a CPU profile: the CPU is the device, its peak the fastest rate measured
+        peak = max(gemm["rate"], gemm["fastest"])
+        gpu_overrides = {"bf16_flops": peak, "gemm_efficiency": gemm["rate"] / peak, "hbm_bandwidth": copy_rate,
                          "memory_efficiency": 1.0, "kernel_overhead": overhead}
         if ram_bytes_per_process > 0:
             gpu_overrides["hbm_bytes"] = ram_bytes_per_process

@@ -269,8 +269,8 @@ def build_calibration(raw: dict, where: Where, model: ModelSpec, seq_len: int, q
     if limits:
         notes.insert(0, limits)
     if gpu is None:
-        notes.insert(0, "CPU profile: gpu_overrides describe this CPU (peak = fitted large-GEMM rate, "
-                        "efficiency 1.0); planning a GPU cluster with it is only a test of the pipeline")
+        notes.insert(0, "CPU profile: gpu_overrides describe this CPU (peak = fastest GEMM measured, "
+                        "gemm_efficiency = the fitted curve's rate over it); planning a GPU cluster with it is only a test of the pipeline")
     return {
         "format": FORMAT, "kind": "profile", "gpu": where.gpu, "device": where.device,
         "cpu_profile": gpu is None, "model": model.name, "seq_len": seq_len, "quick": quick,
