@@ -50,3 +50,77 @@ def attention_errors(impl: str, heads: int = 4, kv_heads: int = 2, seq: int = 32
     errors["inputs"] = max(t.abs().max().item() for t in (q, k, v, grad_out))  # the magnitude the sums see
     return errors
 
+
+
+def exchange_log(impl: str, heads: int = 8, kv_heads: int = 4, seq: int = 32, head_dim: int = 8,
+                 batch: int = 2) -> list[tuple[str, str, int]]:
+    """(phase, op, bytes) of every collective the cp kernel ``impl`` makes on this rank in one
+    forward and backward (``plait.plan.context.Exchange``'s byte conventions: a message for
+    send_recv, the whole gathered buffer for all_gather / reduce_scatter, the rank's buffer for
+    all_to_all), counted by wrapping the torch.distributed functions the kernels call."""
+    log: list[tuple[str, str, int]] = []
+    phase = ["forward"]
+
+    def p2p(ops, *args, **kwargs):
+        log.extend((phase[0], "send_recv", op.tensor.nbytes) for op in ops if op.op is dist.isend)
+        return originals["batch_isend_irecv"](ops, *args, **kwargs)
+
+    def gather(pieces, tensor, *args, **kwargs):
+        log.append((phase[0], "all_gather", tensor.nbytes * len(pieces)))
+        return originals["all_gather"](pieces, tensor, *args, **kwargs)
+
+    def scatter(output, pieces, *args, **kwargs):
+        log.append((phase[0], "reduce_scatter", sum(piece.nbytes for piece in pieces)))
+        return originals["reduce_scatter"](output, pieces, *args, **kwargs)
+
+    def all_to_all(output, tensor, *args, **kwargs):
+        log.append((phase[0], "all_to_all", tensor.nbytes))
+        return originals["all_to_all_single"](output, tensor, *args, **kwargs)
+
+    wrappers = {"batch_isend_irecv": p2p, "all_gather": gather, "reduce_scatter": scatter, "all_to_all_single": all_to_all}
+    originals = {name: getattr(dist, name) for name in wrappers}
+    q, k, v, grad_out = _full_problem(batch, heads, kv_heads, seq, head_dim, seed=0)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("cp",))
+    shard = SequenceShard(mesh.get_local_rank(), mesh.size())
+    local = [shard.shard(t, dim=2).clone().requires_grad_() for t in (q, k, v)]
+    kernel = cp_kernel(impl, mesh)
+    for name, wrapper in wrappers.items():
+        setattr(dist, name, wrapper)
+    try:
+        out = kernel(*local, 0.0)
+        phase[0] = "backward"
+        out.backward(shard.shard(grad_out, dim=2))
+    finally:
+        for name, function in originals.items():
+            setattr(dist, name, function)
+    return log
+
+
+def ring_score_elements(heads: int = 8, kv_heads: int = 4, seq: int = 32, head_dim: int = 8,
+                        batch: int = 2) -> dict[str, int]:
+    """{"forward", "backward"}: score elements the ring kernel materializes on this rank in one
+    forward and backward (every block's scores, counted where ``plait.run.parallel.context.ops``
+    makes them)."""
+    from plait.run.parallel.context import ops
+
+    counts = {"forward": 0, "backward": 0}
+    phase = ["forward"]
+    original = ops._scores
+
+    def scores(*args, **kwargs):
+        out = original(*args, **kwargs)
+        counts[phase[0]] += out.numel()
+        return out
+
+    q, k, v, grad_out = _full_problem(batch, heads, kv_heads, seq, head_dim, seed=0)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("cp",))
+    shard = SequenceShard(mesh.get_local_rank(), mesh.size())
+    local = [shard.shard(t, dim=2).clone().requires_grad_() for t in (q, k, v)]
+    ops._scores = scores
+    try:
+        out = cp_kernel("ring", mesh)(*local, 0.0)
+        phase[0] = "backward"
+        out.backward(shard.shard(grad_out, dim=2))
+    finally:
+        ops._scores = original
+    return counts

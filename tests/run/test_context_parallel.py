@@ -103,3 +103,39 @@ def test_cp_layout_passes_the_dry_run(capsys):
                                 "--device", "cpu", "--dry-run")
     assert code == 0, err
     assert "torchrun" in out
+
+
+@pytest.mark.parametrize("impl", ["ring", "allgather", "ulysses"])
+@pytest.mark.parametrize("cp", [2, 4])
+def test_the_planner_prices_the_exchange_the_runtime_makes(dist_pool, impl, cp):
+    """plait.plan.context.exchanges (what cp_exchange prices) names every collective the kernel
+    makes in a layer's forward and backward, with its count and bytes (fp32, as a CPU profile
+    prices them). PyTorch's own ring (cp_impl=torch) goes through private functional collectives
+    and is declared from its source (torch 2.13's _templated_ring_attention), not counted here."""
+    import dataclasses
+    from collections import Counter
+
+    from plait.plan.context import exchanges
+    from plait.spec.layout import Layout
+    from plait.spec.models import get_model
+
+    heads, kv_heads, seq, head_dim, batch = 8, 4, 32, 8, 2  # cp_tasks.exchange_log's defaults
+    model = dataclasses.replace(get_model("tiny"), hidden=heads * head_dim, n_heads=heads, n_kv_heads=kv_heads,
+                                head_dim=head_dim)
+    declared = Counter()
+    for exchange in exchanges(model, Layout(cp=cp, cp_impl=impl), tokens=batch * seq / cp, element_bytes=4.0):
+        declared[(exchange.phase, exchange.op, int(exchange.nbytes))] += exchange.calls
+    for rank, log in enumerate(dist_pool(cp).run(cp_tasks.exchange_log, impl, timeout=60)):
+        assert Counter(log) == declared, f"rank {rank}"
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_the_planner_prices_the_score_blocks_the_ring_kernel_makes(dist_pool, cp):
+    """cp_impl=ring's attention (plait.plan.kernels.ring_attention_times) is priced on query rows x
+    ring_keys score elements, forward and again backward: the elements the kernel materializes."""
+    from plait.plan.kernels import ring_keys
+
+    heads, seq, batch = 8, 32, 2  # cp_tasks.ring_score_elements' defaults
+    rows = batch * heads * seq // cp
+    for rank, counts in enumerate(dist_pool(cp).run(cp_tasks.ring_score_elements, timeout=60)):
+        assert counts == {"forward": rows * ring_keys(seq, cp), "backward": rows * ring_keys(seq, cp)}, f"rank {rank}"

@@ -136,7 +136,7 @@ def complete(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dict,
     pinned = {k: v for k, v in given.items() if k not in _ENUMERATED}
     constraints = SearchConstraints(fixed=fixed, max_mbs=max_mbs, allow_offload=False, schedules=schedules)
     fitting, smallest, evaluated, first_errors = [], None, 0, None
-    for base in candidate_layouts(model, cluster, job, constraints):
+    for base in candidate_layouts(model, cluster, job, constraints, params):
         for layout in _variants(model, base, given, pinned):
             errors = errors_of(validate(model, cluster, job, layout))
             if errors:

@@ -6,7 +6,7 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
   per micro-batch and stage: layers × (forward + backward kernels, ``plait.plan.kernels``)
       + recomputation of checkpointed layers + tensor-parallel collectives (forward exposed,
       backward partly hidden behind weight-gradient GEMMs) + context-parallel K/V exchange
-      beyond the attention it overlaps + pipeline send/recv + activation offload beyond the
+      beyond the attention it overlaps (each ``cp_impl`` as the runtime runs it, ``plait.plan.context``) + pipeline send/recv + activation offload beyond the
       compute it overlaps; the last stage adds the LM head and loss.
   pipeline: m · t_slowest + bubble, bubble = (p-1)·t for GPipe and 1F1B (Narayanan et al.
       2021), (p-1)·t/v for interleaved 1F1B, (p-1)·t/3 for zero-bubble (ZB-H1).
@@ -42,6 +42,7 @@ from functools import lru_cache
 
 from plait.plan import comm
 from plait.plan.activations import checkpointed_layer_count, stage_layer_bytes
+from plait.plan.context import cp_exchange
 from plait.plan.flops import hardware_flops_per_token
 from plait.plan.kernels import head_time, layer_times
 from plait.plan.memory import stage_params, zero_shard_degree
@@ -217,7 +218,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         times = moe_layer_times(model, gpu, params, lay, tokens, job.seq_len, runtime)
     else:
         times = layer_times(model, gpu, params, tokens, job.seq_len, lay.tp, lay.cp,
-                            lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime)
+                            lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime, lay.cp_impl)
     groups = _groups(lay, cluster.gpus_per_node)
     layers = stage_layers(model, lay) * lay.vpp  # layers on the most loaded GPU
     n_ckpt = checkpointed_layer_count(model, lay, layers)
@@ -233,14 +234,9 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         tp_layer = one_way + one_way * (1 - params.tp_comm_overlap)
     else:
         one_way = tp_layer = 0.0
-    # ---- context parallel, per layer: ring exchange of K and V (and dK, dV) beyond attention
-    cp_layer = 0.0
-    if lay.cp > 1:
-        kv_bytes = element * tokens * 2 * model.kv_hidden / lay.tp
-        step = comm.send_recv(cluster, groups["cp"].spans_nodes, kv_bytes)
-        hides = params.cp_comm_overlap
-        cp_layer = (max(0.0, (lay.cp - 1) * step - hides * times.attn_fwd)
-                    + max(0.0, 2 * (lay.cp - 1) * step - hides * times.attn_bwd))
+    # ---- context parallel, per layer: the cp_impl's exchange of K and V (and dK, dV) beyond the
+    # attention it overlaps (plait.plan.context)
+    cp_layer = sum(cp_exchange(model, cluster, groups["cp"], lay, tokens, times.attn_fwd, times.attn_bwd, params))
     # ---- recomputation, per checkpointed layer
     if lay.ckpt == "full":
         recompute_layer = times.fwd + one_way

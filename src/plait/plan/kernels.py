@@ -51,6 +51,15 @@ UNFUSED_NORM_KERNELS = {"llama": 8, "gpt": 11}
 #     FlashAttention, tests/measure).
 EAGER_SOFTMAX_BYTES = {"torch": (29.0, 33.0), "megatron": (6.0, 12.0)}
 EAGER_DROPOUT_BYTES = 5.0
+# Context parallelism (plait.plan.context's docstring): plait's own ring kernel (cp_impl=ring,
+# plait.run.parallel.context.ops) materializes fp32 scores per block. Bytes per score element beyond
+# the GEMMs' own reads and writes: forward scale mul_ 4+4, logsumexp (amax 4, x - max 4+4, exp_ 4+4,
+# sum 4) 24, sub_ 4+4, exp_ 4+4 = 48; backward scale mul_ 8, sub_(lse) 8, exp_ 8, sub_(delta) 8,
+# mul_(probs) 4+4+4 = 44.
+RING_SCORE_BYTES = (48.0, 44.0)
+# the diagonal block's causal mask, per score element of that block: built (ones 1, triu 1+1,
+# repeat 1+1), then masked_fill_ reads it (1) and the scores (4) and writes them (4)
+RING_MASK_BYTES = 14.0
 
 
 def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, precision: str = "bf16") -> float:
@@ -65,6 +74,36 @@ def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, pr
     compute = flops / peak * (flops + params.gemm_half_flops) / flops
     memory = operand_bytes * (m * k + k * n + m * n) / (gpu.hbm_bandwidth * gpu.memory_efficiency)
     return max(compute, memory) + gpu.kernel_overhead
+
+
+def ring_keys(seq_len: int, cp: int) -> float:
+    """Keys per local query over the ring kernel's blocks: the diagonal block's seq/cp (the whole
+    square, masked) and half of seq/cp in each of the cp-1 later ones."""
+    local = seq_len / cp
+    return local + (cp - 1) * local / 2
+
+
+def ring_attention_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, seq_len: int,
+                         tp: int, cp: int) -> tuple[float, float]:
+    """(forward, backward) seconds of ``cp_impl=ring``'s attention for ``tokens`` on this rank: two
+    batched GEMMs over all blocks forward, five backward (scores recomputed), and the score
+    elements' fp32 traffic; the GEMMs at the device's GEMM rate (they run in fp32)."""
+    local = seq_len / cp
+    rows = tokens * model.n_heads / tp  # query rows of all heads of the micro-batch
+    keys = ring_keys(seq_len, cp)
+    one = gemm_time(gpu, params, rows, model.head_dim, keys)  # Q·Kᵀ over all blocks (P·V the same)
+    elements = rows * keys
+    diagonal = local / keys  # share of the score elements in the masked diagonal block
+    bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
+    forward, backward = (elements * (nbytes + RING_MASK_BYTES * diagonal) / bandwidth for nbytes in RING_SCORE_BYTES)
+    return 2 * one + forward, 5 * one + backward
+
+
+def cp_keys_per_query(cp_impl: str, seq_len: int, causal_keys: float) -> float:
+    """Keys per query the fused kernel computes under context parallelism ``cp_impl`` (not
+    ``ring``): the whole sequence for ``allgather`` (an explicit mask by global position), else
+    the causal ``causal_keys``."""
+    return float(seq_len) if cp_impl == "allgather" else causal_keys
 
 
 @dataclass(frozen=True)
@@ -96,9 +135,10 @@ def kernel_keys_per_query(model: ModelSpec, seq_len: int) -> float:
 @lru_cache(maxsize=65536)
 def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, seq_len: int,
                 tp: int, cp: int, sequence_parallel: bool, attn: str, precision: str,
-                norm: str = "fused", runtime: str = "torch") -> LayerTimes:
+                norm: str = "fused", runtime: str = "torch", cp_impl: str = "torch") -> LayerTimes:
     """Times for ``tokens`` = (seq_len / cp) · micro-batch tokens on this rank; ``runtime``: whose
-    eager attention (``EAGER_SOFTMAX_BYTES``)."""
+    eager attention (``EAGER_SOFTMAX_BYTES``); at cp > 1 the attention is ``cp_impl``'s, whatever
+    ``attn`` says (the context-parallel kernel replaces the layer's)."""
     h, f, t = model.hidden, model.ffn_hidden, tp
     kv, q = model.kv_hidden, model.q_hidden
     gemm = gemm_time(gpu, params, tokens, h, (q + 2 * kv) / t, precision)
@@ -112,9 +152,13 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
     batch = tokens / (seq_len / cp)  # sequences in the micro-batch
     heads = model.n_heads / t
     s_q = seq_len / cp
-    if attn != "eager":  # flash, and sdpa (FlashAttention-2 on these GPUs)
+    if cp > 1 and cp_impl == "ring":
+        attn_fwd, attn_bwd = ring_attention_times(model, gpu, params, tokens, seq_len, tp, cp)
+        scores_gemm = 0.0
+    elif attn != "eager" or cp > 1:  # flash, and sdpa (FlashAttention-2 on these GPUs); a cp kernel
         # causal: each rank's (load-balanced) queries see on average half of the keys
-        flops = 4.0 * batch * heads * model.head_dim * s_q * kernel_keys_per_query(model, seq_len)
+        keys = kernel_keys_per_query(model, seq_len)
+        flops = 4.0 * batch * heads * model.head_dim * s_q * (cp_keys_per_query(cp_impl, seq_len, keys) if cp > 1 else keys)
         peak = gpu.bf16_flops * gpu.attention_efficiency
         attn_fwd = flops / peak * (flops + params.gemm_half_flops) / flops + gpu.kernel_overhead
         attn_bwd = params.flash_backward_factor * attn_fwd

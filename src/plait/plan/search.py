@@ -18,6 +18,9 @@ Experts (a model with ``moe``): ep over the divisors of n_experts that divide tp
 expert ranks are carved out of them, ``plait.spec.moe.layout``), etp 1 and, with tp > 1, etp = tp;
 a dense model gets ep = etp = 1 (no extra candidates). ``moe_overlap`` is not enumerated: ``none``
 unless pinned (what a runtime without overlap does).
+A cp > 1 layout gets the context-parallel kernel (``cp_impl``: ring, allgather, torch, ulysses
+where cp divides the K/V heads) whose attention and exchange the planner prices fastest
+(``plait.plan.context.fastest_cp_impl``; memory does not tell them apart), unless pinned.
 
 Every plan carries the runtime rules it breaks (``plait.spec.capabilities``); with
 ``runnable=True`` only the layouts that ``plait train`` runs are kept.
@@ -29,6 +32,7 @@ import time
 from dataclasses import dataclass, replace
 
 from plait.errors import PlaitError
+from plait.plan.context import fastest_cp_impl
 from plait.plan.cost import estimate_step
 from plait.plan.memory import DEFAULT_HEADROOM, estimate_memory, is_risky
 from plait.plan.params import DEFAULT_PARAMS, CostParams
@@ -96,8 +100,9 @@ def _options(constraints: SearchConstraints, key: str, default: list) -> list:
 
 
 def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-                      constraints: SearchConstraints = SearchConstraints()):
-    """Yield the layouts the search considers (before the memory check)."""
+                      constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS):
+    """Yield the layouts the search considers (before the memory check); ``params`` price the
+    context-parallel kernels a cp > 1 layout gets (``fastest_cp_impl``)."""
     n = cluster.n_gpus
     heads_gcd = _gcd(model.n_heads, model.n_kv_heads, model.ffn_hidden)
     tps = _options(constraints, "tp", [t for t in divisors(heads_gcd) if n % t == 0 and t <= cluster.gpus_per_node])
@@ -132,9 +137,14 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                             for hsdp in _hsdp_options(zero, dp, tp * cp, cluster.gpus_per_node, constraints):
                                 for ep, etp in _expert_options(model, tp, tp * cp * dp, constraints):
                                     for ckpt in ckpts:
-                                        yield Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, zero=zero,
-                                                     hsdp=hsdp, ckpt=ckpt, schedule=schedule, split=split,
-                                                     ep=ep, etp=etp, **kernels)
+                                        layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, zero=zero,
+                                                        hsdp=hsdp, ckpt=ckpt, schedule=schedule, split=split,
+                                                        ep=ep, etp=etp, **kernels)
+                                        if cp > 1 and constraints.fixed_value("cp_impl") is None:
+                                            # the fastest context-parallel kernel (plait.plan.context)
+                                            layout = replace(layout, cp_impl=fastest_cp_impl(model, cluster, job,
+                                                                                             layout, params))
+                                        yield layout
 
 
 def _gcd(*values: int) -> int:
@@ -198,7 +208,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     smallest = None
     first_errors = None
     candidates = 0
-    for layout in candidate_layouts(model, cluster, job, constraints):
+    for layout in candidate_layouts(model, cluster, job, constraints, params):
         candidates += 1
         violations = validate(model, cluster, job, layout)
         errors = errors_of(violations)

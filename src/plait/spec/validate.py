@@ -53,6 +53,12 @@ def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
     return counts
 
 
+
+def ulysses_splits_heads(model, lay) -> bool:
+    """Whether ``cp_impl=ulysses`` can run ``lay``: cp divides the rank's n_kv_heads / tp K/V heads
+    (each cp rank gets whole K/V heads with the query heads sharing them)."""
+    return (model.n_kv_heads // lay.tp) % lay.cp == 0
+
 def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout) -> list[Violation]:
     """Return every violated rule (errors first, then warnings); an empty list means valid."""
     out: list[Violation] = []
@@ -114,7 +120,7 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
     if lay.cp > 1 and job.seq_len % (2 * lay.cp):
         error("cp-divides-seq", f"seq_len={job.seq_len} is not a multiple of 2·cp = {2 * lay.cp} "
               "(load-balanced causal context parallel splits each sequence into 2·cp chunks)")
-    if lay.cp > 1 and lay.cp_impl == "ulysses" and (model.n_kv_heads // lay.tp) % lay.cp:
+    if lay.cp > 1 and lay.cp_impl == "ulysses" and not ulysses_splits_heads(model, lay):
         fits = [d for d in divisors(max(1, model.n_kv_heads // lay.tp)) if d > 1]
         error("ulysses-divides-heads", f"cp_impl=ulysses splits heads over cp: cp={lay.cp} does not divide the "
               f"n_kv_heads/tp = {model.n_kv_heads}/{lay.tp} K/V heads of a rank; cp that would: "

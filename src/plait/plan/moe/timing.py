@@ -45,7 +45,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from plait.plan import comm
-from plait.plan.kernels import LayerTimes, gemm_time, layer_times
+from plait.plan.kernels import LayerTimes, cp_keys_per_query, gemm_time, layer_times
 from plait.plan.moe.memory import routed_tokens, stage_expert_params
 from plait.plan.params import CostParams
 from plait.spec.hardware import ClusterSpec, GpuSpec
@@ -107,7 +107,7 @@ def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tok
     """Kernel times of the model's mean layer for ``tokens`` on this rank (module docstring)."""
     t, cp, p = layout.tp, layout.cp, layout.precision
     dense = layer_times(model, gpu, params, tokens, seq_len, t, cp, layout.sequence_parallel, "flash", p,
-                        layout.norm, runtime)
+                        layout.norm, runtime, layout.cp_impl)
     h, f = model.hidden, model.ffn_hidden
     dense_mlp = gemm_time(gpu, params, tokens, h, 2 * f / t, p) + gemm_time(gpu, params, tokens, f / t, h, p)
     fraction = moe_layer_count(model) / model.n_layers
@@ -119,7 +119,10 @@ def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tok
         moved = PERMUTE_PASSES * gpu.element_bytes * routed * h + 2 * 4.0 * t_r * model.moe.n_experts
         elementwise += fraction * (moved / (gpu.hbm_bandwidth * gpu.memory_efficiency) + 6 * gpu.kernel_overhead)
     # attention core: (d_qk + d_v) per key, the keys of each layer's window, averaged over layers
-    keys = mean_keys_per_query(model, seq_len)
+    if cp > 1 and layout.cp_impl == "ring":  # plait's ring kernel (plait.plan.kernels.ring_attention_times)
+        return LayerTimes(gemm, dense.attn_fwd, dense.attn_bwd, elementwise, 0.0)
+    keys = cp_keys_per_query(layout.cp_impl, seq_len, mean_keys_per_query(model, seq_len)) if cp > 1 \
+        else mean_keys_per_query(model, seq_len)
     if model.mla is not None:
         width = model.n_heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
     else:
