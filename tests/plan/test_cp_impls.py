@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from plait.plan import comm
-from plait.plan.context import FP32, cp_exchange, exchanges
+from plait.plan.context.exchange import FP32, cp_exchange, exchanges
 from plait.plan.cost import _groups, estimate_step
 from plait.plan.kernels import RING_MASK_BYTES, RING_SCORE_BYTES, gemm_time, layer_times, ring_keys
 from plait.plan.params import DEFAULT_PARAMS
@@ -92,7 +92,7 @@ def test_the_step_carries_the_exchange_of_every_layer_and_micro_batch(impl):
 @pytest.mark.parametrize("layout", ["cp=4,mbs=1", "tp=2,cp=4,ckpt=selective", "dp=2,cp=4,zero=3,ckpt=full"])
 def test_the_search_gives_a_layout_the_kernel_with_the_fastest_step(layout):
     """fastest_cp_impl compares only the attention and exchange terms; the whole step agrees."""
-    from plait.plan.context import fastest_cp_impl
+    from plait.plan.context.choice import fastest_cp_impl
     from plait.spec.validate import ulysses_splits_heads
 
     lay = Layout.parse(layout)
@@ -106,7 +106,7 @@ def test_the_search_gives_a_layout_the_kernel_with_the_fastest_step(layout):
 
 
 def test_ulysses_is_chosen_only_where_it_runs_and_a_pinned_kernel_is_kept():
-    from plait.plan.context import fastest_cp_impl
+    from plait.plan.context.choice import fastest_cp_impl
     from plait.plan.search import SearchConstraints, search
 
     job = JobSpec(global_batch=8, seq_len=65536)

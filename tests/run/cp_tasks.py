@@ -55,7 +55,7 @@ def attention_errors(impl: str, heads: int = 4, kv_heads: int = 2, seq: int = 32
 def exchange_log(impl: str, heads: int = 8, kv_heads: int = 4, seq: int = 32, head_dim: int = 8,
                  batch: int = 2) -> list[tuple[str, str, int]]:
     """(phase, op, bytes) of every collective the cp kernel ``impl`` makes on this rank in one
-    forward and backward (``plait.plan.context.Exchange``'s byte conventions: a message for
+    forward and backward (``plait.plan.context.exchange.Exchange``'s byte conventions: a message for
     send_recv, the whole gathered buffer for all_gather / reduce_scatter, the rank's buffer for
     all_to_all), counted by wrapping the torch.distributed functions the kernels call."""
     log: list[tuple[str, str, int]] = []

@@ -108,14 +108,14 @@ def test_cp_layout_passes_the_dry_run(capsys):
 @pytest.mark.parametrize("impl", ["ring", "allgather", "ulysses"])
 @pytest.mark.parametrize("cp", [2, 4])
 def test_the_planner_prices_the_exchange_the_runtime_makes(dist_pool, impl, cp):
-    """plait.plan.context.exchanges (what cp_exchange prices) names every collective the kernel
+    """plait.plan.context.exchange.exchanges (what cp_exchange prices) names every collective the kernel
     makes in a layer's forward and backward, with its count and bytes (fp32, as a CPU profile
     prices them). PyTorch's own ring (cp_impl=torch) goes through private functional collectives
     and is declared from its source (torch 2.13's _templated_ring_attention), not counted here."""
     import dataclasses
     from collections import Counter
 
-    from plait.plan.context import exchanges
+    from plait.plan.context.exchange import exchanges
     from plait.spec.layout import Layout
     from plait.spec.models import get_model
 

@@ -6,7 +6,7 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
   per micro-batch and stage: layers × (forward + backward kernels, ``plait.plan.kernels``)
       + recomputation of checkpointed layers + tensor-parallel collectives (forward exposed,
       backward partly hidden behind weight-gradient GEMMs) + context-parallel K/V exchange
-      beyond the attention it overlaps (each ``cp_impl`` as the runtime runs it, ``plait.plan.context``) + pipeline send/recv + activation offload beyond the
+      beyond the attention it overlaps (each ``cp_impl`` as the runtime runs it, ``plait.plan.context.exchange``) + pipeline send/recv + activation offload beyond the
       compute it overlaps; the last stage adds the LM head and loss.
   pipeline: m · t_slowest + bubble, bubble = (p-1)·t for GPipe and 1F1B (Narayanan et al.
       2021), (p-1)·t/v for interleaved 1F1B, (p-1)·t/3 for zero-bubble (ZB-H1).
@@ -42,7 +42,7 @@ from functools import lru_cache
 
 from plait.plan import comm
 from plait.plan.activations import checkpointed_layer_count, stage_layer_bytes
-from plait.plan.context import cp_exchange
+from plait.plan.context.exchange import cp_exchange
 from plait.plan.flops import hardware_flops_per_token
 from plait.plan.kernels import head_time, layer_times
 from plait.plan.memory import stage_params, zero_shard_degree
@@ -235,7 +235,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     else:
         one_way = tp_layer = 0.0
     # ---- context parallel, per layer: the cp_impl's exchange of K and V (and dK, dV) beyond the
-    # attention it overlaps (plait.plan.context)
+    # attention it overlaps (plait.plan.context.exchange)
     cp_layer = sum(cp_exchange(model, cluster, groups["cp"], lay, tokens, times.attn_fwd, times.attn_bwd, params))
     # ---- recomputation, per checkpointed layer
     if lay.ckpt == "full":

@@ -51,7 +51,7 @@ UNFUSED_NORM_KERNELS = {"llama": 8, "gpt": 11}
 #     FlashAttention, tests/measure).
 EAGER_SOFTMAX_BYTES = {"torch": (29.0, 33.0), "megatron": (6.0, 12.0)}
 EAGER_DROPOUT_BYTES = 5.0
-# Context parallelism (plait.plan.context's docstring): plait's own ring kernel (cp_impl=ring,
+# Context parallelism (plait.plan.context.exchange's docstring): plait's own ring kernel (cp_impl=ring,
 # plait.run.parallel.context.ops) materializes fp32 scores per block. Bytes per score element beyond
 # the GEMMs' own reads and writes: forward scale mul_ 4+4, logsumexp (amax 4, x - max 4+4, exp_ 4+4,
 # sum 4) 24, sub_ 4+4, exp_ 4+4 = 48; backward scale mul_ 8, sub_(lse) 8, exp_ 8, sub_(delta) 8,

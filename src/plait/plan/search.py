@@ -20,7 +20,7 @@ a dense model gets ep = etp = 1 (no extra candidates). ``moe_overlap`` is not en
 unless pinned (what a runtime without overlap does).
 A cp > 1 layout gets the context-parallel kernel (``cp_impl``: ring, allgather, torch, ulysses
 where cp divides the K/V heads) whose attention and exchange the planner prices fastest
-(``plait.plan.context.fastest_cp_impl``; memory does not tell them apart), unless pinned.
+(``plait.plan.context.choice``; memory does not tell them apart), unless pinned.
 
 Every plan carries the runtime rules it breaks (``plait.spec.capabilities``); with
 ``runnable=True`` only the layouts that ``plait train`` runs are kept.
@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, replace
 
 from plait.errors import PlaitError
-from plait.plan.context import fastest_cp_impl
+from plait.plan.context.choice import fastest_cp_impl
 from plait.plan.cost import estimate_step
 from plait.plan.memory import DEFAULT_HEADROOM, estimate_memory, is_risky
 from plait.plan.params import DEFAULT_PARAMS, CostParams
@@ -141,7 +141,7 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                                                         hsdp=hsdp, ckpt=ckpt, schedule=schedule, split=split,
                                                         ep=ep, etp=etp, **kernels)
                                         if cp > 1 and constraints.fixed_value("cp_impl") is None:
-                                            # the fastest context-parallel kernel (plait.plan.context)
+                                            # the fastest context-parallel kernel (plait.plan.context.choice)
                                             layout = replace(layout, cp_impl=fastest_cp_impl(model, cluster, job,
                                                                                              layout, params))
                                         yield layout

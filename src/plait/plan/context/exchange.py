@@ -32,23 +32,19 @@ Memory (``plait.plan.memory``) does not tell the kernels apart yet: the whole-se
 ``allgather`` holds during a layer and ``torch``'s gathered, head-repeated K/V are not counted.
 The attention work is priced in ``plait.plan.kernels`` (``layer_times(..., cp_impl)``); the
 exchange is declared here (``exchanges``: what ``tests/run/test_context_parallel.py`` counts in the
-runtime's calls, bytes included) and priced by ``cp_exchange``.
+runtime's calls, bytes included) and priced by ``cp_exchange``; the search's choice of kernel is
+``plait.plan.context.choice``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from functools import lru_cache
+from dataclasses import dataclass
 
 from plait.plan import comm
-from plait.plan.kernels import layer_times
-from plait.plan.moe.timing import moe_layer_times
 from plait.plan.params import CostParams
 from plait.spec.hardware import ClusterSpec
-from plait.spec.layout import CP_IMPLS, GroupPlacement, JobSpec, Layout, group_of
+from plait.spec.layout import GroupPlacement, Layout
 from plait.spec.model import ModelSpec
-from plait.spec.moe.parts import is_extended
-from plait.spec.validate import ulysses_splits_heads
 
 FP32 = 4.0
 
@@ -80,8 +76,8 @@ def exchanges(model: ModelSpec, lay: Layout, tokens: float, element_bytes: float
         whole = element_bytes * k_local * cp
         return [Exchange("forward", "all_gather", 2, whole, False), Exchange("backward", "reduce_scatter", 2, whole, False)]
     if lay.cp_impl == "ulysses":
-        return [Exchange(phase, "all_to_all", 2, element_bytes * q, False)
-                for phase in ("forward", "backward") for q in (q_local, k_local)]
+        return [Exchange(phase, "all_to_all", 2, element_bytes * elements, False)  # Q and O, K and V
+                for phase in ("forward", "backward") for elements in (q_local, k_local)]
     if lay.cp_impl == "torch":  # K/V repeated to the query heads; dK/dV accumulated in fp32
         whole = element_bytes * 2 * q_local * cp
         hop = FP32 * 2 * q_local
@@ -110,36 +106,3 @@ def cp_exchange(model: ModelSpec, cluster: ClusterSpec, group: GroupPlacement, l
         exposed = sum(_seconds(cluster, group, e) for e in mine if not e.hidden)
         out.append(max(0.0, hidden - params.cp_comm_overlap * window) + exposed)
     return out[0], out[1]
-
-
-def fastest_cp_impl(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, lay: Layout, params: CostParams) -> str:
-    """The ``cp_impl`` (of those ``lay`` can run: ``ulysses`` where cp divides the rank's K/V heads)
-    whose attention (recomputed under ckpt=full or selective) and exchange take least time per
-    layer and micro-batch: the only step-time terms the kernel moves, and memory does not tell
-    the kernels apart (module docstring), so the search tries this one rather than all four."""
-    group = group_of(lay, cluster.gpus_per_node, ("cp",))
-    recomputed = lay.ckpt in ("full", "selective")
-    if is_extended(model):  # experts, MLA: their own layer times, which read more of the layout
-        return _fastest(model, cluster, job.seq_len, params, lay, group, recomputed)
-    kernel_keys = Layout(tp=lay.tp, cp=lay.cp, mbs=lay.mbs, sp=lay.sp, attn=lay.attn, precision=lay.precision,
-                         norm=lay.norm)  # what the dense layer's attention and exchange read
-    return _fastest(model, cluster, job.seq_len, params, kernel_keys, group, recomputed)
-
-
-@lru_cache(maxsize=4096)
-def _fastest(model: ModelSpec, cluster: ClusterSpec, seq_len: int, params: CostParams, lay: Layout,
-             group: GroupPlacement, recomputed: bool) -> str:
-    tokens = seq_len / lay.cp * lay.mbs
-
-    def seconds(impl: str) -> float:
-        candidate = replace(lay, cp_impl=impl)
-        if is_extended(model):
-            times = moe_layer_times(model, cluster.gpu, params, candidate, tokens, seq_len)
-        else:
-            times = layer_times(model, cluster.gpu, params, tokens, seq_len, lay.tp, lay.cp, lay.sequence_parallel,
-                                lay.attn, lay.precision, lay.norm, "torch", impl)
-        return (times.attn_fwd * (2.0 if recomputed else 1.0) + times.attn_bwd
-                + sum(cp_exchange(model, cluster, group, candidate, tokens, times.attn_fwd, times.attn_bwd, params)))
-
-    usable = [impl for impl in CP_IMPLS if impl != "ulysses" or ulysses_splits_heads(model, lay)]
-    return min(usable, key=seconds)
