@@ -71,7 +71,8 @@ def test_what_hides_behind_attention_and_what_does_not():
     gathered = Layout(cp=4, cp_impl="allgather")
     whole = CLUSTER.gpu.element_bytes * tokens * MODEL.kv_hidden * 4
     assert cp_exchange(MODEL, CLUSTER, group, gathered, tokens, 1.0, 1.0, everything) == (
-        pytest.approx(2 * comm.all_gather(CLUSTER, group, whole)), pytest.approx(2 * comm.reduce_scatter(CLUSTER, group, whole)))
+        pytest.approx(2 * comm.all_gather(CLUSTER, group, whole)),
+        pytest.approx(2 * comm.reduce_scatter(CLUSTER, group, whole)))
     assert all(not e.hidden for e in exchanges(MODEL, Layout(cp=4, cp_impl="ulysses"), tokens, 2.0))
     assert exchanges(MODEL, Layout(cp=1), tokens, 2.0) == [] and cp_exchange(
         MODEL, CLUSTER, group, Layout(), tokens, 1.0, 1.0, PARAMS) == (0.0, 0.0)

@@ -77,7 +77,8 @@ def exchange_log(impl: str, heads: int = 8, kv_heads: int = 4, seq: int = 32, he
         log.append((phase[0], "all_to_all", tensor.nbytes))
         return originals["all_to_all_single"](output, tensor, *args, **kwargs)
 
-    wrappers = {"batch_isend_irecv": p2p, "all_gather": gather, "reduce_scatter": scatter, "all_to_all_single": all_to_all}
+    wrappers = {"batch_isend_irecv": p2p, "all_gather": gather, "reduce_scatter": scatter,
+                "all_to_all_single": all_to_all}
     originals = {name: getattr(dist, name) for name in wrappers}
     q, k, v, grad_out = _full_problem(batch, heads, kv_heads, seq, head_dim, seed=0)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("cp",))

@@ -6,7 +6,8 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
   per micro-batch and stage: layers × (forward + backward kernels, ``plait.plan.kernels``)
       + recomputation of checkpointed layers + tensor-parallel collectives (forward exposed,
       backward partly hidden behind weight-gradient GEMMs) + context-parallel K/V exchange
-      beyond the attention it overlaps (each ``cp_impl`` as the runtime runs it, ``plait.plan.context.exchange``) + pipeline send/recv + activation offload beyond the
+      beyond the attention it overlaps (each ``cp_impl`` as the runtime runs it,
+      ``plait.plan.context.exchange``) + pipeline send/recv + activation offload beyond the
       compute it overlaps; the last stage adds the LM head and loss.
   pipeline: m · t_slowest + bubble, bubble = (p-1)·t for GPipe and 1F1B (Narayanan et al.
       2021), (p-1)·t/v for interleaved 1F1B, (p-1)·t/3 for zero-bubble (ZB-H1).

@@ -158,7 +158,9 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
     elif attn != "eager" or cp > 1:  # flash, and sdpa (FlashAttention-2 on these GPUs); a cp kernel
         # causal: each rank's (load-balanced) queries see on average half of the keys
         keys = kernel_keys_per_query(model, seq_len)
-        flops = 4.0 * batch * heads * model.head_dim * s_q * (cp_keys_per_query(cp_impl, seq_len, keys) if cp > 1 else keys)
+        if cp > 1:
+            keys = cp_keys_per_query(cp_impl, seq_len, keys)
+        flops = 4.0 * batch * heads * model.head_dim * s_q * keys
         peak = gpu.bf16_flops * gpu.attention_efficiency
         attn_fwd = flops / peak * (flops + params.gemm_half_flops) / flops + gpu.kernel_overhead
         attn_bwd = params.flash_backward_factor * attn_fwd

@@ -74,7 +74,8 @@ def exchanges(model: ModelSpec, lay: Layout, tokens: float, element_bytes: float
     q_local = tokens * model.q_hidden / lay.tp
     if lay.cp_impl == "allgather":
         whole = element_bytes * k_local * cp
-        return [Exchange("forward", "all_gather", 2, whole, False), Exchange("backward", "reduce_scatter", 2, whole, False)]
+        return [Exchange("forward", "all_gather", 2, whole, False),
+                Exchange("backward", "reduce_scatter", 2, whole, False)]
     if lay.cp_impl == "ulysses":
         return [Exchange(phase, "all_to_all", 2, element_bytes * elements, False)  # Q and O, K and V
                 for phase in ("forward", "backward") for elements in (q_local, k_local)]
