@@ -25,6 +25,7 @@ refuses further work; the ``dist_pool`` fixture replaces it with a fresh one.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import importlib
 import importlib.util
 import os
@@ -61,6 +62,9 @@ def _worker(rank, world_size, port, conn, parent_pid, error_warnings):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:
         os._exit(1)
+    # a crash in native code (a SIGSEGV in gloo was seen once) prints every thread's Python stack to
+    # stderr, which pytest shows with the failing test
+    faulthandler.enable(all_threads=True)
     for folder in reversed(TEST_FOLDERS):
         sys.path.insert(0, folder)
     if importlib.util.find_spec("plait") is None:  # e.g. a stale editable install
