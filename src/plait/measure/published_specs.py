@@ -360,9 +360,9 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str]) -> 
     if not flash:
         notes.append("FlashAttention assumed")
     given["attn"] = "eager" if flash == "no" else "flash"
-    # their context parallelism is ring attention with fused kernels per block (Transformer Engine,
-    # PyTorch's): plait's cp_impl=torch, not its fp32 reference kernel (plait.plan.context.exchange)
-    given["cp_impl"] = "torch"
+    if given.get("cp", 1) > 1:  # ring attention with fused kernels per block (Transformer Engine,
+        # PyTorch's): plait's cp_impl=torch, not its fp32 reference kernel (plait.plan.context.exchange)
+        given["cp_impl"] = "torch"
     precision = (row.get("precision") or "").lower()
     given["precision"] = "mxfp8" if "mxfp8" in precision else "fp8" if "fp8" in precision else "bf16"
     return given

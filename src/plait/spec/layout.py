@@ -142,8 +142,8 @@ class Layout:
     cp_impl: str = layout_key("ring", "choice", "how the runtime's context-parallel attention exchanges K/V: "
                               "`ring` (send/recv around the cp ring; fp32 scores materialized: exact, slow), "
                               "`allgather`, `torch` (PyTorch's ring attention, fused kernels), `ulysses` (all-to-all "
-                              "of heads; cp divides n_kv_heads/tp); the planner prices each as it runs and "
-                              "searches all four at cp > 1", choices=CP_IMPLS)
+                              "of heads; cp divides n_kv_heads/tp); the planner prices each as it runs and the "
+                              "search gives a cp > 1 layout the fastest", choices=CP_IMPLS)
     # mixture of experts (plait.spec.moe.parts, plait.plan.moe.memory): ep·etp ranks carved out of tp·cp·dp
     ep: int = layout_key(1, "int", "expert-parallel degree: each MoE layer's routed experts are split over ep "
                          "ranks carved out of tp·cp·dp (Megatron-Core's expert mesh: etp innermost, then ep, then "

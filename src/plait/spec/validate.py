@@ -53,11 +53,11 @@ def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
     return counts
 
 
-
-def ulysses_splits_heads(model, lay) -> bool:
+def ulysses_splits_heads(model: ModelSpec, lay: Layout) -> bool:
     """Whether ``cp_impl=ulysses`` can run ``lay``: cp divides the rank's n_kv_heads / tp K/V heads
     (each cp rank gets whole K/V heads with the query heads sharing them)."""
     return (model.n_kv_heads // lay.tp) % lay.cp == 0
+
 
 def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout) -> list[Violation]:
     """Return every violated rule (errors first, then warnings); an empty list means valid."""
