@@ -89,7 +89,7 @@ def run_case(name: str, work: Path, repeats: int, steps: int) -> list[dict]:
         out = work / f"{name}-{nproc}proc.csv"
         plait("sweep", "--model", model, "--nproc-per-node", str(nproc), "--global-batch", str(batch),
               "--seq-len", str(seq_len), "--device", "cpu", "--calibration", str(calibration),
-              "--steps", str(steps), "--repeats", str(repeats), "--out", str(out),
+              "--steps", str(steps), "--repeats", str(repeats), "--min-time", "0", "--out", str(out),
               *[arg for layout in layouts for arg in ("--layout", layout)], log=log)
         with out.open() as handle:
             rows += [dict(row, case=name, nproc=nproc, calibration_file=str(calibration))
@@ -121,18 +121,20 @@ def same_code(layout: str) -> str:
     return re.sub(r"\bzero=1\b", "zero=2", layout)
 
 
-def spread_check(work: Path, repeats: int) -> list[dict]:
-    """``plait sweep --top 3 --steps 3`` on the tiny model, ``repeats`` runs per layout: how far apart
-    runs of identical code land, both the repeats of one layout (repeat_max_s / repeat_min_s - 1)
-    and the step times the sweep reports for layouts that run the same code (``same_code``); bar:
-    <= 25%."""
+def spread_check(work: Path, repeats: int | None) -> list[dict]:
+    """``plait sweep --top 3 --steps 3`` on the tiny model (the sweep's default timing for CPU runs,
+    or ``repeats`` runs per layout when given): how far apart runs of identical code land, both the
+    repeats of one layout (repeat_max_s / repeat_min_s - 1) and the step times the sweep reports for
+    layouts that run the same code (``same_code``); bar: <= 25%."""
     out = work / "spread-top3.csv"
     plait("sweep", "--model", "tiny", "--nproc-per-node", "2", "--global-batch", "8", "--seq-len", "128",
-          "--device", "cpu", "--top", "3", "--steps", "3", "--repeats", str(repeats), "--out", str(out),
-          log=work / "spread.log")
+          "--device", "cpu", "--top", "3", "--steps", "3", *(["--repeats", str(repeats)] if repeats else []),
+          "--out", str(out), log=work / "spread.log")
     with out.open() as handle:
         rows = [r for r in csv.DictReader(handle) if r["status"] == "ok"]
+    settings = json.loads((work / "spread-top3.summary.json").read_text())
     return [{"layout": r["layout"], "median_s": number(r, "measured_step_time_s"),
+             "repeats": settings.get("repeats"), "min_time_s": settings.get("min_time_s"),
              "repeat_min_s": number(r, "repeat_min_s"), "repeat_max_s": number(r, "repeat_max_s"),
              "spread": number(r, "repeat_max_s") / number(r, "repeat_min_s") - 1
              if number(r, "repeat_min_s") else None} for r in rows]
@@ -216,7 +218,9 @@ def spread_lines(spread: list[dict]) -> list[str]:
         return []
     worst = max((r["spread"] for r in spread if r["spread"] is not None), default=None)
     groups = same_code_groups(spread)
-    lines = ["", "`plait sweep --top 3 --steps 3` on the tiny model, runs of identical code (bar: <= 25% apart):", "",
+    timing = f"{spread[0]['repeats']} runs per layout, at least {spread[0]['min_time_s'] or 0:g} s timed per run"
+    lines = ["", f"`plait sweep --top 3 --steps 3` on the tiny model ({timing}), runs of identical code "
+             "(bar: <= 25% apart):", "",
              f"- repeats of one layout: worst {_pct(worst)} apart (fastest against slowest run);"]
     lines += [f"- layouts that run the same code, as reported (median of their runs): "
               f"{' and '.join(f'`{name}` {median:.4f} s' for name, median in zip(g['layouts'], g['medians']))}, "
@@ -263,8 +267,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--work", help="keep calibrations, sweep CSVs and logs here (default: a temp dir)")
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/results/cpu_loop.md")
-    parser.add_argument("--spread-repeats", type=int, default=3,
-                        help="runs per layout of the --top 3 --steps 3 spread check (0: skip it)")
+    parser.add_argument("--spread-repeats", type=int, default=None,
+                        help="runs per layout of the --top 3 --steps 3 spread check (default: the sweep's "
+                             "default for CPU runs; 0: skip it)")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="plait-cpu-loop-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -272,7 +277,7 @@ def main() -> int:
     for name in args.models:
         rows += run_case(name, work, args.repeats, args.steps)
         fits += refit(name, work)
-    spread = spread_check(work, args.spread_repeats) if args.spread_repeats > 0 else []
+    spread = spread_check(work, args.spread_repeats) if args.spread_repeats != 0 else []
     summary = summarize(rows)
     text = markdown(rows, summary, args, fits, spread)
     print(text)

@@ -33,8 +33,8 @@ def test_profile_plan_sweep_report_on_the_cpu(tmp_path, capsys):
 
     out = tmp_path / "sweep.csv"
     layouts = [arg for layout in LAYOUTS for arg in ("--layout", layout)]
-    code = main(["sweep", *MODEL, "--nproc-per-node", "1", "--device", "cpu", "--steps", "3", *layouts,
-                 "--calibration", str(profile), "--out", str(out)])
+    code = main(["sweep", *MODEL, "--nproc-per-node", "1", "--device", "cpu", "--steps", "3", "--repeats", "1",
+                 "--min-time", "0", *layouts, "--calibration", str(profile), "--out", str(out)])
     assert code == 0, capsys.readouterr().err[-3000:]
     rows = read_sweep(out)
     assert [r.status for r in rows] == ["ok"] * 4, [r.reason for r in rows]

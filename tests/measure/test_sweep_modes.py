@@ -15,7 +15,7 @@ from plait.cli import main
 from plait.measure.sweep.csv_file import read_sweep, summary_path
 
 BASE = ["sweep", "--model", "tiny", "--nproc-per-node", "1", "--global-batch", "4", "--seq-len", "32",
-        "--steps", "3", "--device", "cpu"]
+        "--steps", "3", "--device", "cpu", "--repeats", "1", "--min-time", "0"]  # one 3-step run per layout
 REPORT_FILES = ("report.html", "report.md", "step_time.png", "memory.png")
 
 

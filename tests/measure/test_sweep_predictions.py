@@ -14,7 +14,7 @@ def test_cpu_sweep_with_gpu_predictions_then_report(tmp_path, capsys):
     out = tmp_path / "sweep.csv"
     code = main(["sweep", "--model", "tiny", "--nproc-per-node", "2", "--global-batch", "8", "--seq-len", "64",
                  "--layout", "dp=2", "--layout", "tp=2", "--steps", "3", "--device", "cpu", "--gpu", "h100-sxm",
-                 "--out", str(out)])
+                 "--repeats", "1", "--min-time", "0", "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
     rows = read_sweep(out)

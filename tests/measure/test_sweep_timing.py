@@ -16,9 +16,13 @@ from plait.measure.sweep.csv_file import COLUMNS, SweepRow, read_sweep
 from plait.measure.sweep.loop import run_sweep, summary_path
 from plait.measure.sweep.threads import oversubscription, threads_per_process
 from plait.measure.sweep.timing import (
+    CPU_MIN_TIME_S,
+    CPU_REPEATS,
     LayoutTiming,
     RunTiming,
     check_warmup,
+    default_min_time_s,
+    default_repeats,
     default_warmup_steps,
     noisy_flags,
     quartiles,
@@ -232,3 +236,30 @@ def test_oversubscription_is_warned_at_the_start_and_threads_recorded(tmp_path, 
     assert read_sweep(out)[0].threads_per_process == 4096
     assert json.loads(summary_path(out).read_text())["threads_per_process"] == 4096
 
+
+
+def _spec_of_command(argv: list[str]) -> SweepSpec:
+    from plait.cli import build_parser
+    from plait.cli.sweep import _spec
+
+    return _spec(build_parser().parse_args(argv))
+
+
+def test_cpu_runs_default_to_three_repeats_of_at_least_one_second(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    spec = _spec_of_command([*SWEEP, "--layout", "dp=2", "--out", "s.csv"])
+    assert spec.threads_per_process is not None  # CPU runs
+    assert (spec.repeats, spec.min_time_s) == (CPU_REPEATS, CPU_MIN_TIME_S) == (3, 1.0)
+    # given values are kept, zero included
+    spec = _spec_of_command([*SWEEP, "--layout", "dp=2", "--repeats", "1", "--min-time", "0", "--out", "s.csv"])
+    assert (spec.repeats, spec.min_time_s) == (1, 0.0)
+
+
+def test_gpu_runs_default_to_one_run_of_the_steps_given(monkeypatch):
+    import plait.cli.sweep as sweep_command
+
+    monkeypatch.setattr(sweep_command, "_threads", lambda args: None)  # what GPU runs resolve to
+    spec = _spec_of_command([*SWEEP, "--layout", "dp=2", "--out", "s.csv"])
+    assert (spec.repeats, spec.min_time_s) == (1, 0.0)
+    assert (default_repeats(False), default_min_time_s(False)) == (1, 0.0)
+    assert (default_repeats(True), default_min_time_s(True)) == (CPU_REPEATS, CPU_MIN_TIME_S)

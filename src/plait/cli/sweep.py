@@ -15,6 +15,7 @@ from plait.measure.sweep.cases import (
     parse_grid,
     top_k_entries,
 )
+from plait.measure.sweep.timing import CPU_MIN_TIME_S, CPU_REPEATS, default_min_time_s, default_repeats
 
 HELP = "run layouts for a few steps each; CSV of predicted vs measured"
 EXIT_ALL_FAILED = 1  # no layout of the sweep ran
@@ -36,12 +37,13 @@ def add_arguments(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("--warmup-steps", type=int, default=None, metavar="N",
                        help="first steps of each run left out of its step time (default: as plait train's "
                             "summary, 1, or 2 when --steps is 6 or more)")
-    sweep.add_argument("--repeats", type=int, default=1, metavar="R",
+    sweep.add_argument("--repeats", type=int, default=None, metavar="R",
                        help="runs per layout, in round-robin order; the row reports the median of their "
-                            "medians and their spread (default 1)")
-    sweep.add_argument("--min-time", type=float, default=0.0, metavar="S",
+                            f"medians and their spread (default: {CPU_REPEATS} for CPU runs, 1 on GPUs)")
+    sweep.add_argument("--min-time", type=float, default=None, metavar="S",
                        help="seconds of post-warm-up steps each run should time: a first run shorter than S is "
-                            "a probe (not counted) and the layout's runs get steps enough (default 0: --steps)")
+                            "a probe (not counted) and the layout's runs get steps enough (default: "
+                            f"{CPU_MIN_TIME_S:g} for CPU runs, 0 on GPUs: --steps as given)")
     sweep.add_argument("--threads-per-process", type=int, default=None, metavar="N",
                        help="OMP_NUM_THREADS of each CPU run's processes (default: $OMP_NUM_THREADS, else "
                             "cores // processes); recorded in the CSV")
@@ -92,11 +94,11 @@ def _spec(args) -> SweepSpec:
     from plait.plan.calibration import read_calibration
 
     for name in ("nproc_per_node", "global_batch", "seq_len", "steps", "repeats"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise PlaitError(f"--{name.replace('_', '-')} must be at least 1")
     if args.timeout <= 0:
         raise PlaitError("--timeout must be positive (seconds per layout)")
-    if not args.min_time >= 0:
+    if args.min_time is not None and not args.min_time >= 0:
         raise PlaitError(f"--min-time {args.min_time}: must be 0 or more seconds")
     check_warmup(args.steps, default_warmup_steps(args.steps) if args.warmup_steps is None else args.warmup_steps)
     model = get_model(args.model)
@@ -107,7 +109,9 @@ def _spec(args) -> SweepSpec:
     params, cluster = cost_params(args.calibration, cluster)  # a CPU profile's overrides describe the CPU
     calibration_file = read_calibration(args.calibration) if args.calibration else None
     cpu_calibration = calibration_file is not None and calibration_file.cpu_profile
-    threads = _threads(args)
+    threads = _threads(args)  # None: GPU runs
+    repeats = default_repeats(threads is not None) if args.repeats is None else args.repeats
+    min_time_s = default_min_time_s(threads is not None) if args.min_time is None else args.min_time
     if cpu_calibration and calibration_file.process_mismatch(n, threads):
         warn(calibration_file.process_mismatch(n, threads))
     if args.data != "synthetic":
@@ -120,8 +124,8 @@ def _spec(args) -> SweepSpec:
                      seq_len=args.seq_len, steps=args.steps, nproc_per_node=n, device=args.device,
                      prediction_gpu=gpu, params=params, data=args.data, seed=args.seed, timeout_s=args.timeout,
                      allow_oom=args.allow_oom, compile=args.compile, calibration=calibration,
-                     calibration_sha256=calibration_sha256, warmup_steps=args.warmup_steps, repeats=args.repeats,
-                     min_time_s=args.min_time, threads_per_process=threads,
+                     calibration_sha256=calibration_sha256, warmup_steps=args.warmup_steps, repeats=repeats,
+                     min_time_s=min_time_s, threads_per_process=threads,
                      cpu_calibration=cpu_calibration)
 
 

@@ -21,6 +21,27 @@ from pathlib import Path
 from plait.errors import PlaitError
 
 
+# What a sweep times when --repeats and --min-time are not given. CPU runs (``bench/sweep_noise.py``,
+# bench/results/sweep_noise.md): the processes of a run compute and communicate in lockstep on the
+# cores they share with the host, so single runs of identical code landed up to 76% apart with 2
+# timed steps and 38% with at least 1 s timed; the median of 3 runs of at least 1 s each kept two
+# reports of identical code within 25% of each other. GPU runs keep one run of --steps steps: their
+# processes do not share the compute, and every extra run pays the start-up again.
+CPU_REPEATS = 3
+CPU_MIN_TIME_S = 1.0
+
+
+def default_repeats(cpu_runs: bool) -> int:
+    """Runs per layout when --repeats is not given: ``CPU_REPEATS`` for CPU runs, else 1."""
+    return CPU_REPEATS if cpu_runs else 1
+
+
+def default_min_time_s(cpu_runs: bool) -> float:
+    """Seconds of post-warm-up steps per run when --min-time is not given: ``CPU_MIN_TIME_S`` for CPU
+    runs, else 0 (the steps as given)."""
+    return CPU_MIN_TIME_S if cpu_runs else 0.0
+
+
 def default_warmup_steps(steps: int) -> int:
     """Warm-up steps ``plait train``'s summary skips (``plait.run.metrics.steady_state``): none for a
     one-step run, the first step, or the first two when there are at least six steps."""
