@@ -18,6 +18,7 @@ from plait.measure.profile.cpu_fit import (
     ENDS_PARAMS,
     MECHANISM_PARAMS,
     cpu_device,
+    overlap_hidden,
     planned_run_seconds,
 )
 from plait.measure.profile.fit import calibration_fields
@@ -63,6 +64,21 @@ def test_cpu_profile_writes_fp32_elements_no_gpu_memory_items_and_the_measured_o
     assert calibration_fields(_raw(overlap=0.9), None, 1.0)["params"]["tp_comm_overlap"] == DEFAULT_PARAMS.tp_comm_overlap
     # no overlap measured (one process): the defaults stay
     assert "dp_overlap" not in calibration_fields(_raw(overlap=None), None, 1.0)["params"]
+
+
+def test_overlap_is_the_mean_of_the_trials_not_their_median():
+    """Trials that hide all or nothing (what a CPU's shared cores do): their median is 0.1, the
+    expected fraction that a step's many collectives add up to is their mean, 0.42 (a fraction above
+    1 counts as 1). A profile that recorded its trials is fitted from them, whatever its stored
+    ``hidden`` says (an older profile's median)."""
+    trials = [{"hidden": h} for h in (0.0, 1.2, 0.0, 1.0, 0.1)]
+    assert overlap_hidden(trials) == pytest.approx((0.0 + 1.0 + 0.0 + 1.0 + 0.1) / 5)
+    raw = _raw()
+    raw["overlap"] = {"hidden": 0.1, "trials": trials}
+    params = calibration_fields(raw, None, 1.0, 8e9)["params"]
+    assert params["dp_overlap"] == params["offload_overlap"] == params["cp_comm_overlap"] == pytest.approx(0.42)
+    with pytest.raises(ValueError):
+        overlap_hidden([])
 
 
 def test_host_time_is_what_the_planners_terms_leave_unexplained():

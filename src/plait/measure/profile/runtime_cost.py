@@ -31,12 +31,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from plait.measure.profile.cpu_fit import HOST_LAYERS, HOST_MICRO_BATCHES
+from plait.measure.profile.cpu_fit import HOST_LAYERS, HOST_MICRO_BATCHES, overlap_hidden
 from plait.spec.model import ModelSpec
 
 
 
-OVERLAP_TRIALS = 9
+OVERLAP_TRIALS = 25  # a trial hides nearly all or nearly nothing on a CPU: the mean needs many (cpu_fit.overlap_hidden)
 
 
 def train_step_seconds(spec: ModelSpec, layers: int, layout_text: str, device: torch.device, seq_len: int,
@@ -92,8 +92,9 @@ def layer_host_seconds(spec: ModelSpec, device: torch.device, seq_len: int, layo
 def overlap(device: torch.device, dtype: torch.dtype, gemm_size: int, reduce_bytes: int, repeats: int) -> dict:
     """``OVERLAP_TRIALS`` trials, each the seconds of ``repeats`` GEMMs (``gemm_size``³), of ``repeats``
     all-reduces of ``reduce_bytes`` over every rank, and of both at once, with the fraction of the
-    shorter one that hid; ``hidden``: its median over the trials (on a CPU whose processes and
-    collective threads share the cores it varies from trial to trial between 0 and 1)."""
+    shorter one that hid; ``hidden``: its mean over the trials (``cpu_fit.overlap_hidden``; on a CPU
+    whose processes and collective threads share the cores it varies from trial to trial between 0
+    and 1)."""
     a = torch.randn(gemm_size, gemm_size, device=device, dtype=dtype)
     b = torch.randn(gemm_size, gemm_size, device=device, dtype=dtype)
     c = torch.empty_like(a)
@@ -132,4 +133,4 @@ def overlap(device: torch.device, dtype: torch.dtype, gemm_size: int, reduce_byt
         trials.append({"compute_s": compute, "comm_s": comm, "together_s": together,
                        "hidden": min(1.0, max(0.0, (compute + comm - together) / min(compute, comm)))})
     return {"gemm_size": gemm_size, "reduce_bytes": reduce_bytes, "repeats": repeats, "trials": trials,
-            "hidden": statistics.median(t["hidden"] for t in trials)}
+            "hidden": overlap_hidden(trials)}
