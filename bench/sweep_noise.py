@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from results_file import append_result  # noqa: E402
-from plait.measure.sweep.timing import default_warmup_steps, run_timing  # noqa: E402
+from plait.measure.sweep.csv_file import read_sweep  # noqa: E402
+from plait.measure.sweep.timing import run_timing  # noqa: E402
 
 LAYOUT = "dp=2,mbs=4,zero=2"
 PROTOCOLS = {"--steps 3 --min-time 0": ("3", "0"), "--steps 3 --min-time 1": ("3", "1")}
@@ -58,13 +59,10 @@ def run_protocol(steps: str, min_time: str, runs: int, work: Path) -> list[float
         done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
     if done.returncode != 0:
         raise SystemExit(f"plait sweep failed (exit {done.returncode}); see {work / 'sweep.log'}")
-    warmup = default_warmup_steps(int(steps))
-    timings = [run_timing(path / "train.jsonl", warmup) for path in sorted(keep.iterdir())]
-    timings = [t for t in timings if t is not None]
-    # with --min-time, the first run is a probe the sweep does not count when it timed less than that
-    if float(min_time) > 0 and timings and timings[0].measured_seconds < float(min_time):
-        timings = timings[1:]
-    return [t.median for t in timings]
+    (row,) = read_sweep(work / "sweep.csv")
+    timings = [run_timing(path / "train.jsonl", row.warmup_steps) for path in sorted(keep.iterdir())]
+    # the runs the sweep counted: a --min-time probe it did not count timed fewer steps than the row's
+    return [t.median for t in timings if t is not None and len(t.step_times) == row.measured_steps]
 
 
 def apart(values: list[float]) -> float:
