@@ -15,10 +15,11 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
       once per step; ZeRO-2 without a pipeline once per micro-batch, as the runtime does them,
       ``gradient_reductions``; hybrid sharding's all-reduce across replicas as often),
       each hidden behind up to ``dp_overlap`` of the micro-batch's compute it can overlap; ZeRO-3: per
-      micro-batch and layer, the parameter all-gather (forward; again in backward when resharded)
-      and the gradient reduce-scatter, each prefetched one layer ahead so that it hides behind at
-      most one layer's compute, the first all-gather of each micro-batch and the last
-      reduce-scatter of the step exposed (``_zero3_exposed``); hybrid sharding adds an
+      micro-batch and FSDP unit (each block, the embedding, the head, as the runtime shards), the
+      parameter all-gather (forward; again in backward when resharded) and the gradient
+      reduce-scatter, each prefetched one unit ahead so that it hides behind at most one unit's
+      compute, the first all-gather of each micro-batch and the last reduce-scatter of the step
+      exposed (``plait.plan.zero3``); hybrid sharding adds an
       all-reduce of the gradient shards across replicas (the only DP bytes that cross nodes
       when the shard group is inside a node).
   experts (``plait.plan.moe.timing``): MoE, MLA and sliding-window layers get their own kernel
@@ -46,10 +47,12 @@ from plait.plan.activations import checkpointed_layer_count, stage_layer_bytes
 from plait.plan.context.exchange import cp_exchange
 from plait.plan.flops import hardware_flops_per_token
 from plait.plan.kernels import head_time, layer_times
-from plait.plan.memory import stage_params, zero_shard_degree
+from plait.plan.memory import end_params, stage_blocks_params, stage_params, zero_shard_degree
 from plait.plan.moe.memory import stage_expert_params, stage_layer_split
 from plait.plan.moe.timing import expert_dp_comm, moe_comm_layer, moe_layer_times
+from plait.plan.overlap import exposed
 from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAMS, CostParams
+from plait.plan.zero3 import Unit, stage_units, zero3_exposed
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import GroupPlacement, JobSpec, Layout, group_of
 from plait.spec.model import ModelSpec
@@ -125,56 +128,6 @@ class StepBreakdown:
         return out
 
 
-def _exposed(comm_time: float, window: float, params: CostParams, overlap: float | None = None) -> float:
-    """Communication left on the critical path when it may hide behind ``overlap`` (default
-    ``params.dp_overlap``) of ``window`` seconds."""
-    hidden_capacity = (params.dp_overlap if overlap is None else overlap) * window
-    return max(0.0, comm_time - hidden_capacity) + params.overlap_slowdown * min(comm_time, hidden_capacity)
-
-
-def _pipelined(comm_layer: float, compute_layer: float, layers: int, params: CostParams) -> float:
-    """Exposed time of ``layers`` per-layer collectives, each prefetched one layer ahead: the
-    first is exposed, each later one hides behind at most ``dp_overlap`` of one layer's compute
-    (prefetch depth 1, FSDP's and DeepSpeed's default, so slack does not carry over)."""
-    if layers <= 0 or comm_layer <= 0:
-        return 0.0
-    rest = layers - 1
-    return comm_layer + rest * _exposed(comm_layer, compute_layer, params)
-
-
-def _capped(seconds: float, group: GroupPlacement, nbytes: float, params: CostParams) -> float:
-    """``seconds`` of a ZeRO-3 collective of ``nbytes`` (full buffer) over ``group``, no faster than
-    the implementation's own rate cap (``CostParams.zero3_collective_bandwidth``) allows for the
-    (n-1)/n · nbytes one GPU sends."""
-    cap = params.zero3_collective_bandwidth
-    if cap <= 0 or group.size <= 1:
-        return seconds
-    return max(seconds, (group.size - 1) / group.size * nbytes / cap)
-
-
-def _zero3_exposed(cluster: ClusterSpec, shard: GroupPlacement, local: float, layers: int, times,
-                   recompute_mb: float, reshard: bool, micro_batches: int, params: CostParams) -> float:
-    """Exposed ZeRO-3 / FSDP communication of one step, seconds.
-
-    Per micro-batch and layer: the parameter all-gather (bf16) before its forward, again before
-    its backward when parameters are resharded after the forward, and the gradient
-    reduce-scatter (``grad_reduce_bytes`` per element: the precision policy's reduce dtype) -
-    each a flat ring over the shard group (``plait.plan.comm``), with per-layer latency. Each
-    hides behind one layer's forward (backward + recompute) compute; the first all-gather of a
-    micro-batch and the last reduce-scatter of the step are exposed.
-    """
-    per_layer = local / max(1, layers)
-    gathered = cluster.gpu.element_bytes * per_layer  # weights in the compute dtype
-    gather = _capped(comm.all_gather(cluster, shard, gathered), shard, gathered, params)
-    scatter_bytes = params.grad_reduce_bytes * per_layer
-    scatter = _capped(comm.reduce_scatter(cluster, shard, scatter_bytes), shard, scatter_bytes, params)
-    backward = (gather if reshard else 0.0) + scatter
-    backward_layer = times.bwd + recompute_mb / max(1, layers)
-    forward_mb = _pipelined(gather, times.fwd, layers, params)
-    backward_mb = max(1, layers) * _exposed(backward, backward_layer, params)
-    return micro_batches * (forward_mb + backward_mb) + scatter
-
-
 @lru_cache(maxsize=4096)
 def _groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
     return {
@@ -185,6 +138,19 @@ def _groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
         "shard": group_of(layout, gpus_per_node, ("cp", "dp"), inner_dp=layout.shard_degree),
         "replicate": group_of(layout, gpus_per_node, ("dp",), dp_step=layout.shard_degree),
     }
+
+
+def _zero3_stages(model: ModelSpec, lay: Layout, layers: int, times, recompute_mb: float,
+                  head_mb: float) -> list[list[Unit]]:
+    """The FSDP units (``plait.plan.zero3``) of the first and of the last pipeline stage (one
+    stage at pp=1): the embedding on the first, the head on the last, the blocks on each."""
+    embedding, head = end_params(model, lay)
+    blocks = stage_blocks_params(model, lay)
+    backward = times.bwd + recompute_mb / max(1, layers)
+    shared = model.vocab * model.hidden / lay.tp if model.tied_embeddings else 0.0
+    ends = [(embedding, head)] if lay.pp == 1 else [(embedding, 0.0), (0.0, head)]
+    return [stage_units(first, blocks, last, layers, times.fwd, backward, head_mb if last else 0.0,
+                        lay.reshard, shared) for first, last in ends]
 
 
 def gradient_reductions(lay: Layout, micro_batches: int) -> int:
@@ -259,8 +225,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         moved = sum(stage_layer_bytes(model, lay, job.seq_len, layers, 0, runtime="torch",
                                       element_bytes=element)[1])
         transfer = moved / bandwidth
-        offload_mb = (_exposed(transfer, layers * times.fwd, params, params.offload_overlap)
-                      + _exposed(transfer, layers * times.bwd, params, params.offload_overlap))
+        offload_mb = (exposed(transfer, layers * times.fwd, params, params.offload_overlap)
+                      + exposed(transfer, layers * times.bwd, params, params.offload_overlap))
     # ---- pipeline send/recv per micro-batch (forward activations, backward gradients)
     pp_mb = 0.0
     if lay.pp > 1:
@@ -306,25 +272,27 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     d = zero_shard_degree(lay)
     if lay.dp * lay.cp > 1:
         if lay.zero == 0:
-            dp_comm = _exposed(comm.all_reduce(cluster, groups["dp_cp"], grad_bytes), bwd_window, params)
+            dp_comm = exposed(comm.all_reduce(cluster, groups["dp_cp"], grad_bytes), bwd_window, params)
         elif lay.zero in (1, 2):
             shard = groups["shard"]
-            scatter = _exposed(comm.reduce_scatter(cluster, shard, grad_bytes), bwd_window, params)
-            gather = _exposed(comm.all_gather(cluster, shard, element * local), fwd_window, params)
+            scatter = exposed(comm.reduce_scatter(cluster, shard, grad_bytes), bwd_window, params)
+            gather = exposed(comm.all_gather(cluster, shard, element * local), fwd_window, params)
             dp_comm = gradient_reductions(lay, m) * (scatter + gather)
         else:
-            dp_comm = _zero3_exposed(cluster, groups["shard"], local, layers, times, n_ckpt * recompute_layer,
-                                     lay.reshard, m, params)
+            dp_comm = max(zero3_exposed(cluster, groups["shard"], units, m, params)
+                          for units in _zero3_stages(model, lay, layers, times, n_ckpt * recompute_layer, head_mb))
         if lay.hsdp > 1:  # FSDP2 all-reduces the shards across replicas with every reduce-scatter
             replicas = comm.all_reduce(cluster, groups["replicate"], grad_bytes / max(1, d // lay.cp))
             dp_comm += gradient_reductions(lay, m) * replicas
     if model.moe is not None and expert_data_parallel(lay) > 1:  # routed experts: over the expert-dp ranks
         if lay.zero == 3:  # gathered layer by layer, as the dense weights
             edp = expert_groups(lay, cluster.gpus_per_node)["edp"]
-            dp_comm += _zero3_exposed(cluster, edp, stage_expert_params(model, lay, layers), layers, times,
-                                      n_ckpt * recompute_layer, lay.reshard, m, params)
+            experts = stage_expert_params(model, lay, layers)
+            backward = times.bwd + n_ckpt * recompute_layer / max(1, layers)
+            units = [Unit(experts / max(1, layers), times.fwd, backward, lay.reshard)] * max(1, layers)
+            dp_comm += zero3_exposed(cluster, edp, units, m, params)
         else:
-            dp_comm += _exposed(expert_dp_comm(model, cluster, lay, layers, params), bwd_window, params)
+            dp_comm += exposed(expert_dp_comm(model, cluster, lay, layers, params), bwd_window, params)
 
     # ---- optimizer
     opt_params = local / d if lay.zero >= 1 else local

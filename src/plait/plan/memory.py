@@ -146,25 +146,33 @@ def zero_shard_degree(layout: Layout) -> int:
     return layout.shard_degree * layout.cp
 
 
+def end_params(model: ModelSpec, layout: Layout) -> tuple[float, float]:
+    """(embedding, head) parameters held by one GPU (after TP): the token embedding with the learned
+    positions (GPT) that the first stage holds, and the final norm with the LM head that the last
+    stage holds (the head's matrix counted even when tied to the embedding)."""
+    t = layout.tp
+    positions = model.max_seq_len * model.hidden if model.arch == "gpt" else 0
+    return model.vocab * model.hidden / t + positions, model.vocab * model.hidden / t + model.final_norm_params()
+
+
+def stage_blocks_params(model: ModelSpec, layout: Layout) -> float:
+    """Parameters of the transformer blocks one GPU holds on a pipeline stage (after TP)."""
+    layers = stage_layers(model, layout) * layout.vpp
+    if model.moe is not None or model.mla is not None:  # experts, MLA: the non-expert parameters (plait.plan.moe.memory)
+        return stage_dense_blocks(model, layout, layers)
+    # GEMM weights are sharded by tp; norms and biases are counted whole (they are < 0.1%)
+    return layers * (model.layer_matmul_params() / layout.tp + (model.layer_params() - model.layer_matmul_params()))
+
+
 def stage_params(model: ModelSpec, layout: Layout) -> dict[str, float]:
     """Parameters held by one GPU on the first, the last and a middle pipeline stage (after TP)."""
-    t = layout.tp
-    layers = stage_layers(model, layout) * layout.vpp
-    # GEMM weights are sharded by tp; norms and biases are counted whole (they are < 0.1%)
-    layer_local = model.layer_matmul_params() / t + (model.layer_params() - model.layer_matmul_params())
-    token_embedding = model.vocab * model.hidden / t
-    positions = model.max_seq_len * model.hidden if model.arch == "gpt" else 0
-    head = model.vocab * model.hidden / t
-    blocks = layers * layer_local
-    if model.moe is not None or model.mla is not None:  # experts, MLA: the non-expert parameters (plait.plan.moe.memory)
-        blocks = stage_dense_blocks(model, layout, layers)
-    first = blocks + token_embedding + positions
-    last = blocks + model.final_norm_params() + head
+    blocks = stage_blocks_params(model, layout)
+    embedding, head = end_params(model, layout)
     if layout.pp == 1:
-        both = blocks + token_embedding + positions + model.final_norm_params()
-        both += 0 if model.tied_embeddings else head
+        shared = model.vocab * model.hidden / layout.tp if model.tied_embeddings else 0.0  # counted once
+        both = blocks + embedding + head - shared
         return {"first": both, "last": both, "middle": both}
-    return {"first": first, "last": last, "middle": blocks}
+    return {"first": blocks + embedding, "last": blocks + head, "middle": blocks}
 
 
 def model_states(params: float, model: ModelSpec, layout: Layout,
