@@ -12,6 +12,7 @@ from plait.run.launcher.environment import CPU_ALLOCATOR, worker_environment, wo
 def test_cpu_runs_get_the_allocator_settings_and_gpu_runs_do_not():
     cpu = worker_variables(2, cpu=True)
     assert cpu["MALLOC_MMAP_MAX_"] == "0" and int(cpu["MALLOC_TRIM_THRESHOLD_"]) >= 2**30
+    assert cpu["MALLOC_ARENA_MAX"] == "1"  # gloo's threads allocate in the same (kept) heap
     assert cpu["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
     gpu = worker_variables(2, cpu=False)
     assert set(gpu) == {"OMP_NUM_THREADS"}
@@ -25,7 +26,7 @@ def test_user_values_are_kept_and_the_parent_environment_is_restored(monkeypatch
     before = dict(os.environ)
     with worker_environment(2, cpu=True) as added:
         assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "12345" and "MALLOC_TRIM_THRESHOLD_" not in added
-        assert os.environ["MALLOC_MMAP_MAX_"] == "0" and set(added) == {"MALLOC_MMAP_MAX_", "OMP_NUM_THREADS"}
+        assert os.environ["MALLOC_MMAP_MAX_"] == "0" and set(added) == {"MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX", "OMP_NUM_THREADS"}
     assert dict(os.environ) == before
     try:
         with worker_environment(2, cpu=False):
