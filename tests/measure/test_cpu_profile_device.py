@@ -26,6 +26,7 @@ from plait.measure.profile.machine import host_overhead_layouts, host_overhead_s
 from plait.plan.calibration import read_calibration
 from plait.plan.cost import estimate_step
 from plait.plan.kernels import layer_times
+from plait.plan.overlap import exposed
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.spec.hardware import get_cluster
 from plait.spec.layout import JobSpec, Layout
@@ -64,6 +65,36 @@ def test_cpu_profile_writes_fp32_elements_no_gpu_memory_items_and_the_measured_o
     assert calibration_fields(_raw(overlap=0.9), None, 1.0)["params"]["tp_comm_overlap"] == DEFAULT_PARAMS.tp_comm_overlap
     # no overlap measured (one process): the defaults stay
     assert "dp_overlap" not in calibration_fields(_raw(overlap=None), None, 1.0)["params"]
+
+
+def test_a_gradient_bucket_that_hides_poorly_is_priced_as_slowdown():
+    """The bucket trial (a DDP bucket's all-reduces behind GEMMs three times as long): the fraction
+    of the all-reduces that did not hide becomes overlap_slowdown, so that a backward longer than
+    its gradient traffic exposes that rest of it; the 1 MiB trial still gives the capacities."""
+    raw = _raw(overlap=0.6)
+    raw["overlap_buckets"] = {"reduce_bytes": 25 * 2**20, "trials": [{"hidden": h} for h in (0.0, 0.5, 0.1)]}
+    fields = calibration_fields(raw, None, 1.0, 8e9)
+    params = fields["params"]
+    assert params["overlap_slowdown"] == pytest.approx(0.8)
+    assert params["dp_overlap"] == params["offload_overlap"] == params["cp_comm_overlap"] == 0.6
+    assert fields["fits"]["overlap_buckets_hidden"] == pytest.approx(0.2)
+    assert any("25 MiB all-reduce (a DDP gradient bucket)" in note for note in fields["notes"])
+    assert "overlap_slowdown" not in calibration_fields(_raw(overlap=0.6), None, 1.0)["params"]  # older profiles
+    # what the planner then exposes of a gradient all-reduce behind a longer backward
+    calibrated = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **params})
+    assert exposed(0.1, 1.0, calibrated) == pytest.approx(0.08)
+
+
+def test_the_bucket_trial_is_one_ddp_bucket_of_the_profiled_model():
+    from plait.measure.profile.machine import DDP_BUCKET_BYTES, Where, profile_config
+
+    tiny = profile_config(TINY, 128, Where("cpu", 2), quick=True, timeout_s=60)
+    assert tiny["overlap_buckets"]["reduce_bytes"] == 4 * TINY.total_params() < DDP_BUCKET_BYTES  # one bucket holds it all
+    assert tiny["overlap_buckets"]["compute_over_comm"] > 1  # the compute is the longer side
+    large = profile_config(get_model("llama3-8b"), 4096, Where("cpu", 2), quick=True, timeout_s=60)
+    assert large["overlap_buckets"]["reduce_bytes"] == DDP_BUCKET_BYTES == 25 * 2**20
+    assert large["overlap"]["reduce_bytes"] == 2**20  # the small messages' trial stays
+    assert "overlap_buckets" not in profile_config(TINY, 128, Where("cuda", 2, 1, "h100-sxm"), quick=True, timeout_s=60)
 
 
 def test_overlap_is_the_mean_of_the_trials_not_their_median():

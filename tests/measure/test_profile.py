@@ -307,6 +307,9 @@ def test_cpu_profile_file_schema(cpu_profile):
     assert over["element_bytes"] == 4.0 and data["processes_per_node"] == 2 == calibration.processes_per_node
     assert data["threads_per_process"] == data["machine"]["threads_per_process"] >= 1
     assert 0.0 <= m["overlap"]["hidden"] <= 1.0 and data["params"]["dp_overlap"] == m["overlap"]["hidden"]
+    buckets = m["overlap_buckets"]  # one DDP bucket of tiny (all its fp32 gradients) behind longer compute
+    assert buckets["reduce_bytes"] == 4 * get_model("tiny").total_params() and buckets["gemm_repeats"] >= buckets["repeats"]
+    assert len(buckets["trials"]) == 25 and data["params"]["overlap_slowdown"] == pytest.approx(1 - buckets["hidden"])
     host = m["layer_host_s"]
     assert set(host["layouts"]) == {"plain", "tp", "cp", "fsdp", "sac"} and set(host["plain"]) == {"1x1", "5x1", "1x3"}
     assert all(seconds > 0 for key in host["layouts"] for seconds in host[key].values())

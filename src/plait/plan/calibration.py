@@ -28,6 +28,7 @@ CLUSTER_CALIBRATION_FIELDS = tuple(CLUSTER_RANGES)
 # curve, fp32 memory items, overlap and runtime host time: ``plait.measure.profile.cpu_fit``).
 DEVICE_MEASURED_PARAMS = ("gemm_half_flops", "flash_backward_factor", "cuda_context_bytes", "comm_buffer_bytes",
                           "fragmentation", "dp_overlap", "offload_overlap", "cp_comm_overlap", "tp_comm_overlap",
+                          "overlap_slowdown",
                           "layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "fsdp_layer_overhead_s",
                           "sac_layer_overhead_s", "tp_ends_overhead_s", "cp_ends_overhead_s", "fsdp_ends_overhead_s",
                           "microbatch_overhead_s", "step_overhead_s")

@@ -12,6 +12,14 @@ op as it is dispatched. So a CPU profile writes:
   (``overlap_hidden``; a profile without trials: its ``raw["overlap"]["hidden"]``), and
   ``tp_comm_overlap`` = the smaller of that and its default (the runtime's tensor-parallel
   collectives can hide no better than the device allows);
+- ``params.overlap_slowdown`` = 1 - the fraction of a DDP gradient bucket's all-reduce (25 MiB,
+  or the profiled model's whole fp32 gradient if smaller, ``raw["overlap_buckets"]``) that hid
+  behind GEMMs three times as long. What a collective "hidden" behind compute still costs: on a
+  GPU the SMs and HBM it shares (0.05 by default), on a CPU the cores - gloo's reduction and the
+  kernel's copies run on the cores the compute needs, the more so the larger the message (on the
+  2-core VM of ``bench/results/cpu_loop.md`` 1 MiB all-reduces hid 0.59-0.66 of their time, 4 MiB
+  ones 0.31, 25 MiB ones 0.16-0.17). With a backward longer than its gradient traffic, the
+  planner's exposed data-parallel time is then that rest of the traffic (``plait.plan.overlap``);
 - from the short ``plait train`` runs timed by ``runtime_cost.layer_host_seconds`` (data
   parallelism alone, "plain", and one layout per mechanism, with 5 and 1 layers, and plain with
   more micro-batches), each less the planner's own step time for the same run
@@ -36,6 +44,7 @@ from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAM
 from plait.spec.hardware import GpuSpec, get_cluster
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
+from plait.spec.units import MIB
 
 # layer counts of the runs runtime_cost.layer_host_seconds times (per layer: their difference), and
 # the micro-batches of the plain run it times again with the fewer layers
@@ -125,6 +134,12 @@ def overlap_hidden(trials: list[dict]) -> float:
     return statistics.fmean(min(1.0, max(0.0, float(t["hidden"]))) for t in trials)
 
 
+def measured_hidden(overlap: dict) -> float:
+    """The hidden fraction of one overlap benchmark (``runtime_cost.overlap``): the mean of its trials
+    (``overlap_hidden``), or its recorded ``hidden`` (a profile without trials)."""
+    return overlap_hidden(overlap["trials"]) if overlap.get("trials") else overlap["hidden"]
+
+
 def cpu_device_params(raw: dict, gpu_overrides: dict, cluster_overrides: dict, params: dict,
                       host_spec: ModelSpec | None) -> tuple[dict, dict, list[str]]:
     """(params to write, fits to record, notes) of a CPU profile; ``gpu_overrides`` gains element_bytes.
@@ -138,12 +153,19 @@ def cpu_device_params(raw: dict, gpu_overrides: dict, cluster_overrides: dict, p
     notes = []
     overlap = raw.get("overlap")
     if overlap:
-        hidden = overlap_hidden(overlap["trials"]) if overlap.get("trials") else overlap["hidden"]
+        hidden = measured_hidden(overlap)
         out.update(dp_overlap=hidden, offload_overlap=hidden, cp_comm_overlap=hidden,
                    tp_comm_overlap=min(DEFAULT_PARAMS.tp_comm_overlap, hidden))
         fits["overlap_hidden"] = hidden
         notes.append(f"{hidden:.0%} of an all-reduce hid behind GEMMs running at the same time: dp_overlap, "
                      "offload_overlap and cp_comm_overlap written as that, tp_comm_overlap as at most that")
+    buckets = raw.get("overlap_buckets")
+    if buckets:
+        hidden = measured_hidden(buckets)
+        out["overlap_slowdown"] = 1.0 - hidden
+        fits["overlap_buckets_hidden"] = hidden
+        notes.append(f"{hidden:.0%} of a {buckets['reduce_bytes'] / MIB:.3g} MiB all-reduce (a DDP gradient bucket) "
+                     "hid behind longer compute: overlap_slowdown written as the rest")
     host = raw.get("layer_host_s")
     if host and host_spec is not None and "plain" in host:
         current = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **params, **out})

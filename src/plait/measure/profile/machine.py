@@ -137,6 +137,16 @@ def host_overhead_layouts(model: ModelSpec, world: int) -> dict[str, str]:
     return out
 
 
+DDP_BUCKET_BYTES = 25 * MIB  # torch DistributedDataParallel's default bucket_cap_mb, which plait's runtime keeps
+BUCKET_COMPUTE_OVER_COMM = 3.0  # the bucket trial's compute against its all-reduces: the compute is the longer side
+
+
+def gradient_bucket_bytes(model: ModelSpec, element_bytes: int = 4) -> int:
+    """Bytes of one gradient all-reduce that DDP overlaps with the backward on a CPU run: a full
+    bucket, or all of ``model``'s fp32 gradients when they fit in one."""
+    return min(DDP_BUCKET_BYTES, element_bytes * model.total_params())
+
+
 def scope_groups(where: Where) -> list[tuple[str, list[list[int]]]]:
     """Rank lists of each scope: 'intra' (each node's processes) and 'inter' (one per node)."""
     n, nodes = where.nproc_per_node, where.nnodes
@@ -176,8 +186,12 @@ def profile_config(model: ModelSpec, seq_len: int, where: Where, quick: bool, ti
     # GEMMs and all-reduces at once (runtime_cost.overlap): each side some tens of milliseconds
     overlap = ({"gemm_size": 8192, "reduce_bytes": 64 * MIB, "repeats": 8} if gpu else
                {"gemm_size": 512, "reduce_bytes": 1 * MIB, "repeats": 8})
+    # CPU: what hides depends on the size; DDP's gradient buckets behind a longer backward get their own
+    buckets = {"gemm_size": 512, "reduce_bytes": gradient_bucket_bytes(model), "repeats": 2,
+               "compute_over_comm": BUCKET_COMPUTE_OVER_COMM}
     host_model = host_overhead_spec(model)
-    extra = {} if gpu else {"host_overhead_model": host_model.to_dict(),  # runtime_cost.layer_host_seconds
+    extra = {} if gpu else {"overlap_buckets": buckets,
+                            "host_overhead_model": host_model.to_dict(),  # runtime_cost.layer_host_seconds
                             "host_overhead_tokens": HOST_OVERHEAD_TOKENS,
                             "host_steps": 8 if quick else 24,  # steps of each timed training run
                             "host_rounds": 1 if quick else 3,  # interleaved rounds of them (median)
@@ -283,5 +297,6 @@ def build_calibration(raw: dict, where: Where, model: ModelSpec, seq_len: int, q
         "versions": raw.get("versions", {}),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "measurements": {k: raw[k] for k in ("dtype", "gemm", "attention", "memory", "kernel_overhead_s",
-                                              "host_link", "collectives", "overlap", "layer_host_s") if k in raw},
+                                              "host_link", "collectives", "overlap", "overlap_buckets",
+                                              "layer_host_s") if k in raw},
     }

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import math
 import statistics
 import time
 
@@ -89,23 +90,28 @@ def layer_host_seconds(spec: ModelSpec, device: torch.device, seq_len: int, layo
     return out
 
 
-def overlap(device: torch.device, dtype: torch.dtype, gemm_size: int, reduce_bytes: int, repeats: int) -> dict:
+def overlap(device: torch.device, dtype: torch.dtype, gemm_size: int, reduce_bytes: int, repeats: int,
+            compute_over_comm: float = 0.0) -> dict:
     """``OVERLAP_TRIALS`` trials, each the seconds of ``repeats`` GEMMs (``gemm_size``³), of ``repeats``
     all-reduces of ``reduce_bytes`` over every rank, and of both at once, with the fraction of the
     shorter one that hid; ``hidden``: its mean over the trials (``cpu_fit.overlap_hidden``; on a CPU
     whose processes and collective threads share the cores it varies from trial to trial between 0
-    and 1)."""
+    and 1). ``compute_over_comm`` > 0: as many GEMMs as take that many times the all-reduces (timed
+    after the warm-up, the same count on every rank), so that the all-reduces are the shorter side
+    and ``hidden`` is the fraction of them that hid behind compute longer than they are - a gradient
+    bucket's all-reduce behind the rest of the backward."""
     a = torch.randn(gemm_size, gemm_size, device=device, dtype=dtype)
     b = torch.randn(gemm_size, gemm_size, device=device, dtype=dtype)
     c = torch.empty_like(a)
     buffers = [torch.ones(max(1, reduce_bytes // 4), device=device, dtype=torch.float32) for _ in range(repeats)]
+    gemm_count = repeats
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
     def gemms():
-        for _ in range(repeats):
+        for _ in range(gemm_count):
             torch.mm(a, b, out=c)
 
     def reduces(async_op: bool):
@@ -127,10 +133,13 @@ def overlap(device: torch.device, dtype: torch.dtype, gemm_size: int, reduce_byt
             work.wait()
 
     gemms(), reduces(False)  # warm-up
+    if compute_over_comm > 0:  # ranks agree on the slowest timings, so on the count
+        per_gemm = timed(gemms) / gemm_count
+        gemm_count = max(repeats, math.ceil(compute_over_comm * timed(lambda: reduces(False)) / per_gemm))
     trials = []
     for _ in range(OVERLAP_TRIALS):  # each: alone, alone, together - the hidden fraction varies a lot
         compute, comm, together = timed(gemms), timed(lambda: reduces(False)), timed(both)
         trials.append({"compute_s": compute, "comm_s": comm, "together_s": together,
                        "hidden": min(1.0, max(0.0, (compute + comm - together) / min(compute, comm)))})
-    return {"gemm_size": gemm_size, "reduce_bytes": reduce_bytes, "repeats": repeats, "trials": trials,
-            "hidden": overlap_hidden(trials)}
+    return {"gemm_size": gemm_size, "reduce_bytes": reduce_bytes, "repeats": repeats, "gemm_repeats": gemm_count,
+            "trials": trials, "hidden": overlap_hidden(trials)}

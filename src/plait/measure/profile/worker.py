@@ -65,7 +65,7 @@ def run(config: dict, device: torch.device, env: RankEnv) -> dict | None:
     compute_items = len(config["gemm"]) + len(config["attention"]) + len(config["memory_bytes"]) + 1
     scopes = config["collective_groups"]
     total = (compute_items + len(scopes) * len(config["collective_ops"]) * len(config["collective_sizes"])
-             + ("overlap" in config) + ("host_overhead_model" in config))
+             + ("overlap" in config) + ("overlap_buckets" in config) + ("host_overhead_model" in config))
     bar = ProgressBar("profile", total, enabled=rank == 0)  # rank 0's: a bar on a terminal, else plain lines
     tick = bar.advance
     # The others wait for rank 0's compute benchmarks on a gloo group of their own with a long
@@ -87,6 +87,9 @@ def run(config: dict, device: torch.device, env: RankEnv) -> dict | None:
     if "overlap" in config and dist.get_world_size() > 1:
         raw["overlap"] = runtime_cost.overlap(device, dtype, **config["overlap"])
         tick("overlap of compute and communication")
+    if "overlap_buckets" in config and dist.get_world_size() > 1:
+        raw["overlap_buckets"] = runtime_cost.overlap(device, dtype, **config["overlap_buckets"])
+        tick("overlap of a gradient bucket behind longer compute")
     if "host_overhead_model" in config:
         from plait.spec.model import ModelSpec
 
