@@ -10,7 +10,11 @@ For each model (``tiny`` and a 60M-parameter Llama-shaped model, ``bench/models/
      the measured ones;
   3. the rows of all sweeps are pooled: per-layout step-time error (measured / predicted - 1),
      median |error|, Spearman of predicted vs measured step time, the planner's top-1 against
-     the measured best (regret), and the memory columns.
+     the measured best (regret), and the memory columns;
+  4. the machine-state check: each case is profiled again right after its sweep and the sweep's
+     layouts predicted with that profile too. If the second profile moves every prediction by
+     about the same amount, the machine changed between profile and sweep (an offset shared by
+     all layouts, also seen as a signed median error far from 0); the bars use the first profile.
 
 Results (machine, date, every row) are appended to ``bench/results/cpu_loop.md``; the sweep CSVs
 and calibration files go under ``--work`` (default: a fresh temporary directory).
@@ -91,10 +95,30 @@ def run_case(name: str, work: Path, repeats: int, steps: int) -> list[dict]:
               "--seq-len", str(seq_len), "--device", "cpu", "--calibration", str(calibration),
               "--steps", str(steps), "--repeats", str(repeats), "--min-time", "0", "--out", str(out),
               *[arg for layout in layouts for arg in ("--layout", layout)], log=log)
+        # the machine-state check: the same profile again, right after the sweep
+        after = work / f"{name}-cpu-{nproc}proc-after.json"
+        plait("profile", "--device", "cpu", "--nproc-per-node", str(nproc), "--model", model,
+              "--seq-len", str(seq_len), "--out", str(after), log=log)
+        predicted_after = predictions_with(out, after)
         with out.open() as handle:
-            rows += [dict(row, case=name, nproc=nproc, calibration_file=str(calibration))
+            rows += [dict(row, case=name, nproc=nproc, calibration_file=str(calibration),
+                          predicted_after_s=predicted_after.get(row["layout"]))
                      for row in csv.DictReader(handle)]
     return rows
+
+
+def predictions_with(csv_path: Path, calibration: Path) -> dict[str, float]:
+    """The planner's step time of each layout of a sweep, predicted with another profile of this CPU
+    (the one taken after the sweep), as ``plait report`` re-evaluates a sweep: {layout: seconds}."""
+    from plait.measure.report.build import layout_plans, prediction_cluster, saved_summary
+    from plait.measure.sweep.csv_file import read_sweep
+    from plait.plan.calibration import read_calibration
+
+    rows = read_sweep(csv_path)
+    cluster, _ = prediction_cluster(rows, saved_summary(csv_path))
+    profile = read_calibration(str(calibration))
+    cluster, _ = profile.apply(cluster)
+    return {row.layout: plan.step.step_time for row, plan in layout_plans(rows, cluster, profile.params)}
 
 
 FIT_PARAMS = "dp_overlap,step_overhead_s,layer_overhead_s,tp_layer_overhead_s"
@@ -174,7 +198,13 @@ def summarize(rows: list[dict]) -> dict:
         top1 = min(group, key=lambda r: number(r, "predicted_step_time_s"))
         best = min(number(r, "measured_step_time_s") for r in group)
         regrets.append(number(top1, "measured_step_time_s") / best - 1)
+    after = [(number(r, "measured_step_time_s"), number(r, "predicted_step_time_s"), number(r, "predicted_after_s"))
+             for r in ok if number(r, "predicted_after_s")]
     return {
+        "median_abs_error_after": statistics.median(abs(m / a - 1) for m, _, a in after) if after else None,
+        "profile_moved": statistics.median(a / p - 1 for _, p, a in after) if after else None,
+        "profile_moved_range": (min(a / p - 1 for _, p, a in after), max(a / p - 1 for _, p, a in after)) if after else None,
+        "signed_median_error": statistics.median(errors) if errors else None,
         "layouts": len(rows), "ok": len(ok),
         "median_abs_step_time_error": statistics.median(abs(e) for e in errors) if errors else None,
         "spearman": spearman([number(r, "predicted_step_time_s") for r in ok],
@@ -233,6 +263,22 @@ def spread_lines(spread: list[dict]) -> list[str]:
     return lines
 
 
+def drift_lines(summary: dict) -> list[str]:
+    """The machine-state check in the summary table: the signed median error (an offset shared by every
+    layout is the machine, not a layout's term), and each case profiled again after its sweep - how far
+    that moved the predictions, and the median error with it (not a bar: the bars use the profile
+    taken before)."""
+    lines = []
+    if summary.get("signed_median_error") is not None:
+        lines.append(f"| signed median error (measured / predicted - 1) | {summary['signed_median_error']:+.1%} |")
+    if summary.get("profile_moved") is not None:
+        low, high = summary["profile_moved_range"]
+        lines += [f"| profile after the sweep: predictions moved (median, range) | "
+                  f"{summary['profile_moved']:+.1%} ({low:+.1%} .. {high:+.1%}) |",
+                  f"| profile after the sweep: median abs step-time error | {summary['median_abs_error_after']:.3f} |"]
+    return lines
+
+
 def markdown(rows: list[dict], summary: dict, args, fits: list[dict] = (), spread: list[dict] = ()) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## {now} - {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
@@ -242,10 +288,11 @@ def markdown(rows: list[dict], summary: dict, args, fits: list[dict] = (), sprea
              "",
              "| summary | value |", "|---|---|"]
     lines += [f"| {name} | {verdict(name, summary[name])} |" for name in BARS]
-    lines += [f"| layouts (ok) | {summary['layouts']} ({summary['ok']}) |", "",
-              "| case | procs | layout | status | predicted s | measured s | error | spread s | noisy | "
-              "predicted MiB | measured MiB | memory error |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| layouts (ok) | {summary['layouts']} ({summary['ok']}) |"]
+    lines += drift_lines(summary)
+    lines += ["", "| case | procs | layout | status | predicted s | measured s | error | spread s | noisy | "
+              "predicted MiB | measured MiB | memory error | predicted after s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         predicted, measured = number(r, "predicted_step_time_s"), number(r, "measured_step_time_s")
         error = f"{measured / predicted - 1:+.0%}" if predicted and measured else ""
@@ -255,7 +302,8 @@ def markdown(rows: list[dict], summary: dict, args, fits: list[dict] = (), sprea
         lines.append(f"| {r['case']} | {r['nproc']} | `{r['layout']}` | {r['status']} | "
                      f"{predicted or 0:.4f} | {measured or 0:.4f} | {error} | "
                      f"{'' if spread_s is None else f'{spread_s:.4f}'} | {r.get('noisy') or ''} | "
-                     f"{mib[0]} | {mib[1]} | {'' if memory[2] is None else f'{memory[2]:+.0%}'} |")
+                     f"{mib[0]} | {mib[1]} | {'' if memory[2] is None else f'{memory[2]:+.0%}'} | "
+                     f"{number(r, 'predicted_after_s') or 0:.4f} |")
     lines += fit_lines(list(fits)) + spread_lines(list(spread))
     return "\n".join(lines) + "\n"
 
