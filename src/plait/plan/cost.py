@@ -19,7 +19,7 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
       parameter all-gather (forward; again in backward when resharded) and the gradient
       reduce-scatter, each prefetched one unit ahead so that it hides behind at most one unit's
       compute, the first all-gather of each micro-batch and the last reduce-scatter of the step
-      exposed (``plait.plan.zero3``); hybrid sharding adds an
+      exposed (``plait.plan.exposure.zero3``); hybrid sharding adds an
       all-reduce of the gradient shards across replicas (the only DP bytes that cross nodes
       when the shard group is inside a node).
   experts (``plait.plan.moe.timing``): MoE, MLA and sliding-window layers get their own kernel
@@ -45,14 +45,14 @@ from functools import lru_cache
 from plait.plan import comm
 from plait.plan.activations import checkpointed_layer_count, stage_layer_bytes
 from plait.plan.context.exchange import cp_exchange
+from plait.plan.exposure.overlap import exposed
+from plait.plan.exposure.zero3 import Unit, stage_units, zero3_exposed
 from plait.plan.flops import hardware_flops_per_token
 from plait.plan.kernels import head_time, layer_times
 from plait.plan.memory import end_params, stage_blocks_params, stage_params, zero_shard_degree
 from plait.plan.moe.memory import stage_expert_params, stage_layer_split
 from plait.plan.moe.timing import expert_dp_comm, moe_comm_layer, moe_layer_times
-from plait.plan.overlap import exposed
 from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAMS, CostParams
-from plait.plan.zero3 import Unit, stage_units, zero3_exposed
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import GroupPlacement, JobSpec, Layout, group_of
 from plait.spec.model import ModelSpec
@@ -142,7 +142,7 @@ def _groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
 
 def _zero3_stages(model: ModelSpec, lay: Layout, layers: int, times, recompute_mb: float,
                   head_mb: float) -> list[list[Unit]]:
-    """The FSDP units (``plait.plan.zero3``) of the first and of the last pipeline stage (one
+    """The FSDP units (``plait.plan.exposure.zero3``) of the first and of the last pipeline stage (one
     stage at pp=1): the embedding on the first, the head on the last, the blocks on each."""
     embedding, head = end_params(model, lay)
     blocks = stage_blocks_params(model, lay)
