@@ -34,7 +34,7 @@ def _units(model, text: str) -> list[list[Unit]]:
 
 @pytest.mark.parametrize("name,tied", [("tiny", False), ("tiny-gpt", False), ("tiny-gpt", True)])
 def test_units_hold_what_the_runtime_units_hold(name, tied):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from plait.run.model import build_model
     from plait.run.parallel.data import unit_groups
 
@@ -44,7 +44,6 @@ def test_units_hold_what_the_runtime_units_hold(name, tied):
     for modules, reshard in unit_groups(module, reshard=True):
         params = {id(p): p for m in modules for p in m.parameters()}  # a tied weight once
         runtime.append((sum(p.numel() for p in params.values()), reshard))
-    assert all(isinstance(p, torch.nn.Parameter) for p in module.parameters())
     [planned] = _units(model, "dp=2,zero=3")
     assert [(u.params, u.reshard) for u in planned] == runtime
     assert sum(u.params for u in planned) == stage_params(model, Layout.parse("dp=2,zero=3"))["first"]

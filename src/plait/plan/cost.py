@@ -49,7 +49,7 @@ from plait.plan.exposure.overlap import exposed
 from plait.plan.exposure.zero3 import Unit, stage_units, zero3_exposed
 from plait.plan.flops import hardware_flops_per_token
 from plait.plan.kernels import head_time, layer_times
-from plait.plan.memory import end_params, stage_blocks_params, stage_params, zero_shard_degree
+from plait.plan.memory import end_params, stage_blocks_params, stage_params, tied_params, zero_shard_degree
 from plait.plan.moe.memory import stage_expert_params, stage_layer_split
 from plait.plan.moe.timing import expert_dp_comm, moe_comm_layer, moe_layer_times
 from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAMS, CostParams
@@ -147,10 +147,9 @@ def _zero3_stages(model: ModelSpec, lay: Layout, layers: int, times, recompute_m
     embedding, head = end_params(model, lay)
     blocks = stage_blocks_params(model, lay)
     backward = times.bwd + recompute_mb / max(1, layers)
-    shared = model.vocab * model.hidden / lay.tp if model.tied_embeddings else 0.0
     ends = [(embedding, head)] if lay.pp == 1 else [(embedding, 0.0), (0.0, head)]
     return [stage_units(first, blocks, last, layers, times.fwd, backward, head_mb if last else 0.0,
-                        lay.reshard, shared) for first, last in ends]
+                        lay.reshard, tied_params(model, lay)) for first, last in ends]
 
 
 def gradient_reductions(lay: Layout, micro_batches: int) -> int:

@@ -155,6 +155,12 @@ def end_params(model: ModelSpec, layout: Layout) -> tuple[float, float]:
     return model.vocab * model.hidden / t + positions, model.vocab * model.hidden / t + model.final_norm_params()
 
 
+def tied_params(model: ModelSpec, layout: Layout) -> float:
+    """The matrix a tied token embedding and LM head share, per GPU (after TP): counted in both of
+    ``end_params`` but held once; 0 when they are not tied."""
+    return model.vocab * model.hidden / layout.tp if model.tied_embeddings else 0.0
+
+
 def stage_blocks_params(model: ModelSpec, layout: Layout) -> float:
     """Parameters of the transformer blocks one GPU holds on a pipeline stage (after TP)."""
     layers = stage_layers(model, layout) * layout.vpp
@@ -169,8 +175,7 @@ def stage_params(model: ModelSpec, layout: Layout) -> dict[str, float]:
     blocks = stage_blocks_params(model, layout)
     embedding, head = end_params(model, layout)
     if layout.pp == 1:
-        shared = model.vocab * model.hidden / layout.tp if model.tied_embeddings else 0.0  # counted once
-        both = blocks + embedding + head - shared
+        both = blocks + embedding + head - tied_params(model, layout)
         return {"first": both, "last": both, "middle": both}
     return {"first": blocks + embedding, "last": blocks + head, "middle": blocks}
 

@@ -77,10 +77,13 @@ def zero3_exposed(cluster: ClusterSpec, shard: GroupPlacement, units: list[Unit]
     if not units:
         return 0.0
     element = cluster.gpu.element_bytes  # weights are gathered in the compute dtype
-    gather = [_capped(comm.all_gather(cluster, shard, element * u.params), shard, element * u.params, params)
-              for u in units]
-    reduce = [params.grad_reduce_bytes * u.params for u in units]
-    scatter = [_capped(comm.reduce_scatter(cluster, shard, b), shard, b, params) for b in reduce]
+    seconds: dict[float, tuple[float, float]] = {}  # (gather, reduce-scatter) by unit size: the blocks are alike
+    for size in {u.params for u in units}:
+        gathered, reduced = element * size, params.grad_reduce_bytes * size
+        seconds[size] = (_capped(comm.all_gather(cluster, shard, gathered), shard, gathered, params),
+                         _capped(comm.reduce_scatter(cluster, shard, reduced), shard, reduced, params))
+    gather = [seconds[u.params][0] for u in units]
+    scatter = [seconds[u.params][1] for u in units]
     last = len(units) - 1
     forward = gather[0] + sum(exposed(gather[i], units[i - 1].forward_s, params) for i in range(1, last + 1))
     backward = gather[last] if units[last].reshard else 0.0
