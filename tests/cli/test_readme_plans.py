@@ -4,7 +4,7 @@ The planner ranks only layouts the runtime runs (``--any-runtime`` aside), so th
 each ``plait plan`` command in the README and the docs - in code blocks and inline - must pass every check
 ``plait train`` makes before launching. Commands with placeholders (``...``) or input files the
 checkout does not hold are skipped; so are ``--any-runtime`` ones, which say they rank layouts
-plait train does not run yet.
+plait train does not run yet, and ``--stack`` ones for another software (priced for it, not saved).
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def runnable_in_this_checkout(argv: list[str]) -> bool:
             value = argv[argv.index(flag) + 1]
             if value.endswith(".json") and not Path(value).exists():
                 return False
+    if "--stack" in argv and argv[argv.index("--stack") + 1] != "plait":
+        return False
     return "--any-runtime" not in argv
 
 

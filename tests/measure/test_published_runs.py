@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from plait.measure.published import predict_row, predict_runs, read_runs
-from plait.measure.published import accuracy_record, error_summary, shipped_accuracy
+from plait.measure.published import error_summary
 from plait.spec.layout import Layout
 
 RUNS = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_runs_calibration.csv"
@@ -16,12 +16,6 @@ pytestmark = pytest.mark.skipif(not RUNS.is_file(), reason=f"calibration set not
 @pytest.fixture(scope="module")
 def results():
     return predict_runs(RUNS)
-
-
-def test_shipped_accuracy_is_the_current_models(results):
-    """plait plan quotes plait/data/validation.json; it must be this model's record on this set."""
-    assert shipped_accuracy() == accuracy_record(error_summary(results)), (
-        "src/plait/data/validation.json is stale: write accuracy_record(error_summary(predict_runs(RUNS))) into it")
 
 
 def test_accuracy_bar(results):
@@ -96,11 +90,15 @@ def test_blank_zero_mbs_and_recompute_are_completed_and_named(row_id):
         row[key] = ""
     result = predict_row(row)
     assert result.status in ("ok", "oom"), result.status
+    # searched knobs in one note ("... — fastest that fits"), the stack's defaults each in its own
     completed = [n for n in result.notes if n.startswith("completed: ")]
-    assert len(completed) == 1 and completed[0].endswith("fastest that fits"), result.notes
+    assert completed and all(n.endswith(("fastest that fits", "stack's default)")) for n in completed), result.notes
     layout = next(n for n in result.notes if n.startswith("layout "))[len("layout "):]
     parsed = Layout.parse(layout)
-    values = dict(item.split("=", 1) for item in completed[0][len("completed: "):].split(" — ")[0].split(", "))
+    values = {}
+    for note in completed:
+        body = note[len("completed: "):].split(" — ")[0].split(" (the ")[0]
+        values.update(item.split("=", 1) for item in body.split(", "))
     assert int(values["mbs"]) == parsed.mbs and int(values["zero"]) == parsed.zero
     assert values["ckpt"].split(":")[0] == parsed.ckpt
     assert result.predicted_mfu is not None and result.reported_mfu is not None
@@ -125,7 +123,7 @@ def test_omitted_data_fields_get_the_documented_defaults():
                                         ("full shard", 3), ("FSDP", 3), ("fsdp2 (full shard)", 3), ("ZeRO stage 2", 2),
                                         ("0", 0), ("DDP", 0), ("shard_grad_op", 2), ("banana", None), ("", None)])
 def test_zero_stage_words(text, stage):
-    from plait.measure.published_specs import zero_stage_of
+    from plait.measure.validate.cells import zero_stage_of
 
     got = zero_stage_of(text)
     assert (got[0] if got else None) == stage
@@ -135,7 +133,7 @@ def test_zero_stage_words(text, stage):
                                          ("selective", "selective"), ("none", "none"), ("no", "none"),
                                          ("activation checkpointing", "full"), ("something else", None)])
 def test_recompute_words(text, policy):
-    from plait.measure.published_specs import recompute_of
+    from plait.measure.validate.cells import recompute_of
 
     got = recompute_of(text, 40)
     assert (got[0] if got else None) == policy
@@ -179,7 +177,7 @@ def test_fp8_rows_say_when_the_source_used_the_fp8_peak():
                                          ("gpt", "gpt"), ("GPT-3", "gpt"), ("mpt", "gpt"), ("bloom", "gpt"),
                                          ("mixtral", None), ("t5", None)])
 def test_arch_words(word, family):
-    from plait.measure.published_specs import arch_of
+    from plait.measure.validate.cells import arch_of
 
     assert arch_of(word) == family
 

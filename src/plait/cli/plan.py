@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from plait.cli.support.common import console, cost_params
 from plait.cli.jobfile.read import add_config_flags
 from plait.errors import PlaitError
+from plait.spec.stack import DEFAULT_STACK
 
 HELP = "rank layouts by predicted throughput, or evaluate one"
 
@@ -20,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     parser.add_argument("--calibration", help="calibration JSON replacing the default cost parameters")
+    parser.add_argument("--stack", default="plait",
+                        help="the training software to plan for: plait (plait train, the default), megatron-core, "
+                             "megatron-lm, torchtitan, llm-foundry, deepspeed (plait stacks lists them), or a stack "
+                             ".toml file; its kernels, overlaps and defaults price every layout")
     parser.add_argument("--layout", help='evaluate one layout, e.g. "dp=8,tp=4,pp=2,mbs=1,ckpt=selective"')
     parser.add_argument("--complete", action="store_true",
                         help="with --layout: keep the keys given and search those left out (mbs, zero, ckpt, sp, "
@@ -68,6 +74,8 @@ def run(args) -> int:
     cluster = cluster.with_gpus(args.gpus if args.gpus is not None else cluster.gpus_per_node)
     job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
     params, cluster = cost_params(args.calibration, cluster)
+    stack, params, cluster = _for_stack(args, params, cluster)
+    runtime = stack.runtime
     tokens = None
     if args.tokens is not None:
         from plait.spec.units import parse_token_count
@@ -87,13 +95,14 @@ def run(args) -> int:
         from plait.plan.complete import complete, given_keys
 
         completion = complete(model, cluster, job, given_keys(args.layout), params, headroom=headroom,
-                              max_mbs=args.max_mbs)
-        plans = [evaluate(model, cluster, job, completion.layout, params)]
+                              max_mbs=args.max_mbs, runtime=runtime, cp_impls=stack.cp_impls)
+        plans = [evaluate(model, cluster, job, completion.layout, params, runtime)]
         completed = completion.note() or "completed: nothing (every searched knob was given)"
         title = f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name}: given layout, completed"
         stats = f"searched {completion.evaluated:,} layouts with the given keys"
     elif args.layout is not None:
-        plans = [evaluate(model, cluster, job, Layout.parse(args.layout), params)]
+        layout, completed = _stack_defaults(args.layout, stack, cluster)
+        plans = [evaluate(model, cluster, job, layout, params, runtime)]
         title = f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name}: given layout"
         stats = ""
     else:
@@ -105,21 +114,31 @@ def run(args) -> int:
             allow_offload=not args.no_offload)
         if args.schedule:
             Layout(schedule=args.schedule)  # validates the name
-        result = search(model, cluster, job, constraints, params, runnable=not args.any_runtime, headroom=headroom)
+        own = stack.name == DEFAULT_STACK  # another stack's layouts are ranked for that software
+        result = search(model, cluster, job, constraints, params, runnable=own and not args.any_runtime,
+                        headroom=headroom, runtime=runtime, cp_impls=stack.cp_impls)
         plans = require_plans(model, cluster, job, result, constraints)
-        which = "fitting layouts" if args.any_runtime else "fitting layouts that plait train runs"
+        if not own:  # plait train's rules say nothing about another stack's layouts
+            plans = [dataclasses.replace(p, runtime_violations=()) for p in plans]
+        which = ("fitting layouts" if args.any_runtime else "fitting layouts that plait train runs") if own else \
+            f"fitting layouts, priced for {stack.name} ({stack.summary})"
         title = (f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name} ({cluster.name}), global batch "
                  f"{job.global_batch} x {job.seq_len}: top {min(args.top, len(plans))} of {len(plans)} {which}")
         stats = (f"searched {result.evaluated:,} layouts in {result.seconds:.2f} s "
                  f"({result.layouts_per_second:,.0f}/s); {result.rejected_oom:,} do not fit")
-        hidden = 0 if args.any_runtime else result.unrunnable_ahead(1)
+        hidden = 0 if args.any_runtime or not own else result.unrunnable_ahead(1)
         if hidden:
             stats += (f"; {hidden:,} faster fitting layout(s) that plait train does not run yet are not ranked "
                       "(--any-runtime shows them)")
         if constraints.fixed:
             completed = _searched_note(plans[0].layout, dict(constraints.fixed))
     best = plans[0]
+    if stack.name != DEFAULT_STACK and not (args.layout is None or args.complete) and not completed:
+        title += f", priced for {stack.name}"
     if args.save:
+        if stack.name != DEFAULT_STACK:
+            raise PlaitError(f"not saving: --stack {stack.name} prices the layout for that software, and plait train "
+                             "runs plait's own (plan again without --stack, or with --stack plait, to save)")
         if not best.runnable and not args.any_runtime:
             raise PlaitError(f"not saving layout {best.layout}: plait train does not run it yet ("
                              + "; ".join(v.message for v in best.runtime_violations)
@@ -147,7 +166,7 @@ def run(args) -> int:
                   "(fragmentation, NCCL buffers, unfused-kernel temporaries are not all in the formula)"
                   + ("; no layout fits with the headroom" if args.layout is None or args.complete else "")
                   + "[/yellow]")
-    unrunnable = [p for p in plans[: args.top] if not p.runnable]
+    unrunnable = [p for p in plans[: args.top] if not p.runnable] if stack.name == DEFAULT_STACK else []
     if unrunnable:
         out.print("* plait train does not run this layout yet: "
                   + "; ".join(sorted({v.message for p in unrunnable for v in p.runtime_violations})))
@@ -163,6 +182,43 @@ def run(args) -> int:
     if args.plot:
         out.print(f"wrote the plan's picture to {args.plot}")
     return 0 if best.fits else 1
+
+
+def _for_stack(args, params, cluster):
+    """(the stack, the cost parameters with its numbers, the cluster with its kernel rates); a
+    calibration's own numbers (measured) win over the stack's."""
+    import dataclasses
+
+    from plait.plan.params import DEFAULT_PARAMS, params_for_stack
+    from plait.spec.stack import get_stack
+
+    stack = get_stack(args.stack)
+    measured = tuple(f.name for f in dataclasses.fields(params) if getattr(params, f.name) != getattr(DEFAULT_PARAMS, f.name))
+    params = params_for_stack(stack, params, keep=measured if args.calibration else ())
+    if not args.calibration:
+        cluster = dataclasses.replace(cluster, gpu=stack.gpu(cluster.gpu))
+    return stack, params, cluster
+
+
+def _stack_defaults(text: str, stack, cluster):
+    """(the ``--layout`` with the stack's defaults for the keys it leaves out, a note of what was assumed).
+    A context-parallel kernel left out is the stack's own on a GPU and the exact ring on a CPU profile."""
+    import dataclasses
+
+    from plait.plan.complete import given_keys
+    from plait.spec.layout import Layout
+
+    layout, given = Layout.parse(text), given_keys(text)
+    defaults = dict(stack.default_values())
+    if cluster.gpu.name == "cpu":
+        defaults["cp_impl"] = "ring"
+    relevant = {"cp_impl": layout.cp > 1, "sp": layout.tp > 1, "zero": layout.dp * layout.cp > 1, "ckpt": True}
+    assumed = {k: v for k, v in defaults.items() if k not in given and relevant.get(k, True) and getattr(layout, k) != v}
+    if not assumed:
+        return layout, ""
+    changes = dict(assumed, **({"ckpt_layers": 0} if "ckpt" in assumed else {}))
+    note = ", ".join(f"{k}={v}" for k, v in assumed.items())
+    return dataclasses.replace(layout, **changes), f"assumed (the {stack.name} stack's defaults for keys not given): {note}"
 
 
 def _plot(plan, params, path: str) -> None:

@@ -14,7 +14,12 @@ HELP = "predict published runs and report the error"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runs", required=True, help="CSV of runs (schema: shared/data/README.md)")
+    parser.add_argument("--runs", action="append", metavar="CSV",
+                        help="CSV of runs (schema: plait/data/published/README.md; repeatable); default: the "
+                             "published runs shipped with plait (dense and MoE, both calibration batches)")
+    parser.add_argument("--cross-validate", choices=("source",),
+                        help="'source': for each code base, fit the defaults on the other sources' runs and predict "
+                             "its runs (leave-one-source-out); prints held-out and in-sample errors per source")
     parser.add_argument("--out", help="write per-run predictions to this CSV")
     parser.add_argument("--calibration", help="calibration JSON replacing the default cost parameters")
     parser.add_argument("--json", action="store_true", help="print the error summary as JSON")
@@ -22,10 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from plait.cli.support import tables as report
-    from plait.measure.published import error_summary, predict_runs
+    from plait.measure.published import SHIPPED_RUNS, error_summary, predict_runs
 
+    runs = args.runs or [str(p) for p in SHIPPED_RUNS]
+    if args.cross_validate:
+        return _cross_validate(args, runs)
     params, _ = cost_params(args.calibration)
-    results = predict_runs(args.runs, params)
+    results = [r for path in runs for r in predict_runs(path, params)]
     summary = error_summary(results)
     if args.out:
         _write_predictions(args.out, results)
@@ -43,6 +51,29 @@ def run(args) -> int:
     out.print(report.summary_table(summary))
     if args.out:
         out.print(f"wrote {len(results)} rows to {args.out}")
+    return 0
+
+
+def _cross_validate(args, runs: list[str]) -> int:
+    from plait.cli.support.tables import cross_validation_table
+    from plait.measure.validate.cross import cross_validate
+
+    if args.calibration or args.out:
+        raise PlaitError("--cross-validate fits the defaults itself: drop --calibration and --out")
+    out = console()
+
+    def notify(text: str) -> None:
+        if not args.json:
+            out.print(f"[dim]{text}[/dim]")
+
+    result = cross_validate(runs, progress=notify)
+    if args.json:
+        print(json.dumps({"record": result.record(), "fitted": list(result.names), "skipped": result.skipped,
+                          "sources": [{"source": s.source, "rows": s.rows, "held_out": s.held_out,
+                                       "in_sample": s.in_sample, "fitted": s.fitted} for s in result.sources]},
+                         indent=2))
+        return 0
+    out.print(cross_validation_table(result))
     return 0
 
 

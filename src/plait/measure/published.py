@@ -25,7 +25,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.measure.published_moe import megatron_flops_per_token
-from plait.measure.published_specs import (IncompleteRow, UnsupportedRow, implementation_params, num, row_problem,
+from plait.measure.published_specs import (IncompleteRow, UnsupportedRow, num, row_problem,
                                            row_specs)
 from plait.plan.cost import estimate_step
 from plait.plan.memory import estimate_memory
@@ -152,11 +152,6 @@ def predict_row(row: dict, params: CostParams = DEFAULT_PARAMS) -> RunResult:
     if problem:
         result.status = f"invalid: {problem}"
         return result
-    software = implementation_params(row)
-    if software:
-        params = replace(params, **software)
-        result.notes.append("software: " + ", ".join(f"{k}={v:.3g}" for k, v in software.items())
-                            + " (DeepSpeed 0.3 ZeRO-3, plait.measure.published_specs)")
     try:
         specs = row_specs(row, result.notes, params)
     except IncompleteRow as exc:
@@ -168,7 +163,10 @@ def predict_row(row: dict, params: CostParams = DEFAULT_PARAMS) -> RunResult:
     except PlaitError as exc:
         result.status = f"unsupported: {exc}"
         return result
-    model, cluster, job, layout = specs.model, specs.cluster, specs.job, specs.layout
+    model, cluster, job, layout, params = specs.model, specs.cluster, specs.job, specs.layout, specs.params
+    if specs.stack is not None and specs.stack.params:
+        result.notes.append(f"{specs.stack.name} stack: " + ", ".join(
+            f"{k}={v:.3g}" for k, v in specs.stack.param_values().items()))
     step = estimate_step(model, cluster, job, layout, params, runtime=specs.runtime)
     memory = estimate_memory(model, cluster, job, layout, params, runtime=specs.runtime)
     if specs.memory_of is not None:
@@ -221,14 +219,18 @@ def error_summary(results: list[RunResult]) -> dict:
 
 
 ACCURACY_FILE = Path(__file__).resolve().parents[1] / "data" / "validation.json"
+# The published runs plait ships (facts with sources: plait/data/published/README.md and SOURCES_2.md):
+# the calibration set, dense and mixture-of-experts, both batches; ``plait validate`` checks them by default.
+PUBLISHED_DIR = ACCURACY_FILE.parent / "published"
+SHIPPED_RUNS = tuple(PUBLISHED_DIR / name for name in (
+    "published_runs_calibration.csv", "published_runs_calibration_2.csv", "published_moe_runs.csv",
+    "published_moe_runs_2.csv"))
 
 
 def accuracy_record(summary: dict) -> dict:
-    """The part of ``error_summary`` that ``plait plan`` quotes ("how sure"), rounded as printed.
-
-    Shipped as ``plait/data/validation.json`` (the calibration set is not in the package);
-    tests/measure/test_published_runs.py checks it equals the current model's record on
-    shared/data, so the quoted numbers cannot go stale."""
+    """The in-sample part of ``error_summary``, rounded as printed (``plait plan`` quotes the held-out
+    record instead: ``plait.measure.validate.cross.CrossValidation.record``, shipped as
+    ``plait/data/validation.json``; tests/measure/test_cross_validation.py checks it is current)."""
     overall = summary["overall"]
     return {"runs_compared": summary["compared"],
             "median_abs_error_points": round(overall["median_abs_error"], 1),

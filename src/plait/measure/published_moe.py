@@ -135,14 +135,17 @@ def megatron_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 NVL72_GPUS_PER_DOMAIN = 64  # GB200 NVL72: a 72-GPU NVLink domain, of which jobs use 64 (powers of two)
 
 
-def moe_gpus_per_node(row: dict, gpu_name: str, notes: list[str]) -> int | None:
-    """GPUs per NVLink domain for a MoE row that leaves ``gpus_per_node`` empty: GB200 NVL72's rack
-    (the expert all-to-all stays on NVLink inside it), else None (the caller's default)."""
-    if gpu_name != "gb200" or (row.get("gpus_per_node") or "").strip():
+def nvlink_domain(row: dict, gpu_name: str, notes: list[str]) -> int | None:
+    """GPUs per NVLink domain of a GB200 row: NVL72's rack (64 of its 72 GPUs per job, or the whole job
+    when smaller), whatever ``gpus_per_node`` says (the recipes' 4 is the compute tray: its GPUs reach
+    the rest of the rack over NVLink too); None for other GPUs (the row's own value or the default)."""
+    if gpu_name != "gb200":
         return None
     n_gpus = _int(row, "n_gpus") or NVL72_GPUS_PER_DOMAIN
     per_domain = NVL72_GPUS_PER_DOMAIN if n_gpus % NVL72_GPUS_PER_DOMAIN == 0 else min(n_gpus, 8)
-    notes.append(f"GB200 NVL72: {per_domain} GPUs per NVLink domain assumed (gpus_per_node not stated)")
+    stated = (row.get("gpus_per_node") or "").strip()
+    said = f" (gpus_per_node {stated} is the compute tray)" if stated else " (gpus_per_node not stated)"
+    notes.append(f"GB200 NVL72: {per_domain} GPUs per NVLink domain{said}")
     return per_domain
 
 
@@ -169,22 +172,3 @@ def moe_given(row: dict, notes: list[str]) -> dict:
         out["moe_overlap"] = "chunked"
         notes.append("EP all-to-all overlapped with another micro-batch's compute: moe_overlap=chunked")
     return out
-
-
-# Megatron-Core runs attention through Transformer Engine's cuDNN fused attention, a
-# FlashAttention-3-class kernel on Hopper and Blackwell: Shah et al. 2024 ("FlashAttention-3")
-# measure 0.6-0.75 of the H100's bf16 peak forward at long sequences, where plait's GPU presets
-# carry FlashAttention-2 under PyTorch (0.22 on H100). Half of the peak, for forward and backward
-# alike (the backward's 2.5x FLOPs at the same rate), is applied to the MoE sources' rows.
-TE_ATTENTION_EFFICIENCY = 0.5
-
-
-def megatron_attention(cluster, notes: list[str]):
-    """``cluster`` with its GPU's attention efficiency at ``TE_ATTENTION_EFFICIENCY`` (noted)."""
-    from dataclasses import replace
-
-    if cluster.gpu.attention_efficiency >= TE_ATTENTION_EFFICIENCY:
-        return cluster
-    notes.append(f"attention: Transformer Engine's fused kernel, {TE_ATTENTION_EFFICIENCY:g} of the peak "
-                 f"(the {cluster.gpu.name} preset's {cluster.gpu.attention_efficiency:g} is FlashAttention-2)")
-    return replace(cluster, gpu=replace(cluster.gpu, attention_efficiency=TE_ATTENTION_EFFICIENCY))

@@ -26,16 +26,19 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from plait.errors import PlaitError
-from plait.measure.published_moe import (MoERowError, is_moe_row, megatron_attention, moe_given, moe_gpu_type, moe_gpus_per_node,
+from plait.measure.validate.cells import (arch_of, not_sharded, offloaded_layers, precision_of, recompute_of,
+                                          zero_stage_of)
+from plait.measure.published_moe import (MoERowError, is_moe_row, moe_given, moe_gpu_type, nvlink_domain,
                                          moe_model_for_row)
 from plait.plan.activations import BF16, layer_items
 from plait.plan.complete import complete
 from plait.plan.memory import MemoryBreakdown, in_flight_microbatches
-from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.plan.params import DEFAULT_PARAMS, CostParams, params_for_stack
 from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_gpu
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.models import MODELS
+from plait.spec.stack import DEFAULT_STACK, Stack, generation_of, get_stack
 from plait.spec.validate import errors_of, stage_layers, validate
 
 COUNT_COLUMNS = ("n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "vocab", "seq_len", "n_gpus", "tp",
@@ -89,69 +92,6 @@ def integer(row: dict, key: str) -> int | None:
     return int(value) if value is not None else None
 
 
-def zero_stage_of(text: str) -> tuple[int, bool] | None:
-    """(ZeRO stage, hybrid sharding) from a source's words, or None when blank or not understood."""
-    t = text.strip().lower()
-    if not t:
-        return None
-    hybrid = "hybrid" in t or "hsdp" in t
-    leading = re.match(r"([0-3])\b", t)
-    if leading:
-        return int(leading.group(1)), hybrid
-    named = re.search(r"(?:zero|stage)[\s_-]*(?:stage[\s_-]*)?([0-3])\b", t)
-    if named:
-        return int(named.group(1)), hybrid
-    if "shard_grad_op" in t or "grad_op" in t:
-        return 2, hybrid
-    if "full shard" in t or "full_shard" in t or "fully shard" in t or "fsdp" in t or hybrid:
-        return 3, hybrid
-    if "distributed optimizer" in t:
-        return 1, False
-    if t in ("none", "no", "off", "ddp") or t.startswith("ddp"):
-        return 0, False
-    return None
-
-
-def recompute_of(text: str, n_layers_per_stage: int) -> tuple[str, int, bool] | None:
-    """(policy, layers per stage, op-level SAC) from the source's words; None when blank or unknown."""
-    t = text.strip().lower()
-    if not t:
-        return None
-    if t.startswith(("none", "no", "false", "off")):
-        return "none", 0, False
-    if t.startswith(("full", "uniform", "block", "yes", "true", "every layer")):
-        return "full", 0, False
-    half = max(1, n_layers_per_stage // 2)
-    if "per-layer" in t or "per layer" in t:  # torchtitan: checkpoint every second layer in full
-        return "full", half, False
-    if "op-level" in t or "op level" in t or "sac" in t.split():
-        # torchtitan op-level SAC: keeps every second matmul output and the attention output, so it
-        # recomputes about the FLOPs of half of the layers; its memory is ``op_level_memory``
-        return "full", half, True
-    if t.startswith("selective"):
-        return "selective", 0, False
-    if "activation checkpoint" in t or "recompute" in t or "gradient checkpoint" in t:
-        return "full", 0, False
-    return None
-
-
-# families whose dense blocks are Llama's (RMSNorm, SwiGLU, RoPE) or GPT's (LayerNorm, GELU MLP)
-_LLAMA_WORDS = ("llama", "mistral", "qwen", "yi", "internlm", "baichuan", "deepseek")
-_GPT_WORDS = ("gpt", "mpt", "bloom", "opt", "falcon", "megatron", "turing-nlg", "mt-nlg", "palm")
-
-
-def arch_of(word: str) -> str | None:
-    """``gpt`` or ``llama`` for an architecture word that names a family of either kind, else None."""
-    word = word.strip().lower()
-    if any(w in word for w in ("moe", "mixtral")):
-        return None  # experts: not a dense family
-    if any(word.startswith(w) for w in _LLAMA_WORDS):
-        return "llama"
-    if any(word.startswith(w) for w in _GPT_WORDS):
-        return "gpt"
-    return None
-
-
 def _llama_ffn(hidden: int) -> int:
     multiple = DATA_DEFAULTS["llama_ffn_multiple"]
     return -(-int(2 * 4 * hidden / 3) // multiple) * multiple
@@ -195,29 +135,32 @@ def model_for_row(row: dict, seq_len: int, notes: list[str]) -> ModelSpec:
                      tied_embeddings=(arch == "gpt"), **dims)
 
 
-# DeepSpeed 0.3's ZeRO-3 (2021), as Narayanan et al. 2021 Table 2 ran it, fetched parameters
-# submodule by submodule with a torch.cuda.synchronize() after every all-gather (DeepSpeed PR
-# #1188, June 2021: "the async version is not async at all") and copied them out in Python. Its
-# measured rate, on one 8x A100 NVLink node (DeepSpeed issue #1174, v0.3.16 + PyTorch 1.8): a
-# 5.1B-parameter model's forward took 480 ms under ZeRO-3 against 60 ms under ZeRO-2, so 420 ms
-# gathered 7/8 of 10.2 GB of fp16 parameters per GPU: 21 GB/s, a tenth of NVLink's bus bandwidth.
-# Not fitted to Table 2; applied to the rows whose source ran DeepSpeed ZeRO-3 in 2021.
-DEEPSPEED_2021_ZERO3_BANDWIDTH = 7 / 8 * 5.1e9 * 2 / 0.42  # bytes/s per GPU
+# Which software each source ran (``plait.spec.stack``), first match wins: words of the row's source
+# (or, for DeepSpeed, its notes) -> stack. A row's own ``stack`` column overrides this table.
+SOURCE_STACKS = (
+    (("megatron-bridge", "nemo", "megatron-moe-modelzoo", "megatron-core"), "megatron-core"),
+    (("narayanan", "korthikanti", "megatron-lm"), "megatron-lm"),
+    (("torchtitan",), "torchtitan"),
+    (("llm-foundry", "mosaicml"), "llm-foundry"),
+)
 
 
-def implementation_params(row: dict) -> dict[str, float]:
-    """Cost parameters that describe the software a row ran, not the hardware ({field: value})."""
+def stack_of(row: dict) -> tuple[Stack, str]:
+    """(the stack a row ran, why): its ``stack`` column; DeepSpeed's 2021 ZeRO-3 where the notes name
+    DeepSpeed on a ZeRO-3 row of 2021 or before (Narayanan et al.'s Table 2 baseline); else by
+    ``SOURCE_STACKS``; else plait's runtime (noted as unknown)."""
+    given = (row.get("stack") or "").strip()
+    if given:
+        return get_stack(given), "the row's stack column"
     text = f"{row.get('notes', '')} {row.get('source', '')}".lower()
     year = integer(row, "year") or 0
     if integer(row, "zero_stage") == 3 and "deepspeed" in text and year <= 2021:
-        return {"zero3_collective_bandwidth": DEEPSPEED_2021_ZERO3_BANDWIDTH}
-    return {}
-
-
-def runtime_of(row: dict) -> str:
-    """Megatron-LM saves the sharded sequence-parallel GEMM input; PyTorch runtimes save it gathered."""
-    source = row.get("source", "").lower()
-    return "megatron" if any(word in source for word in ("narayanan", "korthikanti", "megatron")) else "torch"
+        return get_stack("deepspeed"), "ZeRO-3 by DeepSpeed in 2021 (notes)"
+    source = (row.get("source") or "").lower()
+    for words, name in SOURCE_STACKS:
+        if any(word in source for word in words):
+            return get_stack(name), "from its source"
+    return get_stack(DEFAULT_STACK), "source not known to run another stack"
 
 
 def op_level_memory(model: ModelSpec, job: JobSpec, layout: Layout, memory: MemoryBreakdown,
@@ -249,6 +192,8 @@ class RowSpecs:
     layout: Layout
     runtime: str
     memory_of: Callable | None  # adjusts a predicted MemoryBreakdown (op-level SAC), or None
+    stack: Stack | None = None  # the software the row ran (its cost parameters are in ``params``)
+    params: CostParams = DEFAULT_PARAMS  # the caller's parameters with the stack's on top
 
 
 def _required(row: dict, notes: list[str]) -> tuple[int, int, int]:
@@ -281,16 +226,20 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
         gpu = get_gpu(moe_gpu_type(row, notes))
     except PlaitError:
         raise UnsupportedRow(f"GPU {row['gpu_type']!r} has no spec") from None
-    per_node = integer(row, "gpus_per_node") or (moe_gpus_per_node(row, gpu.name, notes) if model.moe else None)
+    per_node = nvlink_domain(row, gpu.name, notes) or integer(row, "gpus_per_node")
     if per_node is None:
         per_node = DATA_DEFAULTS["gpus_per_node"]
         notes.append("8 GPUs per node assumed")
     cluster = cluster_for_gpu(gpu.name, n_gpus, per_node)
-    if model.moe is not None:  # the MoE sources run Megatron-Core with Transformer Engine
-        cluster = megatron_attention(cluster, notes)
+    stack, why = stack_of(row)
+    notes.append(f"stack {stack.name} ({why})")
+    params = params_for_stack(stack, params)
+    if generation_of(gpu.name) in stack.attention_efficiency:
+        cluster = replace(cluster, gpu=stack.gpu(cluster.gpu))
+        notes.append(f"attention: {stack.attention_kernel}, {cluster.gpu.attention_efficiency:g} of the peak")
     job = JobSpec(global_batch=gbs, seq_len=seq_len)
-    runtime = runtime_of(row)
-    given = _given_knobs(row, model, n_gpus, notes)
+    runtime = stack.runtime
+    given = _given_knobs(row, model, n_gpus, notes, stack)
     op_level = given.pop("_op_level", False)
 
     def memory_of(layout: Layout, memory: MemoryBreakdown) -> MemoryBreakdown:
@@ -311,11 +260,12 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
     errs = errors_of(validate(model, cluster, job, layout))
     if errs:
         raise UnsupportedRow("; ".join(e.message for e in errs))
-    return RowSpecs(model, cluster, job, layout, runtime, adjust)
+    return RowSpecs(model, cluster, job, layout, runtime, adjust, stack, params)
 
 
-def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str]) -> dict:
-    """The layout keys the row states ({Layout field: value}); the others are left to completion."""
+def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str], stack: Stack) -> dict:
+    """The layout keys the row states ({Layout field: value}), then ``stack``'s defaults for the knobs
+    it leaves out (each noted); the others are left to completion."""
     given: dict = {k: v for k in ("tp", "pp", "dp", "cp", "vpp", "mbs", "ep", "etp") if (v := integer(row, k)) is not None}
     if model.moe is not None and "etp" not in given:
         given["etp"] = 1
@@ -335,18 +285,20 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str]) -> 
         given["schedule"] = "interleaved-1f1b" if given["vpp"] > 1 else "1f1b"
     elif given.get("pp") == 1:
         given.update(vpp=1, schedule="1f1b")
-    zero = zero_stage_of(row.get("zero_stage") or "")
+    defaults = stack.default_values()
+    text = (row.get("zero_stage") or "").strip()
+    zero = zero_stage_of(text)
     if zero is not None:
         given["zero"] = zero[0]
         if not zero[1]:
             given["hsdp"] = 1
-    elif (row.get("zero_stage") or "").strip():
-        notes.append(f"zero_stage {row['zero_stage'].strip()!r} not understood: searched")
+    elif not_sharded(text) and "zero" in defaults:  # Megatron's DDP with its distributed optimizer
+        given["zero"] = min(2, defaults["zero"])
+        notes.append(f"zero_stage {text!r} (no FSDP): zero={given['zero']}, the {stack.name} stack's optimizer sharding")
+    elif text:
+        notes.append(f"zero_stage {text!r} not understood: searched")
     per_stage = -(-model.n_layers // given["pp"]) if "pp" in given else model.n_layers
     recompute = recompute_of(row.get("recompute") or "", per_stage)
-    if recompute is None and "narayanan" in row.get("source", "").lower():
-        recompute = ("full", 0, False)
-        notes.append("completed: ckpt=full (Megatron-LM 2021 / DeepSpeed ZeRO-3 recompute every layer)")
     if recompute is not None:
         given.update(ckpt=recompute[0], ckpt_layers=recompute[1], _op_level=recompute[2])
     elif (row.get("recompute") or "").strip():
@@ -362,7 +314,16 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str]) -> 
     given["attn"] = "eager" if flash == "no" else "flash"
     if given.get("cp", 1) > 1:  # ring attention with fused kernels per block (Transformer Engine,
         # PyTorch's): plait's cp_impl=torch, not its fp32 reference kernel (plait.plan.context.exchange)
-        given["cp_impl"] = "torch"
-    precision = (row.get("precision") or "").lower()
-    given["precision"] = "mxfp8" if "mxfp8" in precision else "fp8" if "fp8" in precision else "bf16"
+        given["cp_impl"] = defaults.get("cp_impl", "torch")
+    given["precision"] = precision_of(row.get("precision") or "")
+    offloaded = offloaded_layers(row.get("notes") or "")
+    if offloaded:
+        given["offload"] = min(1.0, offloaded / model.n_layers)
+        notes.append(f"activation offload of {offloaded} layers (notes): offload=cpu:{given['offload']:.3g}")
+    for knob in ("zero", "ckpt", "sp"):  # what the stack does where the row is silent
+        if knob in defaults and knob not in given and not (knob == "sp" and "tp" not in given):
+            given[knob] = defaults[knob]
+            if knob == "ckpt":
+                given["ckpt_layers"] = 0
+            notes.append(f"completed: {knob}={defaults[knob]} (the {stack.name} stack's default)")
     return given

@@ -26,7 +26,7 @@ from plait.plan.memory import DEFAULT_HEADROOM, MemoryBreakdown, estimate_memory
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.search import SearchConstraints, candidate_layouts
 from plait.spec.hardware import ClusterSpec
-from plait.spec.layout import LAYOUT_KEYS, JobSpec, Layout
+from plait.spec.layout import LAYOUT_KEYS, RUNTIME_CP_IMPLS, JobSpec, Layout
 from plait.spec.layout_keys import fields_set_by
 from plait.spec.model import ModelSpec
 from plait.spec.validate import errors_of, stage_layers, validate
@@ -120,7 +120,8 @@ def pick(options: list, headroom: float, tokens=lambda o: o.step.tokens_per_s_pe
 def complete(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dict,
              params: CostParams = DEFAULT_PARAMS, *, runtime: str = "torch", headroom: float = DEFAULT_HEADROOM,
              max_mbs: int = 16, memory_of: Callable | None = None,
-             schedules: tuple[str, ...] = SearchConstraints().schedules) -> Completion:
+             schedules: tuple[str, ...] = SearchConstraints().schedules,
+             cp_impls: tuple[str, ...] = RUNTIME_CP_IMPLS) -> Completion:
     """Fix ``given`` ({Layout field: value}), search the knobs left out, return the choice.
 
     ``memory_of(layout, memory) -> memory`` may adjust the predicted memory (a published run's
@@ -136,7 +137,7 @@ def complete(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dict,
     pinned = {k: v for k, v in given.items() if k not in _ENUMERATED}
     constraints = SearchConstraints(fixed=fixed, max_mbs=max_mbs, allow_offload=False, schedules=schedules)
     fitting, smallest, evaluated, first_errors = [], None, 0, None
-    for base in candidate_layouts(model, cluster, job, constraints, params):
+    for base in candidate_layouts(model, cluster, job, constraints, params, cp_impls):
         for layout in _variants(model, base, given, pinned):
             errors = errors_of(validate(model, cluster, job, layout))
             if errors:
@@ -149,7 +150,7 @@ def complete(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dict,
             if smallest is None or memory.total < smallest[1].total:
                 smallest = (layout, memory)
             if memory.fits:
-                fitting.append((layout, memory, estimate_step(model, cluster, job, layout, params)))
+                fitting.append((layout, memory, estimate_step(model, cluster, job, layout, params, runtime=runtime)))
     if smallest is None:
         fixed_text = ", ".join(f"{k}={v}" for k, v in sorted(given.items())) or "nothing fixed"
         why = "; ".join(e.message for e in first_errors) if first_errors else (
@@ -158,7 +159,7 @@ def complete(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dict,
     chosen = pick(fitting, headroom, tokens=lambda o: o[2].tokens_per_s_per_gpu, memory=lambda o: o[1])
     if chosen is None:
         layout, memory = smallest
-        step = estimate_step(model, cluster, job, layout, params)
+        step = estimate_step(model, cluster, job, layout, params, runtime=runtime)
     else:
         layout, memory, step = chosen
     completed = tuple((k, _value_text(layout, k)) for k in COMPLETABLE

@@ -231,7 +231,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     if lay.pp > 1:
         sent = act_bytes / (max(1, lay.tp))  # scatter/gather or SP-sharded
         crosses = groups["pp"].spans_nodes
-        pp_mb = 2 * lay.vpp * comm.send_recv(cluster, crosses, sent)
+        # the software may post the transfers ahead and hide them behind compute (pp_comm_overlap)
+        pp_mb = 2 * lay.vpp * comm.send_recv(cluster, crosses, sent) * (1 - params.pp_comm_overlap)
 
     # ---- expert all-to-all per micro-batch: the MoE layers of the stage (plait.plan.moe.timing)
     ep_mb = 0.0

@@ -66,8 +66,8 @@ def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, pr
     """Time of an (m×k)·(k×n) GEMM, seconds."""
     flops = 2.0 * m * k * n
     if precision in FP8_PRECISIONS:
-        peak = gpu.peak_flops("fp8") * params.fp8_gemm_efficiency
-        operand_bytes = 1.0
+        peak = gpu.peak_flops(precision) * params.fp8_gemm_efficiency
+        operand_bytes = 0.5 if precision == "nvfp4" else 1.0
     else:
         peak = gpu.bf16_flops * gpu.gemm_efficiency
         operand_bytes = gpu.element_bytes
@@ -176,7 +176,7 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
         attn_bwd = 4 * one + elements * (bwd_bytes + 2 * dropout) / bandwidth
         scores_gemm = one
     rep = t if sequence_parallel else 1
-    passes = params.elementwise_passes
+    passes = params.elementwise_passes + (params.fp8_cast_passes if precision in FP8_PRECISIONS else 0.0)
     elementwise_bytes = gpu.element_bytes * tokens * h * (passes / 2 / rep + passes / 2 / t)
     kernels = 8
     if norm == "unfused":  # two norms per layer, on the sequence-parallel shard

@@ -32,6 +32,9 @@ class CostParams:
         partly fused implementation (fitted on the published runs).
     tp_comm_overlap: fraction of the backward tensor-parallel communication hidden behind the
         weight-gradient GEMMs (Megatron's async all-reduce / torch's async TP).
+    pp_comm_overlap: fraction of the pipeline send/recv hidden behind the stage's compute (0: plait's
+        runtime waits for each transfer; Megatron-Core's interleaved schedule posts them early,
+        ``overlap_p2p_comm``).
     dp_overlap: fraction of the backward (or forward, for ZeRO-3 gathers) compute time during
         which data-parallel communication can run hidden.
     overlap_slowdown: compute slowdown while a collective shares the SMs and HBM with it.
@@ -44,7 +47,11 @@ class CostParams:
     cuda_context_bytes: CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers per GPU.
     fragmentation: caching-allocator reserve over the dynamic (activation) memory, as a fraction.
     logits_bytes_per_element: bf16 logits + fp32 log-softmax + fp32 gradient at the loss.
-    fp8_gemm_efficiency: fraction of the fp8 peak that fp8 GEMMs reach (scaling overheads).
+    fp8_gemm_efficiency: fraction of the fp8 (or fp4) peak that low-precision GEMMs reach.
+    fp8_cast_passes: extra element-wise traffic of a layer's forward under fp8/mxfp8/nvfp4, in the
+        units of ``elementwise_passes`` (the amax and cast of each linear's inputs, and in the
+        backward of its output gradients and their transposes, when the software does not fuse them
+        into the neighbouring kernels); 0: priced inside ``fp8_gemm_efficiency``.
     zero3_collective_bandwidth: bytes/s one GPU's ZeRO-3 parameter all-gathers and gradient
         reduce-scatters reach at most, whatever the links allow; 0: no such cap (the links' bus
         bandwidth, ``plait.plan.comm``: FSDP2's one collective per block does reach it). An
@@ -92,6 +99,7 @@ class CostParams:
     flash_backward_factor: float = 2.5
     elementwise_passes: float = 45.0
     tp_comm_overlap: float = 0.5
+    pp_comm_overlap: float = 0.0
     dp_overlap: float = 0.8
     overlap_slowdown: float = 0.05
     grad_reduce_bytes: float = 4.0
@@ -105,6 +113,7 @@ class CostParams:
     fragmentation: float = 0.08
     logits_bytes_per_element: float = 10.0
     fp8_gemm_efficiency: float = 0.50
+    fp8_cast_passes: float = 0.0
     zero3_collective_bandwidth: float = 0.0
     moe_load_imbalance: float = 1.0
     moe_layer_overhead_s: float = 3.0e-3
@@ -174,6 +183,7 @@ PARAM_RANGES: dict[str, Range] = {
     "flash_backward_factor": POSITIVE,
     "elementwise_passes": NON_NEGATIVE,
     "tp_comm_overlap": FRACTION,
+    "pp_comm_overlap": FRACTION,
     "dp_overlap": FRACTION,
     "offload_overlap": FRACTION,
     "cp_comm_overlap": FRACTION,
@@ -210,3 +220,11 @@ def check_ranges(key: str, values: dict, ranges: dict[str, Range]) -> None:
            for name, value in values.items() if not ranges.get(name, NON_NEGATIVE).holds(value)]
     if bad:
         raise PlaitError(f"{key} out of range: {'; '.join(bad)}")
+
+
+def params_for_stack(stack, base: CostParams = DEFAULT_PARAMS, keep: tuple[str, ...] = ()) -> CostParams:
+    """``base`` with the cost parameters ``stack`` (a ``plait.spec.stack.Stack``) declares, range-checked;
+    the fields in ``keep`` (e.g. what a calibration measured) stay ``base``'s."""
+    values = {name: value for name, value in stack.param_values().items() if name not in keep}
+    check_ranges(f"stack {stack.name!r} params", values, PARAM_RANGES)
+    return dataclasses.replace(base, **values)

@@ -97,11 +97,12 @@ class Plan:
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
-             params: CostParams = DEFAULT_PARAMS) -> Plan:
-    """Validate (raising PlaitError on any broken rule) and predict memory and time."""
+             params: CostParams = DEFAULT_PARAMS, runtime: str = "torch") -> Plan:
+    """Validate (raising PlaitError on any broken rule) and predict memory and time; ``runtime``: whose
+    saved activations and pipeline buffers (``plait.spec.stack.Stack.runtime``)."""
     warnings = check(model, cluster, job, layout)
-    return Plan(model, cluster, job, layout, estimate_memory(model, cluster, job, layout, params),
-                estimate_step(model, cluster, job, layout, params), tuple(warnings),
+    return Plan(model, cluster, job, layout, estimate_memory(model, cluster, job, layout, params, runtime=runtime),
+                estimate_step(model, cluster, job, layout, params, runtime=runtime), tuple(warnings),
                 tuple(runtime_violations(model, layout, job)))
 
 

@@ -39,7 +39,7 @@ from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.plan import Plan
 from plait.spec.capabilities import runtime_violations
 from plait.spec.hardware import ClusterSpec
-from plait.spec.layout import CKPT_POLICIES, JobSpec, Layout
+from plait.spec.layout import CKPT_POLICIES, RUNTIME_CP_IMPLS, JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.units import GIB, divisors
 from plait.spec.validate import errors_of, validate
@@ -100,9 +100,10 @@ def _options(constraints: SearchConstraints, key: str, default: list) -> list:
 
 
 def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-                      constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS):
+                      constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS,
+                      cp_impls: tuple[str, ...] = RUNTIME_CP_IMPLS):
     """Yield the layouts the search considers (before the memory check); ``params`` price the
-    context-parallel kernels a cp > 1 layout gets (``fastest_cp_impl``)."""
+    context-parallel kernels a cp > 1 layout gets (the fastest of ``cp_impls``: ``fastest_cp_impl``)."""
     n = cluster.n_gpus
     heads_gcd = _gcd(model.n_heads, model.n_kv_heads, model.ffn_hidden)
     tps = _options(constraints, "tp", [t for t in divisors(heads_gcd) if n % t == 0 and t <= cluster.gpus_per_node])
@@ -142,8 +143,8 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                                                         ep=ep, etp=etp, **kernels)
                                         if cp > 1 and constraints.fixed_value("cp_impl") is None:
                                             # the fastest context-parallel kernel (plait.plan.context.choice)
-                                            layout = replace(layout, cp_impl=fastest_cp_impl(model, cluster, job,
-                                                                                             layout, params))
+                                            layout = replace(layout, cp_impl=fastest_cp_impl(
+                                                model, cluster, job, layout, params, cp_impls))
                                         yield layout
 
 
@@ -195,8 +196,11 @@ def _hsdp_options(zero: int, dp: int, model_parallel: int, gpus_per_node: int, c
 
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
            constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS, *,
-           runnable: bool = False, compile: bool = False, headroom: float = DEFAULT_HEADROOM) -> SearchResult:
+           runnable: bool = False, compile: bool = False, headroom: float = DEFAULT_HEADROOM,
+           runtime: str = "torch", cp_impls: tuple[str, ...] = RUNTIME_CP_IMPLS) -> SearchResult:
     """All fitting layouts, fastest first (ties: less memory first), ranked by ``rank_with_headroom``.
+    ``runtime`` and ``cp_impls``: whose memory model and which context-parallel kernels (a stack's:
+    ``plait.spec.stack``; plait's runtime by default).
 
     Each plan carries the runtime rules it breaks (``Plan.runtime_violations``, with ``plait train
     --compile`` when ``compile``); ``runnable``: keep only the plans that break none.
@@ -208,30 +212,30 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     smallest = None
     first_errors = None
     candidates = 0
-    for layout in candidate_layouts(model, cluster, job, constraints, params):
+    for layout in candidate_layouts(model, cluster, job, constraints, params, cp_impls):
         candidates += 1
         violations = validate(model, cluster, job, layout)
         errors = errors_of(violations)
         if errors:
             first_errors = first_errors or errors
             continue
-        memory = estimate_memory(model, cluster, job, layout, params)
+        memory = estimate_memory(model, cluster, job, layout, params, runtime=runtime)
         evaluated += 1
         # the chunked loss shrinks the logits term: it helps only where that stage is the peak
         if (not memory.fits and memory.logits > 0 and layout.loss == "unfused"
                 and constraints.fixed_value("loss") is None):
             chunked = replace(layout, loss="fused")
-            chunked_memory = estimate_memory(model, cluster, job, chunked, params)
+            chunked_memory = estimate_memory(model, cluster, job, chunked, params, runtime=runtime)
             if chunked_memory.fits:
                 layout, memory = chunked, chunked_memory
         if not memory.fits and constraints.allow_offload and layout.ckpt != "none":
-            layout, memory = _with_offload(model, cluster, job, layout, memory, params)
+            layout, memory = _with_offload(model, cluster, job, layout, memory, params, runtime)
         if smallest is None or memory.total < smallest[1].total:
             smallest = (layout, memory)
         if not memory.fits:
             rejected += 1
             continue
-        step = estimate_step(model, cluster, job, layout, params)
+        step = estimate_step(model, cluster, job, layout, params, runtime=runtime)
         plans.append(Plan(model, cluster, job, layout, memory, step, tuple(violations),
                           tuple(runtime_violations(model, layout, job, compile=compile))))
     plans.sort(key=lambda p: (-p.step.tokens_per_s_per_gpu, p.memory.total))
@@ -264,12 +268,12 @@ def rank_with_headroom(plans: list[Plan], headroom: float = DEFAULT_HEADROOM, ne
     return [safe[top]] + safe[:top] + safe[top + 1:] + risky
 
 
-def _with_offload(model, cluster, job, layout, memory, params):
+def _with_offload(model, cluster, job, layout, memory, params, runtime: str = "torch"):
     """Try activation offload (half of a stage's layers, then all: Kwai's α), then optimizer
     offload, on a checkpointed layout that does not fit; the first that fits."""
     for changes in ({"offload": 0.5}, {"offload": 1.0}, {"offload": 1.0, "opt_offload": True}):
         candidate = replace(layout, **changes)
-        candidate_memory = estimate_memory(model, cluster, job, candidate, params)
+        candidate_memory = estimate_memory(model, cluster, job, candidate, params, runtime=runtime)
         if candidate_memory.fits:
             return candidate, candidate_memory
     return candidate, candidate_memory

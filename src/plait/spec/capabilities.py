@@ -26,7 +26,7 @@ NOT_RUN_YET = {
 }
 
 RUNTIME_RULES = (
-    "runtime-cp-with-pp", "runtime-cp-dropout", "runtime-compile-cp", "runtime-compile-offload",
+    "runtime-cp-with-pp", "runtime-cp-p2p", "runtime-cp-dropout", "runtime-compile-cp", "runtime-compile-offload",
     "runtime-opt-offload", "runtime-compile-tp-ckpt", "runtime-fp8", "runtime-mxfp8-tp", "runtime-tied-embeddings-pp",
     "runtime-seq-len", "runtime-compile-zero-bubble", "runtime-async-tp-device", "runtime-async-tp-compile",
     "runtime-async-tp-sp", "runtime-attn-softcap", "runtime-qk-norm-tp", "runtime-norm-position-sp",
@@ -40,12 +40,18 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
     out = []
     if lay.cp > 1 and lay.pp > 1:
         out.append(("runtime-cp-with-pp", f"{NOT_RUN_YET['cp']} is planned but not run yet; use pp=1 or cp=1"))
+    if lay.cp > 1 and lay.cp_impl == "p2p":
+        out.append(("runtime-cp-p2p", "cp_impl=p2p is Transformer Engine's ring (Megatron-Core), planned but not run by "
+                    "plait train; use cp_impl=torch (PyTorch's ring of fused kernels)"))
     if lay.cp > 1 and model.dropout:
         out.append(("runtime-cp-dropout", f"cp={lay.cp}: context-parallel attention has no dropout, but model "
                     f"{model.name} uses dropout; use cp=1 or a model without dropout"))
     if lay.opt_offload:
         out.append(("runtime-opt-offload", f"{NOT_RUN_YET['opt_offload']} is planned but not run yet"))
-    if lay.precision in FP8_PRECISIONS and not torchao_installed():
+    if lay.precision == "nvfp4":
+        out.append(("runtime-fp8", "precision=nvfp4 is planned but not run yet (torchao's NVFP4 training is a "
+                    "prototype); use precision=fp8 or mxfp8"))
+    elif lay.precision in FP8_PRECISIONS and not torchao_installed():
         out.append(("runtime-fp8", f"precision={lay.precision} trains through torchao's float8 layers, and "
                     "torchao is not installed; install torchao (pip install torchao, or plait[cpu] / plait[gpu]) "
                     "or use precision=bf16"))

@@ -66,6 +66,7 @@ class GpuSpec:
         attention_efficiency: fraction of the peak reached by the FlashAttention forward kernel.
         memory_efficiency: fraction of ``hbm_bandwidth`` reached by element-wise kernels.
         kernel_overhead: fixed cost per kernel launch and tail, seconds.
+        fp4_flops: dense fp4 peak (nvfp4 GEMMs), FLOP/s (0 when the GPU has no fp4 tensor cores).
         element_bytes: bytes per element of activations, GEMM operands and gathered weights in
             the dtype plait's runtime computes in on this device: 2 (bf16 autocast, every GPU
             preset); 4 on a CPU, where the runtime computes in fp32 (a CPU profile writes 4).
@@ -81,8 +82,9 @@ class GpuSpec:
     memory_efficiency: float = 0.80
     kernel_overhead: float = 6e-6
     element_bytes: float = 2.0
+    fp4_flops: float = 0.0
 
-    RANGES = {"bf16_flops": _POSITIVE, "fp8_flops": _NON_NEGATIVE, "hbm_bytes": _POSITIVE,
+    RANGES = {"fp4_flops": _NON_NEGATIVE, "bf16_flops": _POSITIVE, "fp8_flops": _NON_NEGATIVE, "hbm_bytes": _POSITIVE,
               "hbm_bandwidth": _POSITIVE, "gemm_efficiency": _FRACTION, "attention_efficiency": _FRACTION,
               "memory_efficiency": _FRACTION, "kernel_overhead": _NON_NEGATIVE,
               "element_bytes": (1.0, True, 8.0)}
@@ -93,8 +95,12 @@ class GpuSpec:
             raise PlaitError(f"gpu {self.name!r}: " + "; ".join(problems))
 
     def peak_flops(self, precision: str = "bf16") -> float:
-        """Dense peak for the GEMMs of a run in ``precision`` (bf16/fp16 or fp8), FLOP/s."""
-        if precision == "fp8":
+        """Dense peak for the GEMMs of a run in ``precision`` (bf16/fp16, fp8/mxfp8 or nvfp4), FLOP/s."""
+        if precision == "nvfp4":
+            if self.fp4_flops <= 0:
+                raise PlaitError(f"{self.name} has no fp4 tensor cores; use precision=fp8 or bf16")
+            return self.fp4_flops
+        if precision in ("fp8", "mxfp8"):
             if self.fp8_flops <= 0:
                 raise PlaitError(f"{self.name} has no fp8 tensor cores; use precision=bf16")
             return self.fp8_flops
@@ -202,14 +208,16 @@ class ClusterSpec:
 #   H100 SXM: 989 TFLOP/s bf16, 1979 fp8, 80 GiB HBM3 3.35 TB/s, NVLink4 900 GB/s.
 #   H100 96 GB HBM2e, 500 W (Meta Grand Teton): same chip, 2.4 TB/s, power-capped clocks.
 #   H200: H100 silicon with 141 GB HBM3e at 4.8 TB/s.
-#   B200 (HGX, 1000 W): 2250 TFLOP/s bf16, 4500 fp8, 180 GB HBM3e 8 TB/s, NVLink5 1.8 TB/s.
+#   B200 (HGX, 1000 W): 2250 TFLOP/s bf16, 4500 fp8, 9000 fp4 (HGX B200: 144 PFLOP/s sparse FP4 for 8 GPUs),
+#   180 GB HBM3e 8 TB/s, NVLink5 1.8 TB/s.
 #   A100 80GB PCIe: 312 TFLOP/s, 80 GiB HBM2e 1.935 TB/s (A100 PCIe datasheet); no NVSwitch (PCIe Gen4,
 #   32 GB/s per direction between cards; NVLink bridges join pairs only).
 #   H100 PCIe: 756 TFLOP/s bf16, 1513 fp8, 80 GiB HBM2e 2.0 TB/s, PCIe Gen5 64 GB/s (H100 datasheet).
 #   H100 NVL: 835 TFLOP/s bf16, 1671 fp8 (lower clocks, 350-400 W), 94 GB HBM3 3.9 TB/s, PCIe Gen5.
 #   The 96 GB HBM2e H100 of Meta's Grand Teton (torchtitan benchmarks: 2.4 TB/s, 500 W cap) is the SXM
 #   chip with HBM2e: same peak, less bandwidth, clocks lowered by the power cap (derated efficiencies).
-#   GB200 (NVL72 datasheet, per Blackwell GPU): 2.5 PFLOP/s bf16, 5 fp8, 186 GB HBM3e (13.4 TB / 72)
+#   GB200 (NVL72 datasheet, per Blackwell GPU): 2.5 PFLOP/s bf16, 5 fp8, 10 fp4 (1440 PFLOP/s sparse FP4
+#   / 72 / 2), 186 GB HBM3e (13.4 TB / 72)
 #   8 TB/s, NVLink5 1.8 TB/s bidirectional. plait models its 72-GPU NVLink domain as 8-GPU nodes
 #   (conservative for collectives that would stay inside NVLink).
 #   MI300X: 1307 TFLOP/s bf16, 2615 fp8 dense, 192 GB HBM3 5.3 TB/s, 7 Infinity Fabric links of
@@ -240,11 +248,13 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("h100-96g-500w", 989e12, 1979e12, 96 * GB, 2.4e12, **_H100_500W),
         GpuSpec("h800", 989e12, 1979e12, 80 * GIB, 3.35e12, **_H100),
         GpuSpec("h200", 989e12, 1979e12, 141 * GB, 4.8e12, **_H100),
-        GpuSpec("b200", 2250e12, 4500e12, 180 * GB, 8.0e12, gemm_efficiency=0.62, attention_efficiency=0.22),
+        GpuSpec("b200", 2250e12, 4500e12, 180 * GB, 8.0e12, gemm_efficiency=0.62, attention_efficiency=0.22,
+                fp4_flops=9000e12),
         GpuSpec("a100-80g-pcie", 312e12, 0.0, 80 * GIB, 1.935e12, **_A100),
         GpuSpec("h100-pcie", 756e12, 1513e12, 80 * GIB, 2.0e12, **_H100),
         GpuSpec("h100-nvl", 835e12, 1671e12, 94 * GB, 3.9e12, **_H100),
-        GpuSpec("gb200", 2500e12, 5000e12, 186 * GB, 8.0e12, gemm_efficiency=0.62, attention_efficiency=0.22),
+        GpuSpec("gb200", 2500e12, 5000e12, 186 * GB, 8.0e12, gemm_efficiency=0.62, attention_efficiency=0.22,
+                fp4_flops=10000e12),
         GpuSpec("mi300x", 1307e12, 2615e12, 192 * GB, 5.3e12, gemm_efficiency=0.50, attention_efficiency=0.20),
         GpuSpec("v100-32g", 125e12, 0.0, 32 * GIB, 0.9e12, gemm_efficiency=0.70, attention_efficiency=0.30),
         GpuSpec("v100-16g", 125e12, 0.0, 16 * GIB, 0.9e12, gemm_efficiency=0.70, attention_efficiency=0.30),
@@ -275,7 +285,9 @@ CLUSTERS: dict[str, ClusterSpec] = {
         ClusterSpec("pcie-h100", GPUS["h100-pcie"], 8, 64 * GB, 50 * GB, host_link_bandwidth=50 * GB),
         ClusterSpec("pcie-h100-nvl", GPUS["h100-nvl"], 8, 64 * GB, 50 * GB, host_link_bandwidth=50 * GB),
         # GB200 NVL72 as 8-GPU NVLink5 groups, one 400 Gb/s NIC per GPU.
-        ClusterSpec("gb200-nvl72", GPUS["gb200"], 8, 900 * GB, 50 * GB, host_link_bandwidth=50 * GB),
+        # host link: NVLink-C2C between each Grace CPU and its two Blackwell GPUs, 900 GB/s bidirectional
+        # per superchip (GB200 NVL72 datasheet): 225 GB/s per GPU and direction, not PCIe
+        ClusterSpec("gb200-nvl72", GPUS["gb200"], 8, 900 * GB, 50 * GB, host_link_bandwidth=225 * GB),
         # 8x MI300X (OAM, Infinity Fabric mesh), one 400 Gb/s NIC per GPU.
         ClusterSpec("mi300x-8", GPUS["mi300x"], 8, 448 * GB, 50 * GB, host_link_bandwidth=50 * GB),
         ClusterSpec("dgx1-v100", GPUS["v100-32g"], 8, 150 * GB, 12.5 * GB, host_link_bandwidth=12 * GB,

@@ -34,13 +34,17 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 SCHEDULE_ALIASES = {"interleaved": "interleaved-1f1b", "zb": "zero-bubble", "zbh1": "zero-bubble",
                     "zero_bubble": "zero-bubble", "interleaved_1f1b": "interleaved-1f1b"}
 OFFLOAD_TARGETS = ("cpu", "disk")
-PRECISIONS = ("bf16", "fp8", "mxfp8")
-FP8_PRECISIONS = ("fp8", "mxfp8")  # GEMMs in fp8: the planner times both at the fp8 peak
+PRECISIONS = ("bf16", "fp8", "mxfp8", "nvfp4")
+# GEMMs below bf16: fp8 and mxfp8 at the fp8 peak, nvfp4 (NVIDIA's 4-bit with a scale per 16 elements,
+# B200/GB200) at the fp4 peak; plait's runtime runs fp8 and mxfp8 (torchao), the planner prices all three
+FP8_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
 ATTENTION_KERNELS = ("flash", "sdpa", "eager")
 NORM_KERNELS = ("fused", "unfused")
 LOSS_KERNELS = ("fused", "unfused")
 LOSS_CHUNK_TOKENS = 1024  # loss=fused: tokens per cross-entropy chunk (runtime and planner)
-CP_IMPLS = ("ring", "allgather", "torch", "ulysses")
+CP_IMPLS = ("ring", "allgather", "torch", "ulysses", "p2p")
+# the context-parallel kernels plait's runtime runs (``p2p``, Transformer Engine's ring, is planned only)
+RUNTIME_CP_IMPLS = ("ring", "allgather", "torch", "ulysses")
 PARALLEL_DIMS = ("tp", "cp", "dp", "pp")
 SPLITS = ("even", "uneven")
 MOE_OVERLAPS = ("none", "shared", "chunked")
@@ -126,7 +130,8 @@ class Layout:
     opt_offload: bool = layout_key(False, "bool", "optimizer states and step on the host", runtime=False)
     precision: str = layout_key("bf16", "choice", "GEMM precision (`fp8`: the blocks' linear layers in fp8 "
                                 "through torchao, tensor-wise scaling; `mxfp8`: the same with a scale per 32 "
-                                "elements, MX tensor cores (B200); embedding, LM head and the rest bf16; "
+                                "elements, MX tensor cores (B200); `nvfp4`: 4-bit GEMMs at the fp4 peak "
+                                "(B200/GB200; planned, not run by plait train); embedding, LM head and the rest bf16; "
                                 "emulated on CPU)", choices=PRECISIONS)
     attn: str = layout_key("flash", "choice", "attention kernel: `flash` (FlashAttention-2), `sdpa` (what torch's "
                            "scaled_dot_product_attention picks on the device), `eager` (materializes the s×s "
@@ -142,8 +147,9 @@ class Layout:
     cp_impl: str = layout_key("ring", "choice", "how the runtime's context-parallel attention exchanges K/V: "
                               "`ring` (send/recv around the cp ring; fp32 scores materialized: exact, slow), "
                               "`allgather`, `torch` (PyTorch's ring attention, fused kernels), `ulysses` (all-to-all "
-                              "of heads; cp divides n_kv_heads/tp); the planner prices each as it runs and the "
-                              "search gives a cp > 1 layout the fastest", choices=CP_IMPLS)
+                              "of heads; cp divides n_kv_heads/tp), `p2p` (Transformer Engine's ring: fused kernels, "
+                              "K/V at their own heads in bf16; planned, not run by plait train); the planner prices "
+                              "each as it runs and the search gives a cp > 1 layout the fastest its stack runs", choices=CP_IMPLS)
     # mixture of experts (plait.spec.moe.parts, plait.plan.moe.memory): ep·etp ranks carved out of tp·cp·dp
     ep: int = layout_key(1, "int", "expert-parallel degree: each MoE layer's routed experts are split over ep "
                          "ranks carved out of tp·cp·dp (Megatron-Core's expert mesh: etp innermost, then ep, then "

@@ -143,6 +143,9 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
         error("ckpt-layers-policy", "ckpt_layers is set but ckpt=none: give a policy, e.g. ckpt=full:4")
     if lay.precision in FP8_PRECISIONS and cluster.gpu.fp8_flops <= 0:
         error("fp8-hardware", f"precision={lay.precision} but {cluster.gpu.name} has no fp8 tensor cores")
+    elif lay.precision == "nvfp4" and cluster.gpu.fp4_flops <= 0:
+        error("fp8-hardware", f"precision=nvfp4 but {cluster.gpu.name} has no fp4 tensor cores (B200, GB200 do); "
+              "use precision=fp8")
     # ---- placement warnings
     groups = placement(lay, cluster.gpus_per_node)
     if groups["tp"].spans_nodes:

@@ -90,6 +90,12 @@ def explain(console: Console, plan: Plan) -> None:
     if memory.host_bytes:
         mem_table.add_row("(host memory)", f"{memory.host_bytes / GIB:.2f}", "")
     console.print(mem_table)
+    if memory.pipeline_buffers > 0:
+        console.print(f"[dim]pipeline buffers: plait train builds its schedule on torch.distributed.pipelining, which "
+                      f"allocates a receive buffer for every micro-batch ({plan.layout.micro_batches(plan.job.global_batch)}) "
+                      "and stage chunk when the schedule is built and keeps them for the run (the interleaved and "
+                      "zero-bubble schedules also hold every send until the step ends); Megatron-Core reuses a few "
+                      "(--stack megatron-core prices that). Fewer micro-batches, or mbs > 1, shrink it.[/dim]")
     time_table = Table(title="Step time (critical path)", title_justify="left")
     time_table.add_column("item")
     time_table.add_column("time", justify="right")
@@ -111,10 +117,12 @@ def confidence_note(console: Console) -> None:
     record = shipped_accuracy()
     if record is None:
         return
-    console.print(f"[dim]How sure: on {record['runs_compared']} published runs the default cost model's median MFU "
-                  f"error is {record['median_abs_error_points']:.1f} points ({100 * record['within_4_points']:.0f}% "
-                  "within 4 points; the record shipped in plait/data/validation.json). Calibrate on your hardware "
-                  "for better: plait profile, plait calibrate fit.[/dim]")
+    console.print(f"[dim]How sure: on {record['runs_compared']} published runs of {record['sources']} code bases, each "
+                  "predicted by defaults fitted without its own code base, the median MFU error is "
+                  f"{record['held_out_median_points']:.1f} points ({100 * record['held_out_within_4_points']:.0f}% "
+                  f"within 4; {record['worst_source_median_points']:.1f} for the worst code base; plait validate "
+                  "--cross-validate source). Plan for the software you run (--stack) and calibrate on your "
+                  "hardware (plait profile, plait calibrate fit) to get closer.[/dim]")
 
 
 def validation_table(results: list[RunResult]) -> Table:
@@ -206,4 +214,27 @@ def sweep_summary_table(summary: dict) -> Table:
                       top1_text(check, summary["top1_tolerance"]))
     if summary.get("calibration"):
         table.add_row("calibration", f"{summary['calibration']} (sha256 {summary['calibration_sha256']})")
+    return table
+
+
+def cross_validation_table(result) -> Table:
+    """``plait validate --cross-validate source``: per source, its rows' median |MFU error| held out
+    (fit without it) and in-sample (shipped defaults), the share within 4 points, and the fit."""
+    import statistics
+
+    from plait.measure.validate.cross import WITHIN_POINTS, within
+
+    record = result.record()
+    table = Table(title=(f"Leave one source out: {record['runs_compared']} published runs, {record['sources']} sources; "
+                         f"for each, {', '.join(result.names)} fitted on the others, its runs predicted"),
+                  title_justify="left")
+    for name, justify in (("source", "left"), ("rows", "right"), ("held out: median |err|", "right"),
+                          (f"within {WITHIN_POINTS:g} pts", "right"), ("in-sample median", "right")):
+        table.add_column(name, justify=justify)
+    for s in sorted(result.sources, key=lambda s: -s.rows):
+        table.add_row(s.source, str(s.rows), f"{statistics.median(s.held_out):.1f}", f"{100 * within(s.held_out):.0f}%",
+                      f"{statistics.median(s.in_sample):.1f}")
+    held = result.all("held_out")
+    table.add_row("[bold]all[/bold]", str(len(held)), f"[bold]{record['held_out_median_points']:.1f}[/bold]",
+                  f"{100 * within(held):.0f}%", f"{record['in_sample_median_points']:.1f}")
     return table

@@ -32,9 +32,8 @@ from pathlib import Path
 from plait.errors import PlaitError
 from plait.measure.calibrate.cases import FitCase
 from plait.measure.calibrate.families import families_from_sources, leave_one_family_out
-from plait.measure.published_specs import implementation_params
-from plait.measure.published_specs import runtime_of as published_runtime
-from plait.measure.published import build_specs, predict_row, read_runs
+from plait.measure.published_specs import row_specs
+from plait.measure.published import predict_row, read_runs
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 
 
@@ -125,28 +124,33 @@ class FitProblem:
         return replace(self, cases=tuple(c for c in self.cases if keep(c)))
 
 
-def usable_cases(path: str | Path) -> tuple[list[FitCase], dict[str, int]]:
-    """(runs that can be predicted and compared, count of the others by reason).
+def usable_cases(path) -> tuple[list[FitCase], dict[str, int]]:
+    """(runs that can be predicted and compared, count of the others by reason), from one published-runs
+    CSV or a list of them.
 
     The reported side and the specs do not depend on the cost parameters: they are built once
-    (``plait.measure.published``), and each trial only re-runs ``estimate_step``.
+    (``plait.measure.published``), and each trial only re-runs ``estimate_step``. The numbers of the
+    row's software stack (``plait.spec.stack``) are the case's ``software``: fixed, never fitted.
     """
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
     cases, skipped = [], {}
-    for row in read_runs(path):
+    for row in (r for p in paths for r in read_runs(p)):
         result = predict_row(row, DEFAULT_PARAMS)
         if not result.complete:
             reason = result.status.split(":")[0]
         elif not result.reported_mfu:
             reason = "no reported throughput"
         else:
-            specs = build_specs(row)
-            cases.append(FitCase(result.id, result.source, specs, result.reported_mfu, published_runtime(row),
-                                 tuple(implementation_params(row).items())))
+            specs = row_specs(row, [])
+            software = tuple(specs.stack.param_values().items()) if specs.stack is not None else ()
+            cases.append(FitCase(result.id, result.source, (specs.model, specs.cluster, specs.job, specs.layout),
+                                 result.reported_mfu, specs.runtime, software))
             continue
         skipped[reason] = skipped.get(reason, 0) + 1
     if not cases:
         reasons = ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())) or "none"
-        raise PlaitError(f"{path}: no usable rows ({reasons}); a row needs seq_len, mbs, recompute, the "
+        where = ", ".join(str(p) for p in paths)
+        raise PlaitError(f"{where}: no usable rows ({reasons}); a row needs seq_len, mbs, recompute, the "
                          "tp/pp/dp split, a GPU with a spec and a reported throughput")
     return cases, skipped
 

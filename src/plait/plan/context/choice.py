@@ -10,29 +10,31 @@ from plait.plan.kernels import layer_times
 from plait.plan.moe.timing import moe_layer_times
 from plait.plan.params import CostParams
 from plait.spec.hardware import ClusterSpec
-from plait.spec.layout import CP_IMPLS, GroupPlacement, JobSpec, Layout, group_of
+from plait.spec.layout import RUNTIME_CP_IMPLS, GroupPlacement, JobSpec, Layout, group_of
 from plait.spec.model import ModelSpec
 from plait.spec.moe.parts import is_extended
 from plait.spec.validate import ulysses_splits_heads
 
 
-def fastest_cp_impl(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, lay: Layout, params: CostParams) -> str:
-    """The ``cp_impl`` (of those ``lay`` can run: ``ulysses`` where cp divides the rank's K/V heads)
+def fastest_cp_impl(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, lay: Layout, params: CostParams,
+                    impls: tuple[str, ...] = RUNTIME_CP_IMPLS) -> str:
+    """The ``cp_impl`` of ``impls`` (the kernels the software has: plait's runtime's by default; those
+    ``lay`` can run: ``ulysses`` where cp divides the rank's K/V heads)
     whose attention (recomputed under ckpt=full or selective) and exchange take least time per
     layer and micro-batch: the only step-time terms the kernel moves, and memory does not tell
     the kernels apart (``plait.plan.context.exchange``), so the search tries this one rather than all four."""
     group = group_of(lay, cluster.gpus_per_node, ("cp",))
     recomputed = lay.ckpt in ("full", "selective")
     if is_extended(model):  # experts, MLA: their own layer times, which read more of the layout
-        return _fastest(model, cluster, job.seq_len, params, lay, group, recomputed)
+        return _fastest(model, cluster, job.seq_len, params, lay, group, recomputed, impls)
     kernel_keys = Layout(tp=lay.tp, cp=lay.cp, mbs=lay.mbs, sp=lay.sp, attn=lay.attn, precision=lay.precision,
                          norm=lay.norm)  # what the dense layer's attention and exchange read
-    return _fastest(model, cluster, job.seq_len, params, kernel_keys, group, recomputed)
+    return _fastest(model, cluster, job.seq_len, params, kernel_keys, group, recomputed, impls)
 
 
 @lru_cache(maxsize=4096)
 def _fastest(model: ModelSpec, cluster: ClusterSpec, seq_len: int, params: CostParams, lay: Layout,
-             group: GroupPlacement, recomputed: bool) -> str:
+             group: GroupPlacement, recomputed: bool, impls: tuple[str, ...]) -> str:
     tokens = seq_len / lay.cp * lay.mbs
 
     def seconds(impl: str) -> float:
@@ -45,5 +47,5 @@ def _fastest(model: ModelSpec, cluster: ClusterSpec, seq_len: int, params: CostP
         return (times.attn_fwd * (2.0 if recomputed else 1.0) + times.attn_bwd
                 + sum(cp_exchange(model, cluster, group, candidate, tokens, times.attn_fwd, times.attn_bwd, params)))
 
-    usable = [impl for impl in CP_IMPLS if impl != "ulysses" or ulysses_splits_heads(model, lay)]
+    usable = [impl for impl in impls if impl != "ulysses" or ulysses_splits_heads(model, lay)]
     return min(usable, key=seconds)

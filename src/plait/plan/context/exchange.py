@@ -15,6 +15,10 @@ Each rank holds seq / cp tokens of every sequence (head-tail load balancing,
   ``allgather`` all-gather of K and of V, SDPA with an explicit mask by global position (the
                kernel computes the whole square: every key of the sequence per query); the backward
                reduce-scatters dK and dV. Each collective awaited (exposed).
+  ``p2p``      Transformer Engine's ring (Megatron-Core ``cp_comm_type="p2p"``; planned, not run by
+               plait train): fused kernels per block, causal work; K/V travel at their own (GQA)
+               heads in the compute dtype, cp-1 hops forward and again backward with the dK/dV
+               accumulators, each hop sent while a block is computed (hidden).
   ``ring``     plait's exact, portable kernel (``plait.run.parallel.context.ops``): fp32 scores
                materialized per block. Step 0 is the rank's diagonal block, the full (seq/cp)²
                square with its upper triangle masked; each of the cp-1 later steps is half a block
@@ -84,6 +88,9 @@ def exchanges(model: ModelSpec, lay: Layout, tokens: float, element_bytes: float
         hop = FP32 * 2 * q_local
         return [Exchange("forward", "all_gather", 1, whole, True), Exchange("backward", "all_gather", 1, whole, True),
                 Exchange("backward", "send_recv", cp - 1, hop, True), Exchange("backward", "send_recv", 1, hop, False)]
+    if lay.cp_impl == "p2p":  # Transformer Engine: K/V (then dK/dV) at their own heads, compute dtype
+        hop = element_bytes * 2 * k_local
+        return [Exchange("forward", "send_recv", cp - 1, hop, True), Exchange("backward", "send_recv", 2 * (cp - 1), hop, True)]
     hop = FP32 * 2 * k_local  # ring: K and V as one fp32 buffer, and their gradient accumulator
     return [Exchange("forward", "send_recv", cp - 1, hop, True), Exchange("backward", "send_recv", cp - 1, hop, True),
             Exchange("backward", "send_recv", cp, hop, False)]

@@ -1,0 +1,80 @@
+"""Software stacks as data (plait.spec.stack): every built-in file loads with a source for each number,
+and a wrong stack file is one error naming the file and the key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from plait.errors import PlaitError
+from plait.plan.params import DEFAULT_PARAMS, params_for_stack
+from plait.spec.hardware import GPUS
+from plait.spec.stack import STACK_PARAMS, generation_of, get_stack, read_stack, stack_names
+
+REQUIRED = {"plait", "megatron-core", "torchtitan", "deepspeed"}
+
+
+def test_the_required_stacks_are_built_in_and_each_number_has_a_source():
+    names = stack_names()
+    assert REQUIRED <= set(names)
+    for name in names:
+        stack = get_stack(name)
+        assert stack.name == name and stack.summary
+        sources = stack.sources()
+        assert len(sources) == len(stack.params) + len(stack.defaults) + len(stack.attention_efficiency)
+        assert all(len(text) > 20 for text in sources.values()), (name, sources)
+        assert set(stack.params) <= set(STACK_PARAMS)
+
+
+def test_the_default_stack_changes_no_cost_parameter():
+    assert params_for_stack(get_stack("plait")) == DEFAULT_PARAMS
+    assert get_stack(None).name == "plait"
+
+
+def test_a_stack_replaces_its_numbers_and_a_calibration_keeps_what_it_measured():
+    stack = get_stack("megatron-core")
+    params = params_for_stack(stack)
+    for name, value in stack.param_values().items():
+        assert getattr(params, name) == value
+    measured = dataclasses.replace(DEFAULT_PARAMS, tp_comm_overlap=0.3)
+    kept = params_for_stack(stack, measured, keep=("tp_comm_overlap",))
+    assert kept.tp_comm_overlap == 0.3 and kept.pp_comm_overlap == stack.param_values()["pp_comm_overlap"]
+
+
+def test_attention_efficiency_applies_to_its_generation_only():
+    stack = get_stack("megatron-core")
+    h100, a100 = GPUS["h100-sxm"], GPUS["a100-80g"]
+    assert generation_of("h100-sxm") == "h100" and generation_of("cpu") is None
+    assert stack.gpu(h100).attention_efficiency == stack.attention_efficiency["h100"].value
+    assert stack.gpu(h100).attention_efficiency != h100.attention_efficiency
+    assert stack.gpu(a100) == a100  # no A100 number in the file: the preset's stays
+
+
+@pytest.mark.parametrize("text, words", [
+    ('name = "x"\nsummary = "y"\ncolour = 1\n', "unknown key(s) colour"),
+    ('name = "x"\nsummary = "y"\n[params]\nelementwise_passes = { value = 20 }\n', "params.elementwise_passes must be"),
+    ('name = "x"\nsummary = "y"\n[params]\nelementwise_passes = { value = 20, source = " " }\n', "needs a source"),
+    ('name = "x"\nsummary = "y"\n[params]\ngemm_efficiency = { value = 1, source = "z" }\n', "not one a stack may set"),
+    ('name = "x"\nsummary = "y"\n[params]\ndp_overlap = { value = -1, source = "z" }\n', "must be a number >= 0"),
+    ('name = "x"\nsummary = "y"\n[defaults]\nzero = { value = 5, source = "z" }\n', "defaults.zero=5"),
+    ('name = "x"\nsummary = "y"\n[attention_efficiency]\nh100 = { value = 1.5, source = "z" }\n', "(0, 1]"),
+    ('name = "x"\nsummary = "y"\nruntime = "jax"\n', "runtime='jax'"),
+    ('name = "x"\nsummary = "y"\ncp_impls = ["warp"]\n', "cp_impls="),
+    ('name = "x"\nsummary = \n', "not valid TOML"),
+])
+def test_a_wrong_stack_file_is_one_error_naming_file_and_key(tmp_path, text, words):
+    path = tmp_path / "mine.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(PlaitError) as caught:
+        read_stack(path)
+    assert str(path) in str(caught.value) and words in str(caught.value)
+
+
+def test_a_stack_by_path_and_an_unknown_name(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('name = "mine"\nsummary = "my fork"\n[params]\npp_comm_overlap = { value = 0.5, source = '
+                    '"measured on our cluster"}\n', encoding="utf-8")
+    assert get_stack(str(path)).param_values() == {"pp_comm_overlap": 0.5}
+    with pytest.raises(PlaitError, match="unknown stack 'nemo-9'.*megatron-core"):
+        get_stack("nemo-9")
