@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from plait.errors import PlaitError
 from plait.plan.cost import bubble_fraction
+from plait.plan.terms.items import STAGE_WORK_ITEMS
 
 FORWARD, BACKWARD, BUBBLE = "forward", "backward", "bubble"
 DRAWN_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -159,8 +160,7 @@ def plan_microbatch_times(plan) -> tuple[float, float]:
     if fraction > 0 and step.bubble > 0:
         per_mb = step.bubble / (fraction * m)
     else:
-        per_mb = (step.compute + step.elementwise + step.recompute + step.tp_comm + step.cp_comm
-                  + step.pp_comm) / m
+        per_mb = sum(getattr(step, name) for name in STAGE_WORK_ITEMS) / m
     recompute = step.recompute / m
     base = max(per_mb - recompute, 1e-12)
     chunk = 1.0 / layout.vpp

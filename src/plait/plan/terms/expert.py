@@ -1,0 +1,23 @@
+"""Mixture of experts: the dispatch and combine all-to-all of the stage's MoE layers, per micro-batch,
+with the fixed routing cost per MoE layer (``plait.plan.moe.timing``). Seconds."""
+
+from __future__ import annotations
+
+from plait.plan.moe.memory import stage_layer_split
+from plait.plan.moe.timing import moe_comm_layer
+from plait.plan.params import CostParams
+from plait.spec.hardware import ClusterSpec
+from plait.spec.layout import Layout
+from plait.spec.model import ModelSpec
+
+
+def ep_microbatch(model: ModelSpec, cluster: ClusterSpec, lay: Layout, tokens: float, seq_len: int,
+                  layers: int, n_ckpt: int, params: CostParams) -> float:
+    """Forward and backward all-to-all of each MoE layer, plus ``moe_layer_overhead_s``, and the
+    forward's again for the fully recomputed layers; 0 for a dense model."""
+    if model.moe is None:
+        return 0.0
+    moe_layers = stage_layer_split(model, lay, layers)[1]
+    a2a_fwd, a2a_bwd = moe_comm_layer(model, cluster, lay, tokens, seq_len, params)
+    recomputed = n_ckpt * a2a_fwd * moe_layers / layers if lay.ckpt == "full" else 0.0
+    return moe_layers * (a2a_fwd + a2a_bwd + params.moe_layer_overhead_s) + recomputed
