@@ -128,3 +128,35 @@ def test_a_plan_for_another_stack_is_not_saved_for_plait_train(tmp_path, capsys)
     path = tmp_path / "plan.json"
     assert main([*NEMO_FP8[:-1], "--stack", "megatron-core", "--save", str(path)]) == 2
     assert "plait train runs plait's own" in capsys.readouterr().err and not path.exists()
+
+
+def test_megatron_keeps_fp8_linear_inputs_and_one_swiglu_output():
+    """Megatron's fused SwiGLU keeps fc1's output and fc2's input (the torch runtime also keeps
+    silu(gate)); under fp8 Transformer Engine keeps each linear layer's input as a 1-byte copy."""
+    from plait.plan.activations import TE_FP8_SAVED_INPUTS, layer_items
+
+    model, lay = LLAMA8B, Layout(dp=1, tp=2, mbs=1)
+    s, h, f, q = 4096, LLAMA8B.hidden, LLAMA8B.ffn_hidden, LLAMA8B.q_hidden
+    torch_items = layer_items(model, lay, s, runtime="torch")
+    megatron = layer_items(model, lay, s, runtime="megatron")
+    assert torch_items["mlp_act_out"] == 2 * 2 * s * f / 2 and megatron["mlp_act_out"] == 2 * s * f / 2
+    fp8 = layer_items(model, dataclasses.replace(lay, precision="fp8"), s, runtime="megatron")
+    expected_bytes_per_element = {"attn_norm_output": h / 2, "attn_out": q / 2, "mlp_norm_output": h / 2,
+                                  "mlp_act_out": f / 2}  # sp: tp=2 shards the replicated items too
+    for key in TE_FP8_SAVED_INPUTS:
+        assert fp8[key] == pytest.approx(1.0 * s * expected_bytes_per_element[key]), key
+    assert {k: v for k, v in fp8.items() if k not in TE_FP8_SAVED_INPUTS} == \
+        {k: v for k, v in megatron.items() if k not in TE_FP8_SAVED_INPUTS}
+    torch_fp8 = layer_items(model, dataclasses.replace(lay, precision="fp8"), s, runtime="torch")
+    assert torch_fp8 == torch_items  # plait's runtime is counted in its own dtype (its memory-truth tests)
+
+
+def test_the_h100_layouts_megatron_bridge_ran_are_predicted_to_fit():
+    """NVIDIA ran these on 80 GB H100s (Megatron-Bridge 25.09-26.06, Llama 3 70B / 3.1 405B, fp8)."""
+    from plait.measure.published import SHIPPED_RUNS, predict_row, read_runs
+
+    rows = [r for r in read_runs(SHIPPED_RUNS[1]) if r["id"].startswith("mbridge-") and "-h100-" in r["id"]]
+    assert len(rows) >= 6
+    for row in rows:
+        result = predict_row(row)
+        assert result.status == "ok", (row["id"], result.status, result.predicted_mem_gb)

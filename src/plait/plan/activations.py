@@ -107,7 +107,7 @@ from __future__ import annotations
 import math
 
 from plait.plan.moe.memory import adjust_layer_items
-from plait.spec.layout import Layout
+from plait.spec.layout import FP8_PRECISIONS, Layout
 from plait.spec.model import ModelSpec
 
 BF16 = 2
@@ -119,6 +119,13 @@ RUNTIMES = ("megatron", "torch")
 SELECTIVE_DROPS = {"attn_scores", "attn_probs", "attn_dropout_mask", "attn_dropout_out", "attn_lse", "attn_kv_repeat",
                    "attn_causal_mask", "attn_window_mask", "attn_softcap_tanh"}
 BALANCED_KEEPS = {"attn_norm_input", "mlp_norm_input", "q", "kv", "attn_out", "mlp_up"}
+
+
+# The inputs of a layer's linear layers (QKV, output projection, fc1, fc2): under fp8, mxfp8 or nvfp4
+# Transformer Engine (Megatron-Core, the ``megatron`` accounting) saves each for the weight-gradient
+# GEMM as the fp8 copy it computed with (its Linear and LayerNormLinear keep the quantized input), not
+# in bf16. plait's runtime (torchao's float8 linears) is counted in its own dtype.
+TE_FP8_SAVED_INPUTS = ("attn_norm_output", "attn_out", "mlp_norm_output", "mlp_act_out")
 
 
 def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None = None, *,
@@ -192,7 +199,9 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
     items["mlp_norm_output"] = e * sb * h / (1 if torch_sp else rep)  # input of the up-projection GEMM
     if model.arch == "llama":
         items["mlp_up"] = 2 * e * sb * f / t  # gate and up outputs
-        items["mlp_act_out"] = 2 * e * sb * f / t  # silu(gate) and silu(gate)·up
+        # plait's runtime (PyTorch ops) keeps silu(gate) and silu(gate)·up; Megatron's fused SwiGLU
+        # (bias_swiglu_fusion) recomputes silu in its backward, so only fc2's input stays
+        items["mlp_act_out"] = (2 if runtime == "torch" else 1) * e * sb * f / t
     else:
         items["mlp_up"] = e * sb * f / t  # GELU input
         items["mlp_act_out"] = e * sb * f / t  # GELU output = input of fc2
@@ -209,6 +218,10 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
         # fp32: plait's CPU runtime, whose composite RMSNorm also saves its normalized value x·rstd
         items["rmsnorm_normalized"] = norms * e * sb * h / rep + (
             e * sb * (q + kv) / t if model.qk_norm != "none" else 0.0)
+    if runtime == "megatron" and layout.precision in FP8_PRECISIONS:
+        for key in TE_FP8_SAVED_INPUTS:  # Transformer Engine keeps these as fp8 copies, one byte each
+            if key in items:
+                items[key] *= 1.0 / e
     if model.moe is not None or model.mla is not None:  # experts, MLA: the mean layer's items (plait.plan.moe.memory)
         items = adjust_layer_items(items, model, layout, seq_len, mbs, runtime, element_bytes)
     return items
