@@ -44,7 +44,7 @@ its norm output: 2·(2·r_q + 2·r_kv + d_rope) bytes per token, replicated).
 from __future__ import annotations
 
 from plait.plan.states import sharded_states
-from plait.spec.layout import Layout
+from plait.spec.layout import FP8_PRECISIONS, Layout
 from plait.spec.moe.parts import moe_layer_count
 from plait.spec.moe.counts import (attention_matmul_params, attention_other_params, dense_mlp_params,
                                    routed_expert_params, router_params)
@@ -118,8 +118,9 @@ def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None =
                           runtime: str = "torch", element_bytes: float = BF16) -> dict[str, float]:
     """Bytes one MoE block (router to combine, and the shared experts) saves for its backward, for
     one micro-batch, by item (module docstring; the 2-byte items are in the compute dtype,
-    ``element_bytes`` each). ``runtime`` is accepted for symmetry with
-    ``plait.plan.activations.layer_items``: both runtimes save the same tensors here."""
+    ``element_bytes`` each). ``runtime``: as ``plait.plan.activations.layer_items``; Megatron's
+    fused SwiGLU keeps one activation output per expert (fc2's input), and under fp8 Transformer
+    Engine keeps the experts' GEMM inputs as 1-byte copies (``TE_FP8_MOE_INPUTS``)."""
     e = element_bytes
     moe, h = model.moe, model.hidden
     tokens, routed = routed_tokens(model, layout, seq_len, mbs)
@@ -127,20 +128,30 @@ def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None =
     b = layout.mbs if mbs is None else mbs
     full = seq_len / layout.cp * b  # the shared experts see the gathered sequence, as a dense MLP
     shared = moe.n_shared * moe.shared_width / layout.tp
-    return {
+    act = 2 if runtime == "torch" else 1  # silu(gate) and the product, or fc2's input alone
+    items = {
         "moe_router_probs": FP32 * tokens * moe.n_experts,
         "moe_combine_weights": FP32 * tokens * moe.top_k,
         "moe_dispatched": e * routed * h,
         "moe_up": 2 * e * routed * f,
-        "moe_act_out": 2 * e * routed * f,
+        "moe_act_out": act * e * routed * f,
         "moe_expert_out": e * routed * h,
         "moe_shared_up": 2 * e * full * shared,
-        "moe_shared_act_out": 2 * e * full * shared,
+        "moe_shared_act_out": act * e * full * shared,
         "moe_topk_indices": INT64 * tokens * moe.top_k,
         "moe_topk_norm": FP32 * tokens * (moe.top_k + 1) if moe.norm_topk else 0.0,
         "moe_token_indices": 2 * INT64 * (tokens * moe.top_k + (routed if layout.ep > 1 else 0.0)),
         "moe_aux_fraction": FP32 * moe.n_experts if moe.aux_loss_coef else 0.0,
     }
+    if runtime == "megatron" and layout.precision in FP8_PRECISIONS:
+        for key in TE_FP8_MOE_INPUTS:
+            items[key] *= 1.0 / e
+    return items
+
+
+# the experts' GEMM inputs (fc1's: the dispatched tokens; fc2's: the activation output, routed and
+# shared) that Transformer Engine keeps as fp8 copies (``plait.plan.activations.TE_FP8_SAVED_INPUTS``)
+TE_FP8_MOE_INPUTS = ("moe_dispatched", "moe_act_out", "moe_shared_act_out")
 
 
 def dispatch_buffer_bytes(model, layout: Layout, seq_len: int, element_bytes: float = BF16) -> float:
