@@ -63,3 +63,16 @@ def _short(exc: Exception) -> str:
     """The first line of an exception's text, at most 200 characters (a PlaitError is one line)."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def toml_module(what: str):
+    """Python's TOML reader: ``tomllib`` (3.11+) or ``tomli`` (3.10, installed with plait there);
+    ``what`` names the file kind for the error when neither is importable."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            raise PlaitError(f"reading a {what} on Python 3.10 needs tomli: pip install tomli") from None
+    return tomllib

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.spec.hardware import GpuSpec
+from plait.spec.serialize import toml_module
 
 STACKS_DIR = Path(__file__).resolve().parents[1] / "data" / "stacks"
 DEFAULT_STACK = "plait"
@@ -138,20 +139,9 @@ def _cached(path: str) -> Stack:
     return _LOADED[path]
 
 
-def _toml():
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib
-        except ModuleNotFoundError:
-            raise PlaitError("reading a stack file on Python 3.10 needs tomli: pip install tomli") from None
-    return tomllib
-
-
 def read_stack(path: str | Path) -> Stack:
     """Read and check one stack file; every problem is one PlaitError naming the file and the key."""
-    toml = _toml()
+    toml = toml_module("stack file")
     try:
         data = toml.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from plait.cli.jobfile.flags import Flag, flags_of, lookup
 from plait.errors import PlaitError
+from plait.spec.serialize import toml_module
 
 MAX_BYTES = 1 << 20  # a job file is a few hundred bytes; a larger file is not one
 
@@ -30,17 +31,6 @@ def add_config_flags(parser: argparse.ArgumentParser, print_config: bool = False
         group.add_argument("--print-config", action="store_true",
                            help="check the run as --dry-run does (its report on stderr), then print the resolved job "
                                 "file (TOML) on stdout and exit; --config reads it back")
-
-
-def _toml():
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib
-        except ModuleNotFoundError:
-            raise PlaitError("reading a job file on Python 3.10 needs tomli: pip install tomli") from None
-    return tomllib
 
 
 def read_job_file(path: str, parser: argparse.ArgumentParser, command: str) -> dict[str, object]:
@@ -58,7 +48,7 @@ def read_job_file(path: str, parser: argparse.ArgumentParser, command: str) -> d
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PlaitError(f"--config {path}: cannot read it ({exc})") from None
-    tomllib = _toml()
+    tomllib = toml_module("job file")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
