@@ -126,5 +126,7 @@ def test_each_row_gets_its_sources_stack_and_a_stack_column_overrides_it():
     assert by_source["Megatron-Bridge (NVIDIA)"] == {"megatron-core"} == by_source["NeMo (NVIDIA)"]
     assert by_source["torchtitan"] == {"torchtitan"} and by_source["llm-foundry (MosaicML)"] == {"llm-foundry"}
     assert by_source["Megatron-LM, Narayanan et al. 2021"] == {"megatron-lm", "deepspeed"}
+    assert stack_of({"source": "Smith et al. 2022, Megatron-DeepSpeed MT-NLG 530B"})[0].name == "megatron-lm"
+    assert stack_of({"source": "a lab's blog"}) == (stack_of({"source": ""})[0], "source not known to run another stack")
     row = {"source": "pytorch/torchtitan", "stack": "megatron-core"}
     assert stack_of(row) == (stack_of({"source": "NVIDIA Megatron-Bridge"})[0], "the row's stack column")

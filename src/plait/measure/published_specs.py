@@ -142,6 +142,7 @@ SOURCE_STACKS = (
     (("narayanan", "korthikanti", "megatron-lm"), "megatron-lm"),
     (("torchtitan",), "torchtitan"),
     (("llm-foundry", "mosaicml"), "llm-foundry"),
+    (("megatron", "mt-nlg"), "megatron-lm"),  # any other Megatron (Megatron-DeepSpeed, MT-NLG): Megatron's own kernels
 )
 
 
