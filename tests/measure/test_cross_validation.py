@@ -82,6 +82,13 @@ def test_the_cli_cross_validates_a_small_file_and_refuses_a_calibration(tmp_path
     assert {s["source"] for s in out["sources"]} == {"torchtitan", "llm-foundry (MosaicML)"}
     assert main(["validate", "--cross-validate", "source", "--calibration", "x.json"]) == 2
     assert "drop --calibration" in capsys.readouterr().err
+    one = tmp_path / "one.csv"
+    with one.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(keep[:4])
+    assert main(["validate", "--runs", str(one), "--cross-validate", "source"]) == 2
+    assert "at least two sources" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="shared/data is not beside this clone")

@@ -138,9 +138,9 @@ def test_megatron_keeps_fp8_linear_inputs_and_one_swiglu_output():
     model, lay = LLAMA8B, Layout(dp=1, tp=2, mbs=1)
     s, h, f, q = 4096, LLAMA8B.hidden, LLAMA8B.ffn_hidden, LLAMA8B.q_hidden
     torch_items = layer_items(model, lay, s, runtime="torch")
-    megatron = layer_items(model, lay, s, runtime="megatron")
+    megatron = layer_items(model, lay, s, runtime="megatron-core")
     assert torch_items["mlp_act_out"] == 2 * 2 * s * f / 2 and megatron["mlp_act_out"] == 2 * s * f / 2
-    fp8 = layer_items(model, dataclasses.replace(lay, precision="fp8"), s, runtime="megatron")
+    fp8 = layer_items(model, dataclasses.replace(lay, precision="fp8"), s, runtime="megatron-core")
     expected_bytes_per_element = {"attn_norm_output": h / 2, "attn_out": q / 2, "mlp_norm_output": h / 2,
                                   "mlp_act_out": f / 2}  # sp: tp=2 shards the replicated items too
     for key in TE_FP8_SAVED_INPUTS:
@@ -160,3 +160,91 @@ def test_the_h100_layouts_megatron_bridge_ran_are_predicted_to_fit():
     for row in rows:
         result = predict_row(row)
         assert result.status == "ok", (row["id"], result.status, result.predicted_mem_gb)
+
+
+def test_split_ends_counts_the_embedding_and_the_loss_as_pipeline_layers():
+    """Megatron's account_for_embedding/loss_in_pipeline_split: Llama 3.1 405B's 126 layers + 2 on
+    pp·vpp = 128 virtual stages (one layer each; the first holds only the embedding, the last only
+    the loss), or 64 (two each)."""
+    from plait.spec.validate import rank_layers, stage_layer_counts, stage_layers
+
+    model = MODELS["llama3-405b"]
+    job = JobSpec(global_batch=1536, seq_len=8192)
+    lay = Layout(dp=4, tp=4, pp=16, vpp=8, mbs=1, zero=1, split="ends", schedule="interleaved-1f1b")
+    counts = stage_layer_counts(model, lay)
+    assert len(counts) == 128 and counts[0] == counts[-1] == 0 and set(counts[1:-1]) == {1}
+    assert sum(counts) == model.n_layers and stage_layers(model, lay) == 1
+    assert [rank_layers(model, lay, r) for r in (0, 1, 15)] == [7, 8, 7]
+    cluster = CLUSTERS["gb200-nvl72"].with_gpus(256)
+    assert not errors_of(validate(model, cluster, job, lay))
+    assert "runtime-split-ends" in {v.rule for v in runtime_violations(model, lay, job)}
+    wrong = dataclasses.replace(lay, vpp=5)  # 80 does not divide 128
+    assert "pp-divides-layers" in {v.rule for v in errors_of(validate(model, cluster, job, wrong))}
+    # the first rank holds a layer fewer than with an uneven split of the same stages, so less memory
+    from plait.plan.memory import rank_memory
+
+    uneven = dataclasses.replace(lay, vpp=4, split="uneven")
+    ends = dataclasses.replace(lay, vpp=4)
+    assert rank_memory(model, cluster, job, ends, 0).activations < rank_memory(model, cluster, job, uneven, 0).activations
+
+
+@pytest.mark.parametrize("stack", ["plait", "megatron-core", "megatron-lm", "torchtitan", "llm-foundry", "deepspeed"])
+def test_every_stack_prices_a_gpu_cp_layout_with_its_own_kernel_never_the_cpu_ring(stack, capsys):
+    from plait.spec.stack import get_stack
+
+    argv = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "128",
+            "--seq-len", "8192", "--layout", "dp=4,cp=2,mbs=1,zero=1", "--stack", stack, "--json"]
+    main(argv)
+    import json
+
+    layout = json.loads(capsys.readouterr().out)[0]["layout_string"]
+    kernel = Layout.parse(layout).cp_impl
+    assert kernel in get_stack(stack).cp_impls and kernel != "ring", layout
+
+
+def test_a_cpu_profile_gets_the_exact_ring(tmp_path, capsys):
+    import json
+
+    calibration = tmp_path / "cpu.json"
+    calibration.write_text(json.dumps({"format": "plait-calibration/1", "device": "cpu", "params": {},
+                                       "gpu_overrides": {"element_bytes": 4.0}}), encoding="utf-8")
+    main(["plan", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8", "--seq-len",
+          "512", "--layout", "dp=4,cp=2,mbs=1", "--calibration", str(calibration), "--json"])
+    assert Layout.parse(json.loads(capsys.readouterr().out)[0]["layout_string"]).cp_impl == "ring"
+    main(["plan", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8", "--seq-len",
+          "512", "--layout", "dp=4,cp=2,mbs=1", "--json"])  # the same without the profile: the GPU's kernel
+    assert Layout.parse(json.loads(capsys.readouterr().out)[0]["layout_string"]).cp_impl == "torch"
+
+
+def test_transformer_engines_memory_is_megatron_cores_only():
+    from plait.plan.activations import layer_items
+
+    fp8 = Layout(dp=1, tp=2, mbs=1, precision="fp8")
+    core = layer_items(LLAMA8B, fp8, 4096, runtime="megatron-core")
+    old = layer_items(LLAMA8B, fp8, 4096, runtime="megatron")  # Megatron-LM 2021-22, deepspeed
+    assert sum(core.values()) < sum(old.values())
+    assert old == layer_items(LLAMA8B, dataclasses.replace(fp8, precision="bf16"), 4096, runtime="megatron")
+
+
+def test_send_recv_hides_only_in_the_interleaved_schedule():
+    cluster, job = CLUSTERS["dgx-h100"].with_gpus(16), JobSpec(global_batch=128, seq_len=4096)
+    params = dataclasses.replace(DEFAULT_PARAMS, pp_comm_overlap=0.9)
+    one_f_one_b = Layout(dp=4, pp=4, mbs=1, zero=1)
+    assert estimate_step(LLAMA13B, cluster, job, one_f_one_b, params).pp_comm == \
+        estimate_step(LLAMA13B, cluster, job, one_f_one_b).pp_comm
+
+
+def test_validate_keeps_what_a_calibration_measured():
+    from plait.measure.published import SHIPPED_RUNS, read_runs
+    from plait.measure.published_specs import row_specs
+
+    row = next(r for r in read_runs(SHIPPED_RUNS[1]) if r["id"] == "mbridge-2602-h100-llama3-70b-fp8")
+    measured = dataclasses.replace(DEFAULT_PARAMS, tp_comm_overlap=0.3)
+    assert row_specs(row, [], measured).params.tp_comm_overlap == 0.3
+    assert row_specs(row, []).params.tp_comm_overlap == 0.8  # the megatron-core stack's
+
+
+def test_no_plait_train_marks_on_another_stacks_plan(capsys):
+    main([*NEMO_FP8[:-2], "dp=4,pp=4,vpp=10,mbs=1,zero=1,precision=fp8,split=ends", "--stack", "megatron-core"])
+    out = capsys.readouterr().out
+    assert "*" not in out.split("How sure")[0] and "plait train does not run" not in out

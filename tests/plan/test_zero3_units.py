@@ -13,7 +13,8 @@ import dataclasses
 import pytest
 
 from plait.plan import comm
-from plait.plan.cost import _groups, _zero3_stages, estimate_step
+from plait.plan.cost import _groups, estimate_step
+from plait.plan.terms.data import zero3_stages as _zero3_stages
 from plait.plan.kernels import layer_times
 from plait.plan.memory import stage_params
 from plait.plan.params import DEFAULT_PARAMS

@@ -58,6 +58,8 @@ def test_attention_efficiency_applies_to_its_generation_only():
     ('name = "x"\nsummary = "y"\n[params]\ngemm_efficiency = { value = 1, source = "z" }\n', "not one a stack may set"),
     ('name = "x"\nsummary = "y"\n[params]\ndp_overlap = { value = -1, source = "z" }\n', "must be a number >= 0"),
     ('name = "x"\nsummary = "y"\n[defaults]\nzero = { value = 5, source = "z" }\n', "defaults.zero=5"),
+    ('name = "x"\nsummary = "y"\n[defaults]\nzero = { value = 1.0, source = "z" }\n', "defaults.zero=1.0"),
+    ('name = "x"\nsummary = "y"\n[defaults]\ncp_impl = { value = "p2p", source = "z" }\n', "not one of its cp_impls"),
     ('name = "x"\nsummary = "y"\n[attention_efficiency]\nh100 = { value = 1.5, source = "z" }\n', "(0, 1]"),
     ('name = "x"\nsummary = "y"\nruntime = "jax"\n', "runtime='jax'"),
     ('name = "x"\nsummary = "y"\ncp_impls = ["warp"]\n', "cp_impls="),
@@ -78,3 +80,18 @@ def test_a_stack_by_path_and_an_unknown_name(tmp_path):
     assert get_stack(str(path)).param_values() == {"pp_comm_overlap": 0.5}
     with pytest.raises(PlaitError, match="unknown stack 'nemo-9'.*megatron-core"):
         get_stack("nemo-9")
+
+
+def test_a_stack_number_out_of_range_is_refused_when_applied(tmp_path):
+    path = tmp_path / "slow.toml"
+    path.write_text('name = "slow"\nsummary = "s"\n[params]\nmicrobatch_overhead_s = { value = 1e9, source = "x" }\n',
+                    encoding="utf-8")
+    with pytest.raises(PlaitError, match="microbatch_overhead_s=1000000000.0"):
+        params_for_stack(get_stack(str(path)))
+
+
+def test_only_the_built_in_file_is_plaits_own_stack(tmp_path):
+    assert get_stack("plait").is_plait and not get_stack("megatron-core").is_plait
+    path = tmp_path / "plait.toml"
+    path.write_text('name = "plait"\nsummary = "my copy"\n', encoding="utf-8")
+    assert not get_stack(str(path)).is_plait  # a user's file named plait does not run in plait train

@@ -19,6 +19,7 @@ from plait.cli import (
     plan,
     profile,
     report,
+    stacks,
     sweep,
     train,
     validate,
@@ -27,7 +28,8 @@ from plait.cli.support import common
 
 # name -> module, in the order of ``plait --help``
 COMMANDS = {"plan": plan, "validate": validate, "train": train, "profile": profile, "calibrate": calibrate,
-            "data": data, "export": export, "models": models, "clusters": clusters, "sweep": sweep, "report": report}
+            "data": data, "export": export, "models": models, "clusters": clusters,
+            "stacks": stacks, "sweep": sweep, "report": report}
 
 
 def build_parser() -> argparse.ArgumentParser:

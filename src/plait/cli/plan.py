@@ -10,7 +10,6 @@ import sys
 from plait.cli.support.common import console, cost_params
 from plait.cli.jobfile.read import add_config_flags
 from plait.errors import PlaitError
-from plait.spec.stack import DEFAULT_STACK
 
 HELP = "rank layouts by predicted throughput, or evaluate one"
 
@@ -75,7 +74,7 @@ def run(args) -> int:
     job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
     params, cluster = cost_params(args.calibration, cluster)
     stack, params, cluster = _for_stack(args, params, cluster)
-    runtime = stack.runtime
+    runtime, own = stack.runtime, stack.is_plait  # another stack's layouts are priced for that software
     tokens = None
     if args.tokens is not None:
         from plait.spec.units import parse_token_count
@@ -101,7 +100,7 @@ def run(args) -> int:
         title = f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name}: given layout, completed"
         stats = f"searched {completion.evaluated:,} layouts with the given keys"
     elif args.layout is not None:
-        layout, completed = _stack_defaults(args.layout, stack, cluster)
+        layout, completed = _stack_defaults(args.layout, stack, model, cluster, job, params)
         plans = [evaluate(model, cluster, job, layout, params, runtime)]
         title = f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name}: given layout"
         stats = ""
@@ -114,12 +113,9 @@ def run(args) -> int:
             allow_offload=not args.no_offload)
         if args.schedule:
             Layout(schedule=args.schedule)  # validates the name
-        own = stack.name == DEFAULT_STACK  # another stack's layouts are ranked for that software
         result = search(model, cluster, job, constraints, params, runnable=own and not args.any_runtime,
                         headroom=headroom, runtime=runtime, cp_impls=stack.cp_impls)
         plans = require_plans(model, cluster, job, result, constraints)
-        if not own:  # plait train's rules say nothing about another stack's layouts
-            plans = [dataclasses.replace(p, runtime_violations=()) for p in plans]
         which = ("fitting layouts" if args.any_runtime else "fitting layouts that plait train runs") if own else \
             f"fitting layouts, priced for {stack.name} ({stack.summary})"
         title = (f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name} ({cluster.name}), global batch "
@@ -132,11 +128,13 @@ def run(args) -> int:
                       "(--any-runtime shows them)")
         if constraints.fixed:
             completed = _searched_note(plans[0].layout, dict(constraints.fixed))
+    if not own:  # plait train's rules say nothing about another stack's layouts
+        plans = [dataclasses.replace(p, runtime_violations=()) for p in plans]
+        if args.layout is not None:
+            title += f", priced for {stack.name}"
     best = plans[0]
-    if stack.name != DEFAULT_STACK and not (args.layout is None or args.complete) and not completed:
-        title += f", priced for {stack.name}"
     if args.save:
-        if stack.name != DEFAULT_STACK:
+        if not own:
             raise PlaitError(f"not saving: --stack {stack.name} prices the layout for that software, and plait train "
                              "runs plait's own (plan again without --stack, or with --stack plait, to save)")
         if not best.runnable and not args.any_runtime:
@@ -166,7 +164,7 @@ def run(args) -> int:
                   "(fragmentation, NCCL buffers, unfused-kernel temporaries are not all in the formula)"
                   + ("; no layout fits with the headroom" if args.layout is None or args.complete else "")
                   + "[/yellow]")
-    unrunnable = [p for p in plans[: args.top] if not p.runnable] if stack.name == DEFAULT_STACK else []
+    unrunnable = [p for p in plans[: args.top] if not p.runnable]
     if unrunnable:
         out.print("* plait train does not run this layout yet: "
                   + "; ".join(sorted({v.message for p in unrunnable for v in p.runtime_violations})))
@@ -185,33 +183,38 @@ def run(args) -> int:
 
 
 def _for_stack(args, params, cluster):
-    """(the stack, the cost parameters with its numbers, the cluster with its kernel rates); a
-    calibration's own numbers (measured) win over the stack's."""
-    import dataclasses
-
-    from plait.plan.params import DEFAULT_PARAMS, params_for_stack
+    """(the stack, the cost parameters with its numbers, the cluster with its kernel rates); what a
+    calibration measured (its cost parameters, its GPU's attention efficiency) wins over the stack's."""
+    from plait.plan.params import measured_fields, params_for_stack
     from plait.spec.stack import get_stack
 
     stack = get_stack(args.stack)
-    measured = tuple(f.name for f in dataclasses.fields(params) if getattr(params, f.name) != getattr(DEFAULT_PARAMS, f.name))
-    params = params_for_stack(stack, params, keep=measured if args.calibration else ())
-    if not args.calibration:
+    params = params_for_stack(stack, params, keep=measured_fields(params))
+    measured_gpu = ()
+    if args.calibration:
+        from plait.plan.calibration import read_calibration
+
+        measured_gpu = dict(read_calibration(args.calibration).gpu_overrides)
+    if "attention_efficiency" not in measured_gpu:
         cluster = dataclasses.replace(cluster, gpu=stack.gpu(cluster.gpu))
     return stack, params, cluster
 
 
-def _stack_defaults(text: str, stack, cluster):
+def _stack_defaults(text: str, stack, model, cluster, job, params):
     """(the ``--layout`` with the stack's defaults for the keys it leaves out, a note of what was assumed).
-    A context-parallel kernel left out is the stack's own on a GPU and the exact ring on a CPU profile."""
-    import dataclasses
-
+    A context-parallel kernel left out is the stack's own (its default, else the fastest of its
+    ``cp_impls``) on a GPU, and the exact ring on a CPU (a profile's 4-byte compute dtype)."""
     from plait.plan.complete import given_keys
+    from plait.plan.context.choice import fastest_cp_impl
     from plait.spec.layout import Layout
 
     layout, given = Layout.parse(text), given_keys(text)
     defaults = dict(stack.default_values())
-    if cluster.gpu.name == "cpu":
-        defaults["cp_impl"] = "ring"
+    if layout.cp > 1 and "cp_impl" not in given:
+        if cluster.gpu.element_bytes >= 4:
+            defaults["cp_impl"] = "ring"
+        elif "cp_impl" not in defaults:
+            defaults["cp_impl"] = fastest_cp_impl(model, cluster, job, layout, params, stack.cp_impls)
     relevant = {"cp_impl": layout.cp > 1, "sp": layout.tp > 1, "zero": layout.dp * layout.cp > 1, "ckpt": True}
     assumed = {k: v for k, v in defaults.items() if k not in given and relevant.get(k, True) and getattr(layout, k) != v}
     if not assumed:

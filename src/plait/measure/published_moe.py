@@ -136,8 +136,8 @@ NVL72_GPUS_PER_DOMAIN = 64  # GB200 NVL72: a 72-GPU NVLink domain, of which jobs
 
 
 def nvlink_domain(row: dict, gpu_name: str, notes: list[str]) -> int | None:
-    """GPUs per NVLink domain of a GB200 row: NVL72's rack (64 of its 72 GPUs per job, or the whole job
-    when smaller), whatever ``gpus_per_node`` says (the recipes' 4 is the compute tray: its GPUs reach
+    """GPUs per NVLink domain of a GB200 row: NVL72's rack (64 of its 72 GPUs per job; a job whose
+    size 64 does not divide, 8), whatever ``gpus_per_node`` says (the recipes' 4 is the compute tray: its GPUs reach
     the rest of the rack over NVLink too); None for other GPUs (the row's own value or the default)."""
     if gpu_name != "gb200":
         return None

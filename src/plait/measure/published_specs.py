@@ -33,7 +33,7 @@ from plait.measure.published_moe import (MoERowError, is_moe_row, moe_given, moe
 from plait.plan.activations import BF16, layer_items
 from plait.plan.complete import complete
 from plait.plan.memory import MemoryBreakdown, in_flight_microbatches
-from plait.plan.params import DEFAULT_PARAMS, CostParams, params_for_stack
+from plait.plan.params import DEFAULT_PARAMS, CostParams, measured_fields, params_for_stack
 from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_gpu
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
@@ -234,7 +234,7 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
     cluster = cluster_for_gpu(gpu.name, n_gpus, per_node)
     stack, why = stack_of(row)
     notes.append(f"stack {stack.name} ({why})")
-    params = params_for_stack(stack, params)
+    params = params_for_stack(stack, params, keep=measured_fields(params))  # a calibration's numbers win
     if generation_of(gpu.name) in stack.attention_efficiency:
         cluster = replace(cluster, gpu=stack.gpu(cluster.gpu))
         notes.append(f"attention: {stack.attention_kernel}, {cluster.gpu.attention_efficiency:g} of the peak")
@@ -249,7 +249,8 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
     adjust = memory_of if op_level else None
     open_knobs = [k for k in ("tp", "pp", "dp", "cp", "mbs", "zero", "ckpt", "sp", "vpp") if k not in given]
     if not open_knobs:
-        layout = Layout(**given, split="even" if model.n_layers % (given["pp"] * given["vpp"]) == 0 else "uneven")
+        split = given.pop("split", None) or ("even" if model.n_layers % (given["pp"] * given["vpp"]) == 0 else "uneven")
+        layout = Layout(**given, split=split)
     else:
         try:
             completion = complete(model, cluster, job, given, params, runtime=runtime, memory_of=adjust,
@@ -286,6 +287,14 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str], sta
         given["schedule"] = "interleaved-1f1b" if given["vpp"] > 1 else "1f1b"
     elif given.get("pp") == 1:
         given.update(vpp=1, schedule="1f1b")
+    if "pp" in given and given["pp"] > 1:  # Megatron counting the embedding and the loss as pipeline layers
+        chunks = given["pp"] * given.get("vpp", 1)
+        stated = "account_for_embedding" in (row.get("notes") or "")
+        if stated or (stack.name == "megatron-core" and model.n_layers % chunks and (model.n_layers + 2) % chunks == 0):
+            given["split"] = "ends"
+            notes.append("split=ends: the embedding and the loss take one pipeline layer's place each ("
+                         + ("the notes" if stated else "pp·vpp divides n_layers + 2, as Megatron-Bridge's recipes "
+                            "set account_for_embedding/loss_in_pipeline_split") + ")")
     defaults = stack.default_values()
     text = (row.get("zero_stage") or "").strip()
     zero = zero_stage_of(text)
@@ -293,9 +302,10 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str], sta
         given["zero"] = zero[0]
         if not zero[1]:
             given["hsdp"] = 1
-    elif not_sharded(text) and "zero" in defaults:  # Megatron's DDP with its distributed optimizer
-        given["zero"] = min(2, defaults["zero"])
-        notes.append(f"zero_stage {text!r} (no FSDP): zero={given['zero']}, the {stack.name} stack's optimizer sharding")
+    elif not_sharded(text):  # DDP: Megatron's with its distributed optimizer (ZeRO-1), else plain (0)
+        given["zero"] = 1 if defaults.get("zero") == 1 else 0
+        notes.append(f"zero_stage {text!r} (no FSDP): zero={given['zero']}"
+                     + (f", the {stack.name} stack's distributed optimizer" if given["zero"] else ""))
     elif text:
         notes.append(f"zero_stage {text!r} not understood: searched")
     per_stage = -(-model.n_layers // given["pp"]) if "pp" in given else model.n_layers

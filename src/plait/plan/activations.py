@@ -34,6 +34,9 @@ Checkpoint policies, per checkpointed layer:
 
 Runtimes (``runtime=``): what a layer saves depends on the implementation, not only on the math.
   * ``"megatron"`` (default): Megatron-LM, as in Korthikanti et al. - the formulas above.
+  * ``"megatron-core"``: Megatron-Core with Transformer Engine, as ``megatron`` but with its fused
+    SwiGLU (one activation output kept) and, under fp8/mxfp8/nvfp4, the linear layers' inputs kept
+    as their low-precision copies (``TE_FP8_SAVED_INPUTS``, ``PRECISION_STORED_BYTES``).
   * ``"torch"``: plait's own runtime (``plait.run``: PyTorch modules, DTensor tensor parallelism),
     as measured tensor by tensor with saved-tensor hooks in tests/run/test_memory_truth.py. It
     differs from Megatron in two places:
@@ -107,14 +110,14 @@ from __future__ import annotations
 import math
 
 from plait.plan.moe.memory import adjust_layer_items
-from plait.spec.layout import FP8_PRECISIONS, Layout
+from plait.spec.layout import FP8_PRECISIONS, PRECISION_STORED_BYTES, Layout
 from plait.spec.model import ModelSpec
 
 BF16 = 2
 MASK = 1
 FP32 = 4
 
-RUNTIMES = ("megatron", "torch")
+RUNTIMES = ("megatron", "megatron-core", "torch")
 
 SELECTIVE_DROPS = {"attn_scores", "attn_probs", "attn_dropout_mask", "attn_dropout_out", "attn_lse", "attn_kv_repeat",
                    "attn_causal_mask", "attn_window_mask", "attn_softcap_tanh"}
@@ -126,6 +129,7 @@ BALANCED_KEEPS = {"attn_norm_input", "mlp_norm_input", "q", "kv", "attn_out", "m
 # GEMM as the fp8 copy it computed with (its Linear and LayerNormLinear keep the quantized input), not
 # in bf16. plait's runtime (torchao's float8 linears) is counted in its own dtype.
 TE_FP8_SAVED_INPUTS = ("attn_norm_output", "attn_out", "mlp_norm_output", "mlp_act_out")
+
 
 
 def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None = None, *,
@@ -199,9 +203,10 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
     items["mlp_norm_output"] = e * sb * h / (1 if torch_sp else rep)  # input of the up-projection GEMM
     if model.arch == "llama":
         items["mlp_up"] = 2 * e * sb * f / t  # gate and up outputs
-        # plait's runtime (PyTorch ops) keeps silu(gate) and silu(gate)·up; Megatron's fused SwiGLU
-        # (bias_swiglu_fusion) recomputes silu in its backward, so only fc2's input stays
-        items["mlp_act_out"] = (2 if runtime == "torch" else 1) * e * sb * f / t
+        # PyTorch's ops (plait's runtime, Megatron-LM 2021-22) keep silu(gate) and silu(gate)·up;
+        # Megatron-Core's fused SwiGLU (bias_swiglu_fusion) recomputes silu in its backward, so only
+        # fc2's input stays
+        items["mlp_act_out"] = (1 if runtime == "megatron-core" else 2) * e * sb * f / t
     else:
         items["mlp_up"] = e * sb * f / t  # GELU input
         items["mlp_act_out"] = e * sb * f / t  # GELU output = input of fc2
@@ -218,10 +223,10 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
         # fp32: plait's CPU runtime, whose composite RMSNorm also saves its normalized value x·rstd
         items["rmsnorm_normalized"] = norms * e * sb * h / rep + (
             e * sb * (q + kv) / t if model.qk_norm != "none" else 0.0)
-    if runtime == "megatron" and layout.precision in FP8_PRECISIONS:
-        for key in TE_FP8_SAVED_INPUTS:  # Transformer Engine keeps these as fp8 copies, one byte each
+    if runtime == "megatron-core" and layout.precision in FP8_PRECISIONS:
+        for key in TE_FP8_SAVED_INPUTS:  # Transformer Engine keeps these as low-precision copies
             if key in items:
-                items[key] *= 1.0 / e
+                items[key] *= PRECISION_STORED_BYTES[layout.precision] / e
     if model.moe is not None or model.mla is not None:  # experts, MLA: the mean layer's items (plait.plan.moe.memory)
         items = adjust_layer_items(items, model, layout, seq_len, mbs, runtime, element_bytes)
     return items

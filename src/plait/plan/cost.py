@@ -53,14 +53,14 @@ from plait.plan.kernels import head_time, layer_times
 from plait.plan.memory import stage_params
 from plait.plan.moe.timing import moe_layer_times
 from plait.plan.params import DEFAULT_PARAMS, CostParams
-from plait.plan.terms.data import dp_step, gradient_reductions, zero3_stages
+from plait.plan.terms.data import dp_step, gradient_reductions
 from plait.plan.terms.expert import ep_microbatch
 from plait.plan.terms.host import host_time, overhead_microbatch
 from plait.plan.terms.items import TIME_ITEM_NAMES
 from plait.plan.terms.offload import offload_microbatch
 from plait.plan.terms.optimizer import optimizer_step
 from plait.plan.terms.pipeline import BUBBLE_DIVISOR, bubble, bubble_fraction, pp_microbatch
-from plait.plan.terms.recompute import recompute_layer as recompute_per_layer
+from plait.plan.terms.recompute import recompute_layer
 from plait.plan.terms.tensor import tp_layer
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import GroupPlacement, JobSpec, Layout, group_of
@@ -70,7 +70,6 @@ from plait.spec.validate import stage_layers
 
 # the terms' names this module has always exported (tests and callers import them from here)
 __all__ = ["StepBreakdown", "estimate_step", "bubble_fraction", "gradient_reductions", "host_time", "BUBBLE_DIVISOR"]
-_zero3_stages = zero3_stages
 
 
 @dataclass(frozen=True)
@@ -163,15 +162,15 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     # per layer: tensor parallel, the context-parallel exchange, recomputation
     tp_one_way, tp_per_layer = tp_layer(cluster, groups["tp"], lay, act_bytes, params)
     cp_per_layer = sum(cp_exchange(model, cluster, groups["cp"], lay, tokens, times.attn_fwd, times.attn_bwd, params))
-    recompute_layer = recompute_per_layer(lay, times, tp_one_way)
+    recompute_per_layer = recompute_layer(lay, times, tp_one_way)
     # per micro-batch on the slowest stage
     kernels_mb = layers * (times.gemm_fwd * 3 + times.attn_fwd + times.attn_bwd)
     elementwise_mb = layers * 3 * times.elementwise_fwd
     # the LM head stays bf16 under fp8/mxfp8: plait's runtime (torchao) converts only the blocks' linears
     head_mb = head_time(model, gpu, params, tokens, lay.tp, "bf16", lay.loss)
-    recompute_mb = n_ckpt * recompute_layer
+    recompute_mb = n_ckpt * recompute_per_layer
     tp_mb, cp_mb = layers * tp_per_layer, layers * cp_per_layer
-    offload_mb = offload_microbatch(model, cluster, lay, job.seq_len, layers, times, params)
+    offload_mb = offload_microbatch(model, cluster, lay, job.seq_len, layers, times, params, runtime)
     pp_mb = pp_microbatch(cluster, groups["pp"], lay, act_bytes, params)
     ep_mb = ep_microbatch(model, cluster, lay, tokens, job.seq_len, layers, n_ckpt, params)
     overhead_mb, host_ends = overhead_microbatch(params, lay, layers, n_ckpt)
@@ -183,7 +182,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     # per step
     fill_drain = bubble(lay, m, average_mb)
     local = max(stage_params(model, lay).values())
-    dp_comm = dp_step(model, cluster, groups, lay, m, layers, times, local, recompute_mb, recompute_layer, n_ckpt,
+    dp_comm = dp_step(model, cluster, groups, lay, m, layers, times, local, recompute_mb, recompute_per_layer, n_ckpt,
                       head_mb, params)
     optimizer, offload_step = optimizer_step(model, cluster, lay, local, layers, params)
 

@@ -49,7 +49,7 @@ UNFUSED_NORM_KERNELS = {"llama": 8, "gpt": 11}
 #   megatron (fused scale-mask-softmax kernel, bf16): scores read 2, probabilities written 2,
 #     plus 2 for the mask = 6 forward; twice that backward (the published runs without
 #     FlashAttention, tests/measure).
-EAGER_SOFTMAX_BYTES = {"torch": (29.0, 33.0), "megatron": (6.0, 12.0)}
+EAGER_SOFTMAX_BYTES = {"torch": (29.0, 33.0), "megatron": (6.0, 12.0), "megatron-core": (6.0, 12.0)}
 EAGER_DROPOUT_BYTES = 5.0
 # Context parallelism (plait.plan.context.exchange's docstring): plait's own ring kernel (cp_impl=ring,
 # plait.run.parallel.context.ops) materializes fp32 scores per block. Bytes per score element beyond

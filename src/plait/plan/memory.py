@@ -68,7 +68,7 @@ from plait.plan.states import ddp_accumulation_bytes, gradients_at_peak, sharded
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import LOSS_CHUNK_TOKENS, JobSpec, Layout
 from plait.spec.model import ModelSpec
-from plait.spec.validate import stage_layers
+from plait.spec.validate import rank_layers, stage_layers
 
 # items outside the allocator's count: CUDA context, NCCL buffers, fragmentation reserve
 OVERHEAD_ITEMS = ("cuda_context", "comm_buffers", "fragmentation")
@@ -212,7 +212,9 @@ def activation_bytes(model: ModelSpec, layout: Layout, job: JobSpec, in_flight: 
     ``stage``: the pipeline rank (how many of its layers offload depends on it). ``element_bytes``:
     bytes per element of the compute dtype (``GpuSpec.element_bytes``).
     """
-    per_stage_layers = stage_layers(model, layout) * layout.vpp
+    # split=ends: the first and last ranks hold a layer fewer (the embedding's and the loss's places)
+    per_stage_layers = rank_layers(model, layout, stage) if layout.split == "ends" else \
+        stage_layers(model, layout) * layout.vpp
     per_layer, moved = stage_layer_bytes(model, layout, job.seq_len, per_stage_layers, stage, runtime=runtime,
                                          element_bytes=element_bytes)
     offloaded = sum(moved) * in_flight
@@ -342,8 +344,10 @@ def rank_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: La
 
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
                     params: CostParams = DEFAULT_PARAMS, runtime: str = "torch") -> MemoryBreakdown:
-    """Peak memory of the most loaded GPU (the larger of the first and last stages)."""
-    ranks = (0,) if layout.pp == 1 else (0, layout.pp - 1)
+    """Peak memory of the most loaded GPU (the larger of the first and last stages; with split=ends also
+    the second, which keeps nearly the first's micro-batches in flight with a layer more)."""
+    ranks = (0,) if layout.pp == 1 else tuple(sorted({0, 1, layout.pp - 1})) if layout.split == "ends" else \
+        (0, layout.pp - 1)
     return max((rank_memory(model, cluster, job, layout, r, params, runtime) for r in ranks), key=lambda m: m.total)
 
 

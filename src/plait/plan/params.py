@@ -32,9 +32,9 @@ class CostParams:
         partly fused implementation (fitted on the published runs).
     tp_comm_overlap: fraction of the backward tensor-parallel communication hidden behind the
         weight-gradient GEMMs (Megatron's async all-reduce / torch's async TP).
-    pp_comm_overlap: fraction of the pipeline send/recv hidden behind the stage's compute (0: plait's
-        runtime waits for each transfer; Megatron-Core's interleaved schedule posts them early,
-        ``overlap_p2p_comm``).
+    pp_comm_overlap: fraction of the interleaved schedule's (vpp > 1) pipeline send/recv hidden behind
+        the stage's compute (0: plait's runtime waits for each transfer; Megatron-Core posts them
+        early, ``overlap_p2p_comm``, which it runs only with virtual stages).
     dp_overlap: fraction of the backward (or forward, for ZeRO-3 gathers) compute time during
         which data-parallel communication can run hidden.
     overlap_slowdown: compute slowdown while a collective shares the SMs and HBM with it.
@@ -180,8 +180,9 @@ EFFICIENCY = Range(0.0, 1.0, low_ok=False)  # fractions of a peak (a zero would 
 # Per-field bounds of CostParams (a field not named here - e.g. one added later - must be >= 0).
 PARAM_RANGES: dict[str, Range] = {
     "gemm_half_flops": NON_NEGATIVE,
-    "flash_backward_factor": POSITIVE,
-    "elementwise_passes": NON_NEGATIVE,
+    "flash_backward_factor": Range(0.0, 20.0, low_ok=False),
+    "elementwise_passes": Range(0.0, 1000.0),
+    "fp8_cast_passes": Range(0.0, 1000.0),
     "tp_comm_overlap": FRACTION,
     "pp_comm_overlap": FRACTION,
     "dp_overlap": FRACTION,
@@ -193,8 +194,8 @@ PARAM_RANGES: dict[str, Range] = {
     "optimizer_bytes_per_param": NON_NEGATIVE,
     "cpu_adam_params_per_s": POSITIVE,
     "disk_bandwidth": POSITIVE,
-    "step_overhead_s": NON_NEGATIVE,
-    "microbatch_overhead_s": NON_NEGATIVE,
+    "step_overhead_s": Range(0.0, 600.0),
+    "microbatch_overhead_s": Range(0.0, 10.0),
     "cuda_context_bytes": NON_NEGATIVE,
     "comm_buffer_bytes": NON_NEGATIVE,
     "fragmentation": Range(0.0, 1.0),
@@ -220,6 +221,12 @@ def check_ranges(key: str, values: dict, ranges: dict[str, Range]) -> None:
            for name, value in values.items() if not ranges.get(name, NON_NEGATIVE).holds(value)]
     if bad:
         raise PlaitError(f"{key} out of range: {'; '.join(bad)}")
+
+
+def measured_fields(params: CostParams) -> tuple[str, ...]:
+    """The fields of ``params`` that differ from the defaults (what a calibration measured or a fit set):
+    a stack's numbers never replace them (``params_for_stack``)."""
+    return tuple(f.name for f in dataclasses.fields(params) if getattr(params, f.name) != getattr(DEFAULT_PARAMS, f.name))
 
 
 def params_for_stack(stack, base: CostParams = DEFAULT_PARAMS, keep: tuple[str, ...] = ()) -> CostParams:

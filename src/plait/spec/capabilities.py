@@ -26,7 +26,7 @@ NOT_RUN_YET = {
 }
 
 RUNTIME_RULES = (
-    "runtime-cp-with-pp", "runtime-cp-p2p", "runtime-cp-dropout", "runtime-compile-cp", "runtime-compile-offload",
+    "runtime-cp-with-pp", "runtime-cp-p2p", "runtime-split-ends", "runtime-cp-dropout", "runtime-compile-cp", "runtime-compile-offload",
     "runtime-opt-offload", "runtime-compile-tp-ckpt", "runtime-fp8", "runtime-mxfp8-tp", "runtime-tied-embeddings-pp",
     "runtime-seq-len", "runtime-compile-zero-bubble", "runtime-async-tp-device", "runtime-async-tp-compile",
     "runtime-async-tp-sp", "runtime-attn-softcap", "runtime-qk-norm-tp", "runtime-norm-position-sp",
@@ -43,6 +43,9 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
     if lay.cp > 1 and lay.cp_impl == "p2p":
         out.append(("runtime-cp-p2p", "cp_impl=p2p is Transformer Engine's ring (Megatron-Core), planned but not run by "
                     "plait train; use cp_impl=torch (PyTorch's ring of fused kernels)"))
+    if lay.split == "ends" and lay.pp > 1:
+        out.append(("runtime-split-ends", "split=ends (the embedding and the loss as pipeline layers, Megatron's "
+                    "split) is planned but not run by plait train; use split=even or uneven"))
     if lay.cp > 1 and model.dropout:
         out.append(("runtime-cp-dropout", f"cp={lay.cp}: context-parallel attention has no dropout, but model "
                     f"{model.name} uses dropout; use cp=1 or a model without dropout"))

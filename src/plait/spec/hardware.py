@@ -218,8 +218,8 @@ class ClusterSpec:
 #   chip with HBM2e: same peak, less bandwidth, clocks lowered by the power cap (derated efficiencies).
 #   GB200 (NVL72 datasheet, per Blackwell GPU): 2.5 PFLOP/s bf16, 5 fp8, 10 fp4 (1440 PFLOP/s sparse FP4
 #   / 72 / 2), 186 GB HBM3e (13.4 TB / 72)
-#   8 TB/s, NVLink5 1.8 TB/s bidirectional. plait models its 72-GPU NVLink domain as 8-GPU nodes
-#   (conservative for collectives that would stay inside NVLink).
+#   8 TB/s, NVLink5 1.8 TB/s bidirectional; its 72-GPU NVLink domain is modelled as nodes of 64 (what
+#   jobs use of a rack).
 #   MI300X: 1307 TFLOP/s bf16, 2615 fp8 dense, 192 GB HBM3 5.3 TB/s, 7 Infinity Fabric links of
 #   64 GB/s per direction to the other 7 GPUs (448 GB/s per GPU; AMD MI300X datasheet).
 #   V100 SXM2: 125 TFLOP/s fp16 tensor (no bf16: fp16 is its mixed precision), 32 or 16 GB HBM2 900 GB/s,
@@ -238,6 +238,10 @@ class ClusterSpec:
 _A100 = dict(gemm_efficiency=0.74, attention_efficiency=0.35)
 _H100 = dict(gemm_efficiency=0.65, attention_efficiency=0.22)
 _H100_500W = dict(gemm_efficiency=0.55, attention_efficiency=0.19)
+# GPU generations (what a software stack's kernel rates are given for: ``plait.spec.stack``), by preset
+GPU_GENERATIONS = {"a100": ("a100-40g", "a100-80g", "a800", "a100-80g-pcie"),
+                   "h100": ("h100-sxm", "h100-96g-500w", "h800", "h200", "h100-pcie", "h100-nvl"),
+                   "b200": ("b200", "gb200")}
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in [
@@ -284,10 +288,11 @@ CLUSTERS: dict[str, ClusterSpec] = {
         ClusterSpec("pcie-a100", GPUS["a100-80g-pcie"], 8, 32 * GB, 25 * GB, host_link_bandwidth=25 * GB),
         ClusterSpec("pcie-h100", GPUS["h100-pcie"], 8, 64 * GB, 50 * GB, host_link_bandwidth=50 * GB),
         ClusterSpec("pcie-h100-nvl", GPUS["h100-nvl"], 8, 64 * GB, 50 * GB, host_link_bandwidth=50 * GB),
-        # GB200 NVL72 as 8-GPU NVLink5 groups, one 400 Gb/s NIC per GPU.
+        # GB200 NVL72: one NVLink5 domain per rack, of which jobs use 64 GPUs (plait.measure.published_moe.
+        # nvlink_domain reads published GB200 runs the same way), one 400 Gb/s NIC per GPU.
         # host link: NVLink-C2C between each Grace CPU and its two Blackwell GPUs, 900 GB/s bidirectional
         # per superchip (GB200 NVL72 datasheet): 225 GB/s per GPU and direction, not PCIe
-        ClusterSpec("gb200-nvl72", GPUS["gb200"], 8, 900 * GB, 50 * GB, host_link_bandwidth=225 * GB),
+        ClusterSpec("gb200-nvl72", GPUS["gb200"], 64, 900 * GB, 50 * GB, host_link_bandwidth=225 * GB),
         # 8x MI300X (OAM, Infinity Fabric mesh), one 400 Gb/s NIC per GPU.
         ClusterSpec("mi300x-8", GPUS["mi300x"], 8, 448 * GB, 50 * GB, host_link_bandwidth=50 * GB),
         ClusterSpec("dgx1-v100", GPUS["v100-32g"], 8, 150 * GB, 12.5 * GB, host_link_bandwidth=12 * GB,

@@ -38,6 +38,9 @@ PRECISIONS = ("bf16", "fp8", "mxfp8", "nvfp4")
 # GEMMs below bf16: fp8 and mxfp8 at the fp8 peak, nvfp4 (NVIDIA's 4-bit with a scale per 16 elements,
 # B200/GB200) at the fp4 peak; plait's runtime runs fp8 and mxfp8 (torchao), the planner prices all three
 FP8_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
+# bytes per element of a tensor stored in each low precision, its scales included: fp8 1; mxfp8 1 and
+# an e8m0 scale per 32 elements; nvfp4 4 bits and an fp8 scale per 16 elements
+PRECISION_STORED_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1.0 / 32, "nvfp4": 0.5 + 1.0 / 16}
 ATTENTION_KERNELS = ("flash", "sdpa", "eager")
 NORM_KERNELS = ("fused", "unfused")
 LOSS_KERNELS = ("fused", "unfused")
@@ -46,7 +49,7 @@ CP_IMPLS = ("ring", "allgather", "torch", "ulysses", "p2p")
 # the context-parallel kernels plait's runtime runs (``p2p``, Transformer Engine's ring, is planned only)
 RUNTIME_CP_IMPLS = ("ring", "allgather", "torch", "ulysses")
 PARALLEL_DIMS = ("tp", "cp", "dp", "pp")
-SPLITS = ("even", "uneven")
+SPLITS = ("even", "uneven", "ends")
 MOE_OVERLAPS = ("none", "shared", "chunked")
 
 
@@ -119,8 +122,10 @@ class Layout:
                                aliases=tuple(SCHEDULE_ALIASES.items()),
                                default_from=lambda values: _default_schedule(values.get("vpp", 1)),
                                default_doc="1f1b (interleaved-1f1b when vpp > 1)")
-    split: str = layout_key("even", "choice", "`even` (pp·vpp divides n_layers) or `uneven` (the most loaded "
-                            "stage takes the ceiling)", choices=SPLITS)
+    split: str = layout_key("even", "choice", "`even` (pp·vpp divides n_layers), `uneven` (the most loaded "
+                            "stage takes the ceiling) or `ends` (Megatron's account_for_embedding/loss_in_pipeline_"
+                            "split: the embedding and the loss each take one layer's place, pp·vpp divides "
+                            "n_layers + 2; planned, not run by plait train)", choices=SPLITS)
     offload: float = layout_key(0.0, "fraction", "fraction α of the first stage's layers whose activations go to "
                                 "host memory (`cpu:α`) or local disk (`disk:α`); later stages offload less",
                                 parse=_parse_offload, format=_format_offload,

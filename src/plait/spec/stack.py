@@ -30,27 +30,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.spec.hardware import GpuSpec
+from plait.spec.hardware import GPU_GENERATIONS as GENERATIONS, GpuSpec
+from plait.spec.layout import CKPT_POLICIES, CP_IMPLS, RUNTIME_CP_IMPLS
 from plait.spec.serialize import toml_module
 
 STACKS_DIR = Path(__file__).resolve().parents[1] / "data" / "stacks"
 DEFAULT_STACK = "plait"
-RUNTIMES = ("torch", "megatron")
+RUNTIMES = ("torch", "megatron", "megatron-core")
 # Cost parameters a stack may set: each describes what the software does (kernels it fuses, what it
 # overlaps, what it launches per micro-batch), never what the hardware can (``plait.plan.params``).
 STACK_PARAMS = ("elementwise_passes", "tp_comm_overlap", "pp_comm_overlap", "dp_overlap", "microbatch_overhead_s",
                 "step_overhead_s", "fp8_gemm_efficiency", "fp8_cast_passes", "zero3_collective_bandwidth",
                 "flash_backward_factor", "fragmentation")
 # Layout knobs a stack fills in when a run does not state them, and the values each may take.
-STACK_DEFAULTS = {"zero": (0, 1, 2, 3), "ckpt": ("none", "selective", "full"), "sp": (True, False),
-                  "cp_impl": ("ring", "allgather", "torch", "ulysses", "p2p")}
-# GPU generations a stack's kernel efficiencies are given for, and the presets of each.
-GENERATIONS = {"a100": ("a100-40g", "a100-80g", "a800", "a100-80g-pcie"),
-               "h100": ("h100-sxm", "h100-96g-500w", "h800", "h200", "h100-pcie", "h100-nvl"),
-               "b200": ("b200", "gb200")}
+STACK_DEFAULTS = {"zero": (0, 1, 2, 3), "ckpt": CKPT_POLICIES, "sp": (True, False), "cp_impl": CP_IMPLS}
 _TOP_KEYS = {"name", "summary", "runtime", "attention_kernel", "attention_efficiency", "params", "defaults", "cp_impls"}
-# the context-parallel kernels of plait's runtime (``plait.spec.layout.RUNTIME_CP_IMPLS``), a stack's default
-_TORCH_CP_IMPLS = ("ring", "allgather", "torch", "ulysses")
+
 
 
 @dataclass(frozen=True)
@@ -69,7 +64,8 @@ class Stack:
         name: how ``--stack`` and published rows name it.
         summary: one line for people.
         runtime: whose saved activations and pipeline buffers the memory model counts: ``torch``
-            (PyTorch modules, torch.distributed.pipelining) or ``megatron`` (Megatron-LM/Core).
+            (PyTorch modules, torch.distributed.pipelining), ``megatron`` (Megatron-LM 2021-22) or
+            ``megatron-core`` (Megatron-Core with Transformer Engine: ``plait.plan.activations``).
         attention_kernel: the fused attention kernel it runs, in words.
         attention_efficiency: {GPU generation: fraction of the bf16 peak its attention forward reaches};
             a generation not listed keeps the GPU preset's.
@@ -86,8 +82,13 @@ class Stack:
     attention_efficiency: dict = field(default_factory=dict, hash=False, compare=False)
     params: dict = field(default_factory=dict, hash=False, compare=False)
     defaults: dict = field(default_factory=dict, hash=False, compare=False)
-    cp_impls: tuple[str, ...] = _TORCH_CP_IMPLS
+    cp_impls: tuple[str, ...] = RUNTIME_CP_IMPLS
     path: str = ""
+
+    @property
+    def is_plait(self) -> bool:
+        """Whether this is plait's own stack (the built-in file), whose layouts plait train runs."""
+        return Path(self.path).resolve() == (STACKS_DIR / f"{DEFAULT_STACK}.toml").resolve()
 
     def param_values(self) -> dict[str, float]:
         return {name: float(item.value) for name, item in self.params.items()}
@@ -168,13 +169,16 @@ def read_stack(path: str | Path) -> Stack:
             raise PlaitError(f"{where}: params.{name}={item.value!r} must be a number >= 0")
     defaults = _sourced_table(data, "defaults", tuple(STACK_DEFAULTS), where)
     for name, item in defaults.items():
-        if item.value not in STACK_DEFAULTS[name] or isinstance(item.value, bool) != isinstance(STACK_DEFAULTS[name][0], bool):
+        if item.value not in STACK_DEFAULTS[name] or type(item.value) is not type(STACK_DEFAULTS[name][0]):
             allowed = ", ".join(repr(v) for v in STACK_DEFAULTS[name])
             raise PlaitError(f"{where}: defaults.{name}={item.value!r} must be one of {allowed}")
-    cp_impls = data.get("cp_impls", list(_TORCH_CP_IMPLS))
+    cp_impls = data.get("cp_impls", list(RUNTIME_CP_IMPLS))
     allowed = STACK_DEFAULTS["cp_impl"]
     if not isinstance(cp_impls, list) or not cp_impls or any(i not in allowed for i in cp_impls):
         raise PlaitError(f"{where}: cp_impls={cp_impls!r} must be a non-empty list of {', '.join(allowed)}")
+    if "cp_impl" in defaults and defaults["cp_impl"].value not in cp_impls:
+        raise PlaitError(f"{where}: defaults.cp_impl={defaults['cp_impl'].value!r} is not one of its cp_impls "
+                         f"({', '.join(cp_impls)})")
     return Stack(name=data["name"].strip(), summary=data["summary"].strip(), runtime=runtime,
                  attention_kernel=str(data.get("attention_kernel", "")), attention_efficiency=efficiency,
                  params=params, defaults=defaults, cp_impls=tuple(cp_impls), path=str(path))

@@ -31,9 +31,19 @@ def _fmt(values: list[int], most: int = 8) -> str:
 
 
 def stage_layers(model: ModelSpec, layout: Layout) -> int:
-    """Transformer layers in the most loaded virtual stage (ceiling for split=uneven)."""
+    """Transformer layers in the most loaded virtual stage (ceiling for split=uneven; for split=ends
+    a middle stage's share of n_layers + 2)."""
     chunks = layout.pp * layout.vpp
+    if layout.split == "ends":
+        return -(-(model.n_layers + 2) // chunks)
     return -(-model.n_layers // chunks)
+
+
+def rank_layers(model: ModelSpec, layout: Layout, rank: int) -> int:
+    """Transformer layers pipeline rank ``rank`` holds over its ``vpp`` virtual stages (rank r runs
+    stages r, r + pp, r + 2·pp, ...)."""
+    counts = stage_layer_counts(model, layout)
+    return sum(counts[v * layout.pp + rank] for v in range(layout.vpp))
 
 
 def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
@@ -42,9 +52,16 @@ def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
     ``split=even`` gives every stage n_layers / (pp·vpp). ``split=uneven`` gives every stage the
     floor and hands the remaining layers one each to the middle stages first, then to the first
     stage (which also holds the token embedding), and the last stage (which also runs the LM
-    head, the most expensive non-layer work) last. The most loaded stage has ``stage_layers``.
+    head, the most expensive non-layer work) last. The most loaded stage has ``stage_layers``. ``split=ends`` (Megatron's accounting of the
+    embedding and the loss as one layer each) gives every stage (n_layers + 2) / (pp·vpp) places,
+    the first stage's first taken by the embedding and the last stage's last by the loss.
     """
     chunks = layout.pp * layout.vpp
+    if layout.split == "ends":
+        counts = [(model.n_layers + 2) // chunks] * chunks
+        counts[0] -= 1
+        counts[-1] -= 1
+        return counts
     base, extra = divmod(model.n_layers, chunks)
     counts = [base] * chunks
     order = list(range(1, chunks - 1)) + [0, chunks - 1] if chunks > 1 else [0]
@@ -87,7 +104,12 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
         error("tp-divides-ffn", f"tp={lay.tp} does not divide ffn_hidden={model.ffn_hidden}")
     # ---- pipeline
     chunks = lay.pp * lay.vpp
-    if chunks > model.n_layers:
+    if lay.split == "ends":
+        if (model.n_layers + 2) % chunks or chunks < 2:
+            error("pp-divides-layers", f"split=ends needs pp·vpp ({chunks}) >= 2 to divide n_layers + 2 = "
+                  f"{model.n_layers + 2} (the embedding and the loss take one layer's place each); "
+                  f"pp·vpp that would: {_fmt([d for d in divisors(model.n_layers + 2) if d >= 2])}")
+    elif chunks > model.n_layers:
         error("pp-layers", f"pp·vpp = {chunks} stages but the model has only n_layers={model.n_layers}")
     elif model.n_layers % chunks and lay.split == "even":
         what = f"pp={lay.pp}" if lay.vpp == 1 else f"pp·vpp = {lay.pp}·{lay.vpp} = {chunks}"

@@ -229,7 +229,7 @@ def cross_validation_table(result) -> Table:
                          f"for each, {', '.join(result.names)} fitted on the others, its runs predicted"),
                   title_justify="left")
     for name, justify in (("source", "left"), ("rows", "right"), ("held out: median |err|", "right"),
-                          (f"within {WITHIN_POINTS:g} pts", "right"), ("in-sample median", "right")):
+                          (f"within {WITHIN_POINTS:g} pts", "right"), ("shipped defaults", "right")):
         table.add_column(name, justify=justify)
     for s in sorted(result.sources, key=lambda s: -s.rows):
         table.add_row(s.source, str(s.rows), f"{statistics.median(s.held_out):.1f}", f"{100 * within(s.held_out):.0f}%",

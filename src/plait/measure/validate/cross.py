@@ -19,6 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plait.errors import PlaitError
 from plait.measure.calibrate.fit import FitProblem, minimize, usable_cases
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 
@@ -44,8 +45,9 @@ def code_base(source: str) -> str:
 
 @dataclass
 class SourceAccuracy:
-    """One held-out source: its rows' |MFU error| in points with the shipped defaults (in-sample) and
-    with the fit made without it (held out), and that fit's parameters."""
+    """One held-out source: its rows' |MFU error| in points with the shipped defaults (``in_sample``:
+    in-sample for the first batch's sources, whose rows chose them) and with the fit made without it
+    (held out), and that fit's parameters."""
 
     source: str
     in_sample: list[float]
@@ -91,6 +93,9 @@ def cross_validate(paths: list[str | Path], names: tuple[str, ...] = FIT_PARAMS,
     groups: dict[str, list] = {}
     for case in cases:
         groups.setdefault(code_base(case.source), []).append(case)
+    if len(groups) < 2:
+        raise PlaitError(f"leaving a source out needs runs of at least two sources; these are all from "
+                         f"{next(iter(groups))} (plait calibrate fit holds out by run instead)")
     notify = progress or (lambda text: None)
     out = []
     for source, members in groups.items():

@@ -44,7 +44,7 @@ its norm output: 2·(2·r_q + 2·r_kv + d_rope) bytes per token, replicated).
 from __future__ import annotations
 
 from plait.plan.states import sharded_states
-from plait.spec.layout import FP8_PRECISIONS, Layout
+from plait.spec.layout import FP8_PRECISIONS, PRECISION_STORED_BYTES, Layout
 from plait.spec.moe.parts import moe_layer_count
 from plait.spec.moe.counts import (attention_matmul_params, attention_other_params, dense_mlp_params,
                                    routed_expert_params, router_params)
@@ -128,7 +128,7 @@ def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None =
     b = layout.mbs if mbs is None else mbs
     full = seq_len / layout.cp * b  # the shared experts see the gathered sequence, as a dense MLP
     shared = moe.n_shared * moe.shared_width / layout.tp
-    act = 2 if runtime == "torch" else 1  # silu(gate) and the product, or fc2's input alone
+    act = 1 if runtime == "megatron-core" else 2  # fc2's input alone, or silu(gate) and the product too
     items = {
         "moe_router_probs": FP32 * tokens * moe.n_experts,
         "moe_combine_weights": FP32 * tokens * moe.top_k,
@@ -143,9 +143,9 @@ def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None =
         "moe_token_indices": 2 * INT64 * (tokens * moe.top_k + (routed if layout.ep > 1 else 0.0)),
         "moe_aux_fraction": FP32 * moe.n_experts if moe.aux_loss_coef else 0.0,
     }
-    if runtime == "megatron" and layout.precision in FP8_PRECISIONS:
+    if runtime == "megatron-core" and layout.precision in FP8_PRECISIONS:
         for key in TE_FP8_MOE_INPUTS:
-            items[key] *= 1.0 / e
+            items[key] *= PRECISION_STORED_BYTES[layout.precision] / e
     return items
 
 

@@ -13,15 +13,16 @@ from plait.spec.model import ModelSpec
 
 
 def offload_microbatch(model: ModelSpec, cluster: ClusterSpec, lay: Layout, seq_len: int, layers: int,
-                       times: LayerTimes, params: CostParams) -> float:
+                       times: LayerTimes, params: CostParams, runtime: str = "torch") -> float:
     """Exposed seconds per micro-batch; 0 without offload. To disk: through host memory at the
-    lower of the host link and ``disk_bandwidth``."""
+    lower of the host link and ``disk_bandwidth``. ``runtime``: whose saved tensors move (the memory
+    model's, ``plait.plan.activations``)."""
     if lay.offload <= 0:
         return 0.0
     bandwidth = cluster.host_link_bandwidth
     if lay.offload_target == "disk":
         bandwidth = min(bandwidth, params.disk_bandwidth)
-    moved = sum(stage_layer_bytes(model, lay, seq_len, layers, 0, runtime="torch",
+    moved = sum(stage_layer_bytes(model, lay, seq_len, layers, 0, runtime=runtime,
                                   element_bytes=cluster.gpu.element_bytes)[1])
     transfer = moved / bandwidth
     return (exposed(transfer, layers * times.fwd, params, params.offload_overlap)

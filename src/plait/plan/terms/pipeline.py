@@ -22,11 +22,13 @@ def bubble_fraction(schedule: str, pp: int, micro_batches: int, vpp: int = 1) ->
 def pp_microbatch(cluster: ClusterSpec, group: GroupPlacement, lay: Layout, act_bytes: float,
                   params: CostParams) -> float:
     """Forward activations and backward gradients of one micro-batch, each virtual stage's (scattered
-    by tp or SP-sharded), beyond what the software hides (``pp_comm_overlap``); 0 at pp = 1."""
+    by tp or SP-sharded); with virtual stages, beyond what the software hides (``pp_comm_overlap``:
+    Megatron's overlap_p2p_comm works only in the interleaved schedule); 0 at pp = 1."""
     if lay.pp <= 1:
         return 0.0
     sent = act_bytes / (max(1, lay.tp))
-    return 2 * lay.vpp * comm.send_recv(cluster, group.spans_nodes, sent) * (1 - params.pp_comm_overlap)
+    hidden = params.pp_comm_overlap if lay.vpp > 1 else 0.0
+    return 2 * lay.vpp * comm.send_recv(cluster, group.spans_nodes, sent) * (1 - hidden)
 
 
 def bubble(lay: Layout, micro_batches: int, average_mb: float) -> float:
