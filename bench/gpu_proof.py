@@ -35,9 +35,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -50,6 +52,7 @@ ROOT = BENCH.parent
 sys.path[:0] = [str(BENCH), str(ROOT / "src")]
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_proof"
+DRY_LIMIT_SCALE = 3  # --dry-run: every limit x3: the tests' CPU is shared and slow
 KILL_GRACE_S = 5  # gpu_proof.sh: SIGTERM at limit - 5 s, SIGKILL at the limit
 TARGET_MFU, TARGET_SPEEDUP, TARGET_MEMORY, TARGET_SWEEP = 0.50, 1.3, 0.10, 0.10  # issue 35's targets
 SWEEP_MODEL, SWEEP_SEQ, SWEEP_BATCH = "llama3.2-1b", 2048, 8
@@ -76,6 +79,23 @@ STEPS = (
 )
 BUDGET_S = sum(step.limit_s for step in STEPS)
 assert BUDGET_S <= 510, BUDGET_S
+
+
+def effective_steps(dry_run: bool = False, environ=os.environ) -> tuple[Step, ...]:
+    """STEPS with the limits of a dry run (x ``DRY_LIMIT_SCALE``) and of ``GPU_PROOF_LIMITS=
+    "fast=200,sweep=150"`` (seconds as given: a slower GPU; the tests' timeout check); raises
+    ValueError with a one-line message on a bad value."""
+    text = environ.get("GPU_PROOF_LIMITS", "").strip()
+    limits = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in {step.name for step in STEPS}:
+            raise ValueError(f"GPU_PROOF_LIMITS: no step {name!r}")
+        if not value.isdigit() or int(value) < 6:
+            raise ValueError(f"GPU_PROOF_LIMITS: {item!r} needs whole seconds >= 6")
+        limits[name] = int(value)
+    scale = DRY_LIMIT_SCALE if dry_run else 1
+    return tuple(Step(step.name, limits.get(step.name, step.limit_s * scale), step.what) for step in STEPS)
 
 
 class Record:
@@ -161,42 +181,44 @@ def step_setup(record: Record, args) -> None:
     elif args.dry_run:
         record.check("setup: carried wheels", "skipped", f"skipped: dry run ({len(files)} wheels not installed)")
     else:
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
-                               *files], capture_output=True, text=True, timeout=12, check=False)
-        tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1]
-        record.check("setup: carried wheels", "ok" if proc.returncode == 0 else "failed",
-                     f"pip install --no-index {len(files)} wheels: exit {proc.returncode} {tail}",
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
+                                   *files], capture_output=True, text=True, timeout=12, check=False)
+            tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1]
+            status, detail = "ok" if proc.returncode == 0 else "failed", f"exit {proc.returncode}: {tail}"
+        except subprocess.TimeoutExpired:
+            status, detail = "failed", "pip did not finish in 12 s"
+        record.check("setup: carried wheels", status, f"pip install --no-index {len(files)} wheels: {detail}",
                      {"wheels": [Path(f).name for f in files]})
-    import torch
-
-    from gpu_proof_right import torchao_importable
-
     env = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-           "torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
-    for package in ("transformers", "torchao"):
+           "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    for package in ("torch", "transformers", "torchao"):
         try:
             env[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             env[package] = None
-    env["torchao_importable"] = torchao_importable() is None
+    env["torchao_found"] = importlib.util.find_spec("torchao") is not None  # imported by the fp8 runs only
     try:
         query = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                                capture_output=True, text=True, timeout=5, check=False)
         env["nvidia_smi"] = query.stdout.strip() or query.stderr.strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
         env["nvidia_smi"] = f"not available ({first_line(exc)})"
-    if torch.cuda.is_available():
-        env["device"] = torch.cuda.get_device_name(0)
-    record.data["numbers"] = env
-    record.save()
-    if args.dry_run:
+    if args.dry_run:  # torch's import (seconds on a loaded CPU) is left to the steps that use it
+        record.data["numbers"] = env
         record.check("setup: environment", "ok", f"dry run on the CPU; torch {env['torch']}", env)
         return
+    import torch
+
+    env.update(torch=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())
+    record.data["numbers"] = env
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"torch {env['torch']} sees no GPU; on a CPU box run bench/gpu_proof.sh --dry-run")
+    env["device"] = torch.cuda.get_device_name(0)
     env["gpu"] = resolve_gpu(record.path.parents[1], args.gpu, False)
     record.data["numbers"] = env
     record.check("setup: environment", "ok", f"{env['device']} ({env['gpu']}), {env['nvidia_smi']}, torch "
-                 f"{env['torch']}, CUDA {env['cuda']}, torchao {'yes' if env['torchao_importable'] else 'no'}", env)
+                 f"{env['torch']}, CUDA {env['cuda']}, torchao {env['torchao'] or 'no'}", env)
 
 
 def step_right(record: Record, args) -> None:
@@ -341,36 +363,101 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("steps", "run", "summary"),
-                        help="steps: the step table; run STEP: one step; summary: the table of results")
-    parser.add_argument("step", nargs="?", help="with run: one of " + ", ".join(RUNNERS))
+                        help="steps: the step table; run STEP...: steps (several: in this process, each under "
+                             "SIGALRM; the dry run); summary: the table of results")
+    parser.add_argument("steps", nargs="*", help="with run: of " + ", ".join(RUNNERS))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or DEFAULT_OUT))
     parser.add_argument("--gpu", help="GPU spec (h100-sxm, h200, ...); default: from the device name")
     parser.add_argument("--dry-run", action="store_true", help="the CPU, a tiny model, seconds")
     args = parser.parse_args(argv)
-    if args.command == "run" and args.step not in RUNNERS:
-        parser.error(f"run needs a step: one of {', '.join(RUNNERS)}")
+    wrong = [name for name in args.steps if name not in RUNNERS]
+    if args.command == "run" and (wrong or not args.steps):
+        parser.error(f"run needs steps of: {', '.join(RUNNERS)}")
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.command == "steps":
-        for step in STEPS:
-            print(step.name, step.limit_s, step.what)
-        return 0
-    if args.command == "summary":
-        from gpu_proof_report import write_summary
+class StepTimeout(BaseException):
+    """The step's time limit (less ``KILL_GRACE_S``) passed: SIGTERM from gpu_proof.sh's ``timeout``,
+    or SIGALRM when several steps run in one process. A BaseException, so that a step's own
+    ``except Exception`` does not swallow it; ``plait sweep`` stops its run on it."""
 
-        return write_summary(args.out, STEPS, args.dry_run)
-    record = Record(args.out, args.step, args.dry_run)
+
+def _time_limit(signum, frame):
+    raise StepTimeout(f"the step's time limit passed ({signal.Signals(signum).name})")
+
+
+def run_one(name: str, args) -> int:
+    """One step in this process: its record, then 0, 1 (it failed) or 124 (its time limit passed)."""
+    record = Record(args.out, name, args.dry_run)
     try:
-        RUNNERS[args.step](record, args)
-    except Exception as exc:  # noqa: BLE001 - the step's failure is its result; the next step still runs
+        if os.environ.get("GPU_PROOF_STALL") == name:  # the tests' timeout check: this step hangs
+            time.sleep(3600)
+        RUNNERS[name](record, args)
+    except StepTimeout as exc:
+        traceback.print_exc()
+        record.finish(f"{type(exc).__name__}: {exc}")
+        return 124
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the step's failure is its result; the next step runs
         traceback.print_exc()
         record.finish(first_line(exc))
         return 1
     record.finish()
     return 0 if record.data["status"] != "failed" else 1
+
+
+def run_in_process(names: list[str], limits: dict[str, int], args) -> int:
+    """Several steps one after the other in this process (the dry run: one import of torch instead
+    of one per step), each under SIGALRM at its limit less ``KILL_GRACE_S``, its output (also of the
+    processes it starts) in ``logs/STEP.log``, its exit status and seconds in ``steps/STEP.rc``."""
+    worst = 0
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    for name in names:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        start = time.perf_counter()
+        with open(args.out / "logs" / f"{name}.log", "w") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            signal.alarm(max(1, limits[name] - KILL_GRACE_S))
+            try:
+                code = run_one(name, args)
+            finally:
+                signal.alarm(0)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                for fd in saved:
+                    os.close(fd)
+        took = time.perf_counter() - start
+        (args.out / "steps" / f"{name}.rc").write_text(f"{code} {took:.1f}\n")
+        word = {0: "ok", 124: "TIMEOUT"}.get(code, f"FAILED (exit {code})")
+        print(f"{name:<14} {word} after {took:.1f} s (limit {limits[name]} s; log logs/{name}.log)", flush=True)
+        worst = max(worst, code)
+    return 1 if worst else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        steps = effective_steps(args.dry_run)
+    except ValueError as exc:
+        print(f"gpu_proof: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "steps":
+        for step in steps:
+            print(step.name, step.limit_s, step.what)
+        return 0
+    if args.command == "summary":
+        from gpu_proof_report import write_summary
+
+        return write_summary(args.out, steps, args.dry_run)
+    signal.signal(signal.SIGTERM, _time_limit)  # gpu_proof.sh's timeout: TERM 5 s before the limit
+    signal.signal(signal.SIGALRM, _time_limit)
+    if len(args.steps) == 1:
+        return run_one(args.steps[0], args)
+    return run_in_process(args.steps, {step.name: step.limit_s for step in steps}, args)
 
 
 if __name__ == "__main__":

@@ -190,7 +190,8 @@ def write_summary(out: Path, steps, dry_run: bool) -> int:
     lines = [f"# GPU proof{' (DRY RUN: CPU, tiny models; nothing here measures a GPU)' if dry_run else ''}", "",
              f"`bash bench/gpu_proof.sh{' --dry-run' if dry_run else ''}`, summary written {when}.", "",
              f"Machine: {machine}.", "",
-             f"Step limits add up to {budget} s ({budget / 60:.1f} min) including set-up.", "",
+             f"Step limits add up to {budget} s ({budget / 60:.1f} min) including set-up"
+             + (" (dry run: each limit x3 of the GPU run's)." if dry_run else "."), "",
              *_table(("step", "limit s", "took s", "result", "what / first error"), step_rows), "",
              *_table(("check", "result", "numbers"), check_rows), "",
              "Issue 35's targets for the first GPU run (reported, not asserted):", "",
