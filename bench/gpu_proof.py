@@ -17,11 +17,11 @@ Steps (limits in seconds; they add up to ``BUDGET_S`` = 510, 8.5 minutes, on an 
 
   setup          20  install wheels carried in bench/wheels/ (pip --no-index, only if the folder
                      exists), then record GPU, driver, torch, CUDA, transformers, torchao
-  right         100  llama-125m: CPU fp32 vs GPU fp32 losses within an arithmetic tolerance, no host
+  right         110  llama-125m: CPU fp32 vs GPU fp32 losses within an arithmetic tolerance, no host
                      sync in the loop, bf16 + compile + fused loss, fp8 if torchao (gpu_proof_right.py)
   fast          115  bench/train_gpu.py: 1.1B Llama at seq 4096, plait (default recipe) vs a plain HF
                      loop: tokens/s, MFU, peak memory vs the planner's prediction
-  fast_variants 120  bench/train_gpu.py --no-baseline with ckpt=full, offload=cpu:1, fp8 (torchao)
+  fast_variants 110  bench/train_gpu.py --no-baseline with ckpt=full, offload=cpu:1, fp8 (torchao)
   profile        50  bench/profile_gpu.py: plait profile (GEMM curve, attention, HBM) -> $OUT/calibrations/<gpu>.json
   sweep          95  bench/sweep_gpu.py: plait sweep of 5 one-GPU layouts of llama3.2-1b (mbs, ckpt,
                      offload, fp8), predicted vs measured, from the fresh profile and the shipped defaults
@@ -70,9 +70,9 @@ class Step:
 
 STEPS = (
     Step("setup", 20, "carried wheels, GPU, driver and versions"),
-    Step("right", 100, "fp32 GPU = CPU, no host sync, bf16 + compile + fused loss, fp8"),
+    Step("right", 110, "fp32 GPU = CPU, no host sync, bf16 + compile + fused loss, fp8"),
     Step("fast", 115, "1.1B Llama at seq 4096: plait vs a plain HF loop (bench/train_gpu.py)"),
-    Step("fast_variants", 120, "the same with ckpt=full, offload=cpu:1, fp8 (plait only)"),
+    Step("fast_variants", 110, "the same with ckpt=full, offload=cpu:1, fp8 (plait only)"),
     Step("profile", 50, "plait profile -> calibrations/<gpu>.json (bench/profile_gpu.py)"),
     Step("sweep", 95, "plait sweep of 5 layouts: fresh profile and shipped defaults (bench/sweep_gpu.py)"),
     Step("summary", 10, "the table (summary.md)"),
@@ -227,11 +227,11 @@ def step_right(record: Record, args) -> None:
     run_step(record, args.dry_run)
 
 
-def _train_gpu(out: Path, gpu: str, dry_run: bool, extra: list[str]) -> dict:
-    """bench/train_gpu.py in this process; the record of its run (train_gpu.json's last)."""
+def _train_gpu(out: Path, gpu: str, dry_run: bool, extra: list[str], label: str) -> dict:
+    """bench/train_gpu.py in this process, results in ``out/train_gpu/LABEL/``; the record of its run."""
     import train_gpu
 
-    folder = out / "train_gpu" / ("_".join(x.strip("-").replace(":", "") for x in extra) or "default")
+    folder = out / "train_gpu" / label
     argv = (["--smoke"] if dry_run else ["--gpu", gpu]) + [*extra, "--out", str(folder)]
     code = train_gpu.main(argv)
     if code != 0:
@@ -263,7 +263,7 @@ def _fast_detail(n: dict) -> str:
 def step_fast(record: Record, args) -> None:
     gpu = resolve_gpu(args.out, args.gpu, args.dry_run)
     extra = [] if args.dry_run else ["--steps", "8", "--warmup-steps", "3"]
-    numbers = _fast_numbers(_train_gpu(args.out, gpu, args.dry_run, extra))
+    numbers = _fast_numbers(_train_gpu(args.out, gpu, args.dry_run, extra, "default"))
     record.check("fast: plait vs HF loop", "ok", _fast_detail(numbers) + (" (dry run: CPU, tiny)" if args.dry_run
                                                                           else ""), numbers)
 
@@ -284,7 +284,8 @@ def step_fast_variants(record: Record, args) -> None:
             record.check(name, "skipped", f"skipped: {missing}")
             continue
         try:
-            numbers = _fast_numbers(_train_gpu(args.out, gpu, args.dry_run, [*extra, "--no-baseline", *steps]))
+            numbers = _fast_numbers(_train_gpu(args.out, gpu, args.dry_run, [*extra, "--no-baseline", *steps],
+                                               label.replace("=", "_").replace(":", "")))
             record.check(name, "ok", _fast_detail(numbers), numbers)
         except Exception as exc:  # noqa: BLE001 - one variant's failure (an OOM too) is its result
             traceback.print_exc()

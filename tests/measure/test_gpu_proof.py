@@ -65,7 +65,7 @@ def test_gpu_proof_dry_run(tmp_path):
     assert sweep["median_step_error_fresh"] is not None and sweep["median_step_error_defaults"] is not None
 
     text = (tmp_path / "summary.md").read_text()
-    assert "DRY RUN" in text and "| right | 300 |" in text and "n/a (dry run)" in text
+    assert "DRY RUN" in text and "| right | 330 |" in text and "n/a (dry run)" in text
     assert "mbs=2,ckpt=full | ok |" in text  # the sweep's predicted-vs-measured table
     assert (tmp_path / "logs" / "right.log").stat().st_size > 0
 
@@ -93,8 +93,8 @@ def test_summary_reports_failures_timeouts_and_the_rest(tmp_path, capsys):
     code = gpu_proof_report.write_summary(tmp_path, steps, dry_run=False)
     assert code == 1
     text = (tmp_path / "summary.md").read_text()
-    assert "| right | 100 | 12 | TIMEOUT | parts done before the limit: right: fp32 GPU vs CPU losses |" in text
-    assert "| fast_variants | 120 | 12 | FAILED | RuntimeError: boom |" in text
+    assert "| right | 110 | 12 | TIMEOUT | parts done before the limit: right: fp32 GPU vs CPU losses |" in text
+    assert "| fast_variants | 110 | 12 | FAILED | RuntimeError: boom |" in text
     assert "| profile | 50 | 12 | FAILED | exit 139: ValueError: the profile broke |" in text
     assert "| sweep | 95 | - | not run |" in text
     assert "| plait MFU >= 50% (1.1B, seq 4096) | 52.0% | met |" in text
@@ -145,7 +145,7 @@ def test_a_step_past_its_limit_is_reported_and_the_next_still_runs(tmp_path, dry
         assert fast["status"] == "failed" and fast["error"].startswith("RuntimeError: torch sees no GPU")
     text = (tmp_path / "summary.md").read_text()
     assert "| setup | 6 |" in text and "| TIMEOUT | parts done before the limit: none |" in text
-    assert f"| right | {300 if dry_run else 100} | - | not run |" in text
+    assert f"| right | {330 if dry_run else 110} | - | not run |" in text
 
 
 @pytest.mark.parametrize("args, env, message", [
