@@ -226,6 +226,8 @@ def run_step(record, dry_run: bool) -> None:
     s = settings(dry_run)
     spec = get_model(s["model"])
     cuda = not dry_run
+    if cuda and not torch.cuda.is_available():  # before the CPU reference's seconds
+        raise RuntimeError("torch sees no GPU (use --dry-run on a CPU box)")
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     no_gpu = "skipped: no GPU (dry run: the loop ran, nothing was checked)"
     where = f"{spec.name} ({spec.total_params() / 1e6:.0f}M), {s['global_batch']} x {s['seq_len']} tokens, " \
