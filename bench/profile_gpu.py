@@ -4,6 +4,8 @@
     python bench/profile_gpu.py --gpu h100-sxm  # when the device name is ambiguous
     python bench/profile_gpu.py --cpu           # the same code path on the CPU (gloo, --quick, tiny model)
     python bench/profile_gpu.py --cpu --full    # the interface form on the CPU: llama3-8b, no --quick (capped sizes)
+    python bench/profile_gpu.py --gpu h100-sxm --model llama3.2-1b --seq-len 2048 --nproc-per-node 1 \
+        --out DIR/h100-sxm.json --results DIR/profile_gpu.md   # bench/gpu_proof.sh's form
 
 Runs ``plait profile`` (the command that writes the committed calibration), then ``plait plan``
 for llama3-8b on one node with the defaults and with the new file, and appends a table (machine,
@@ -36,7 +38,7 @@ def plan(args: list[str]) -> dict:
     return json.loads(out.getvalue())[0]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", help="GPU preset when the device name is ambiguous")
     parser.add_argument("--cpu", action="store_true", help="run the code path on the CPU (quick, tiny model)")
@@ -44,27 +46,36 @@ def main() -> None:
                         "`plait profile --out cal.json` does on a CPU box)")
     parser.add_argument("--nproc-per-node", type=int, help="default: every GPU of the node (CPU: 2)")
     parser.add_argument("--out", help="calibration file (default calibrations/<gpu>.json)")
-    args = parser.parse_args()
+    parser.add_argument("--model", help="model whose shapes are profiled and planned (default llama3-8b; "
+                        "--cpu: tiny)")
+    parser.add_argument("--seq-len", type=int, help="planned sequence length (default: plait profile's; "
+                        "the plan below: 8192 on GPU, 256 on CPU)")
+    parser.add_argument("--quick", action="store_true", help="plait profile --quick on the GPU too")
+    parser.add_argument("--results", type=Path, help="markdown file the table is appended to (default "
+                        "bench/results/profile_gpu.md, or profile_cpu.md with --cpu)")
+    args = parser.parse_args(argv)
     from plait.cli import main as plait
 
-    model = "tiny" if args.cpu and not args.full else "llama3-8b"
+    model = args.model or ("tiny" if args.cpu and not args.full else "llama3-8b")
     out = Path(args.out or (ROOT / "calibrations" / f"{args.gpu or 'local'}.json"))
     command = ["profile", "--model", model, "--out", str(out)]
     command += (["--device", "cpu"] + ([] if args.full else ["--quick"])) if args.cpu else ["--device", "cuda"]
+    command += ["--quick"] if args.quick and not args.cpu else []
+    command += ["--seq-len", str(args.seq_len)] if args.seq_len else []
     command += ["--gpu", args.gpu] if args.gpu else []
     command += ["--nproc-per-node", str(args.nproc_per_node)] if args.nproc_per_node else []
     started = time.perf_counter()
     if plait(command) != 0:
         raise SystemExit("plait profile failed")
     elapsed = time.perf_counter() - started
-    model = "tiny" if args.cpu else model  # the plan below: tiny on a CPU profile (a CPU's RAM share is small)
+    model = args.model or ("tiny" if args.cpu else model)  # the plan below: tiny on a CPU profile (small RAM share)
     data = json.loads(out.read_text())
     if not args.out and data["gpu"] and out.name == "local.json":
         final = out.with_name(f"{data['gpu']}.json")
         out.rename(final)
         out = final
     n = data["machine"].get("nproc_per_node", 1)
-    seq = "256" if args.cpu else "8192"
+    seq = str(args.seq_len) if args.seq_len else ("256" if args.cpu else "8192")
     job = ["plan", "--model", model, "--cluster", "dgx-h100" if not data["gpu"] else _cluster(data["gpu"]),
            "--gpus", str(n), "--global-batch", str(8 * n), "--seq-len", seq, "--layout", f"dp={n},zero=3", "--json"]
     default, calibrated = plan(job), plan([*job, "--calibration", str(out)])
@@ -91,7 +102,8 @@ def main() -> None:
         lines.append(f"| {name} | {p['prediction']['step_time_s']:.4g} | {p['prediction']['mfu']:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    results = ROOT / "bench" / "results" / ("profile_cpu.md" if args.cpu else "profile_gpu.md")
+    results = args.results or ROOT / "bench" / "results" / ("profile_cpu.md" if args.cpu else "profile_gpu.md")
+    results.parent.mkdir(parents=True, exist_ok=True)
     if not results.exists():
         results.write_text("# plait profile results\n\nWritten by `python bench/profile_gpu.py`.\n")
     with results.open("a") as handle:

@@ -59,6 +59,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--grid", help=f"layout grid (default {GPU_GRID!r}; --cpu: the planner's top 3)")
     parser.add_argument("--top", type=int, help="the planner's top K instead of a grid")
+    parser.add_argument("--layout", action="append", help="a layout to run instead of a grid (repeatable)")
+    parser.add_argument("--nproc-per-node", type=int, help="processes (default 1; --cpu: 2)")
+    parser.add_argument("--repeats", type=int, help="plait sweep --repeats (default: plait sweep's)")
+    parser.add_argument("--min-time", type=float, help="plait sweep --min-time (default: plait sweep's)")
+    parser.add_argument("--results", type=Path, help="markdown file to write (default bench/results/"
+                        "sweep_gpu.md, or sweep_cpu.md with --cpu)")
     parser.add_argument("--calibration", help="calibration JSON for the predictions")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per layout")
     parser.add_argument("--report-dir", help="where the CSV and plait report go (default: $TMPDIR/plait-<name>)")
@@ -67,18 +73,24 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def sweep_argv(args, csv_path: Path) -> list[str]:
     if args.cpu:
-        model, batch, seq, steps, nproc = args.model or "tiny", args.global_batch or 8, args.seq_len or 64, \
-            args.steps or 3, "2"
+        model, batch, seq, steps = args.model or "tiny", args.global_batch or 8, args.seq_len or 64, \
+            args.steps or 3
         which = ["--grid", args.grid] if args.grid else ["--top", str(args.top or 3)]
+        nproc = str(args.nproc_per_node or 2)
         where = ["--device", "cpu"]
     else:
-        model, batch, seq, steps, nproc = args.model or "llama3.2-1b", args.global_batch or 16, \
-            args.seq_len or 2048, args.steps or 10, "1"
+        model, batch, seq, steps = args.model or "llama3.2-1b", args.global_batch or 16, \
+            args.seq_len or 2048, args.steps or 10
         which = ["--top", str(args.top)] if args.top else ["--grid", args.grid or GPU_GRID]
+        nproc = str(args.nproc_per_node or 1)
         where = ["--device", "cuda"] + (["--gpu", args.gpu] if args.gpu else [])
+    if args.layout:
+        which = [item for layout in args.layout for item in ("--layout", layout)]
     argv = ["sweep", "--model", model, "--nproc-per-node", nproc, "--global-batch", str(batch), "--seq-len",
             str(seq), "--steps", str(steps), *which, *where, "--timeout", str(args.timeout)]
     argv += ["--calibration", args.calibration] if args.calibration else []
+    argv += ["--repeats", str(args.repeats)] if args.repeats else []
+    argv += ["--min-time", str(args.min_time)] if args.min_time is not None else []
     return [*argv, "--out", str(csv_path)]
 
 
@@ -133,8 +145,10 @@ def run(argv=None) -> int:
     if not csv_path.is_file():
         return code or 2
     plait_main(["report", "--sweep", str(csv_path), "--out", str(report_dir)])
-    write_results(RESULTS / f"{name}.md", args, csv_path, command)
-    print(f"wrote {RESULTS / (name + '.md')}; report in {report_dir}")
+    md_path = args.results or RESULTS / f"{name}.md"
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    write_results(md_path, args, csv_path, command)
+    print(f"wrote {md_path}; report in {report_dir}")
     return code
 
 

@@ -34,7 +34,8 @@ a record to bench/results/train_gpu.json):
 or "H100 ... SXM" -> h100-sxm, "H200" -> h200; never PCIe/NVL/GH200 parts, whose peaks
 differ). Other options: ``--seq 4096 --mbs 4 --grad-accum 2 --steps 30 --warmup-steps 5``,
 ``--vocab 32000`` (128256 for the Llama-3 tokenizer), ``--model PRESET`` instead of the default
-untied 1.1B Llama, ``--no-baseline``, ``--no-compile``, ``--out DIR``.
+untied 1.1B Llama, ``--ckpt full``, ``--offload cpu:1`` (plait without compile), ``--precision fp8``
+(torchao), ``--no-baseline``, ``--no-compile``, ``--out DIR``.
 
 Smoke test without a GPU (tiny model, sequence 64, 2 steps, CPU, no compile, no MFU; writes
 nothing unless ``--out DIR`` is given):
@@ -475,6 +476,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup-steps", type=int, default=5, help="first steps left out of the medians")
     parser.add_argument("--ckpt", default="none", choices=["none", "selective", "full"])
+    parser.add_argument("--offload", help="activation offload of plait's run, e.g. cpu:1 (plait trains it "
+                        "without compile, which it refuses with offload; the baseline is unchanged)")
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp8", "mxfp8"],
+                        help="plait's GEMM precision (fp8: torchao; the baseline stays bf16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-compile", action="store_true", help="plait without torch.compile")
     parser.add_argument("--no-baseline", action="store_true")
@@ -485,6 +490,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.smoke:
         args.model, args.seq, args.mbs, args.grad_accum = "tiny", 64, 2, 2
         args.steps, args.warmup_steps, args.no_compile = 2, 1, True
+    if args.offload and not args.no_compile:
+        print("note: --offload: plait runs without torch.compile (plait train refuses compile with offload)")
+        args.no_compile = True
     if args.warmup_steps >= args.steps:
         parser.error(f"--warmup-steps {args.warmup_steps} leaves no step of {args.steps} to measure")
     return args
@@ -519,7 +527,10 @@ def main(argv: list[str] | None = None) -> int:
         gpu = gpu or inferred
     predict_gpu = gpu or "h100-sxm"  # CPU smoke: the prediction is computed only to exercise the code
     spec = model_spec(args.model, args.vocab, args.seq)
-    layout = Layout.parse(f"dp=1,mbs={args.mbs}" + (f",ckpt={args.ckpt}" if args.ckpt != "none" else ""))
+    extra = [f"ckpt={args.ckpt}"] if args.ckpt != "none" else []
+    extra += [f"offload={args.offload}"] if args.offload else []
+    extra += [f"precision={args.precision}"] if args.precision != "bf16" else []
+    layout = Layout.parse(",".join([f"dp=1,mbs={args.mbs}", *extra]))
     global_batch = args.mbs * args.grad_accum
     job = JobSpec(global_batch=global_batch, seq_len=args.seq)
     plan, plan_error = predict(spec, predict_gpu, job, layout)
