@@ -32,7 +32,7 @@ from plait.measure.published_moe import (MoERowError, is_moe_row, moe_given, moe
                                          moe_model_for_row)
 from plait.plan.activations import BF16, layer_items
 from plait.plan.complete import complete
-from plait.plan.memory import MemoryBreakdown, in_flight_microbatches
+from plait.plan.memory import MemoryBreakdown, estimate_memory, in_flight_microbatches
 from plait.plan.params import DEFAULT_PARAMS, CostParams, measured_fields, params_for_stack
 from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_gpu
 from plait.spec.layout import JobSpec, Layout
@@ -247,11 +247,21 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
         return op_level_memory(model, job, layout, memory, params, runtime)
 
     adjust = memory_of if op_level else None
+    assumed_ckpt = given.pop("_stack_ckpt", False)
     open_knobs = [k for k in ("tp", "pp", "dp", "cp", "mbs", "zero", "ckpt", "sp", "vpp") if k not in given]
+    layout = None
     if not open_knobs:
-        split = given.pop("split", None) or ("even" if model.n_layers % (given["pp"] * given["vpp"]) == 0 else "uneven")
-        layout = Layout(**given, split=split)
-    else:
+        split = given.get("split") or ("even" if model.n_layers % (given["pp"] * given["vpp"]) == 0 else "uneven")
+        layout = Layout(**dict(given, split=split))
+        if assumed_ckpt and not errors_of(validate(model, cluster, job, layout)) and \
+                not estimate_memory(model, cluster, job, layout, params, runtime=runtime).fits:
+            # the stack's recompute default is a library's; a recipe that does not fit without recompute
+            # had its own: the row's recompute is searched (the data's rule for a blank cell)
+            given.pop("ckpt"), given.pop("ckpt_layers", None)
+            notes[:] = [n for n in notes if not n.startswith("completed: ckpt=")]
+            notes.append(f"the {stack.name} stack's ckpt={layout.ckpt} does not fit: recompute searched")
+            layout = None
+    if layout is None:
         try:
             completion = complete(model, cluster, job, given, params, runtime=runtime, memory_of=adjust,
                                   schedules=SOURCE_SCHEDULES)
@@ -336,5 +346,6 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str], sta
             given[knob] = defaults[knob]
             if knob == "ckpt":
                 given["ckpt_layers"] = 0
+                given["_stack_ckpt"] = True
             notes.append(f"completed: {knob}={defaults[knob]} (the {stack.name} stack's default)")
     return given
