@@ -248,3 +248,19 @@ def test_no_plait_train_marks_on_another_stacks_plan(capsys):
     main([*NEMO_FP8[:-2], "dp=4,pp=4,vpp=10,mbs=1,zero=1,precision=fp8,split=ends", "--stack", "megatron-core"])
     out = capsys.readouterr().out
     assert "*" not in out.split("How sure")[0] and "plait train does not run" not in out
+
+
+def test_the_table_says_why_a_slower_layout_ranks_first():
+    from plait.cli.plan import _why_first
+    from plait.plan.search import search
+
+    result = search(LLAMA13B, CLUSTERS["dgx-a100"].with_gpus(64), JobSpec(global_batch=1024, seq_len=2048))
+    top = result.plans[:5]
+    fastest = max(top, key=lambda p: p.step.tokens_per_s_per_gpu)
+    line = _why_first(top, 0.05)
+    if fastest is top[0]:
+        assert line == ""
+    else:  # the roomiest within 1% of the fastest leads: the line gives its cost and the memory it frees
+        slower = 100 * (1 - top[0].step.tokens_per_s_per_gpu / fastest.step.tokens_per_s_per_gpu)
+        assert 0 < slower <= 1.0 and f"{slower:.1f}% slower" in line and "GiB more free memory" in line
+    assert _why_first(top[:1], 0.05) == ""

@@ -155,6 +155,9 @@ def run(args) -> int:
     out.print(report.plans_table(plans[: args.top], title, headroom))
     if stats:
         out.print(f"[dim]{stats}[/dim]")
+    why_first = _why_first(plans[: args.top], headroom) if args.layout is None else ""
+    if why_first:
+        out.print(f"[dim]{why_first}[/dim]")
     if completed:
         out.print(completed)
     if tokens is not None:
@@ -180,6 +183,25 @@ def run(args) -> int:
     if args.plot:
         out.print(f"wrote the plan's picture to {args.plot}")
     return 0 if best.fits else 1
+
+
+def _why_first(plans, headroom: float) -> str:
+    """A line when the first row is not the fastest shown: the ranking rule (``plan.search.
+    rank_with_headroom``) that put it there, with the numbers; "" otherwise."""
+    from plait.plan.memory import is_risky
+
+    if len(plans) < 2:
+        return ""
+    best, fastest = plans[0], max(plans, key=lambda p: p.step.tokens_per_s_per_gpu)
+    if fastest is best or fastest.step.tokens_per_s_per_gpu <= best.step.tokens_per_s_per_gpu:
+        return ""
+    slower = 100 * (1 - best.step.tokens_per_s_per_gpu / fastest.step.tokens_per_s_per_gpu)
+    if is_risky(fastest.memory, headroom):
+        return (f"#1 ranks above a {slower:.1f}% faster layout that leaves less than the {100 * headroom:.0f}% "
+                "memory headroom (--memory-headroom)")
+    freed = (best.memory.headroom - fastest.memory.headroom) / 2**30
+    return (f"#1 is {slower:.1f}% slower than the fastest shown but keeps {freed:.1f} GiB more free memory: "
+            "among layouts within 1% of the fastest, the roomiest ranks first")
 
 
 def _for_stack(args, params, cluster):
