@@ -25,7 +25,7 @@ def run(args) -> int:
 
 def _add_fit_args(fit: argparse.ArgumentParser) -> None:
     """The flags of ``plait calibrate fit``."""
-    fit.add_argument("--runs", required=True, help="CSV of runs: published-runs schema (shared/data/README.md) "
+    fit.add_argument("--runs", required=True, help="CSV of runs: published-runs schema (plait/data/published/README.md) "
                      "or a plait sweep CSV")
     fit.add_argument("--params", help="comma-separated parameters to fit (default: elementwise_passes,"
                      "tp_comm_overlap,dp_overlap,microbatch_overhead_s)")

@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "published runs shipped with plait (dense and MoE, both calibration batches)")
     parser.add_argument("--cross-validate", choices=("source",),
                         help="'source': for each code base, fit the defaults on the other sources' runs and predict "
-                             "its runs (leave-one-source-out); prints held-out and in-sample errors per source")
+                             "its runs (leave-one-source-out); prints each source's held-out error beside its error "
+                             "with the shipped defaults")
     parser.add_argument("--out", help="write per-run predictions to this CSV")
     parser.add_argument("--calibration", help="calibration JSON replacing the default cost parameters")
     parser.add_argument("--json", action="store_true", help="print the error summary as JSON")
