@@ -113,6 +113,8 @@ def run(args) -> int:
             allow_offload=not args.no_offload)
         if args.schedule:
             Layout(schedule=args.schedule)  # validates the name
+        if own and not args.any_runtime:
+            _refuse_unrunnable_model(model, job)
         result = search(model, cluster, job, constraints, params, runnable=own and not args.any_runtime,
                         headroom=headroom, runtime=runtime, cp_impls=stack.cp_impls)
         plans = require_plans(model, cluster, job, result, constraints)
@@ -183,6 +185,18 @@ def run(args) -> int:
     if args.plot:
         out.print(f"wrote the plan's picture to {args.plot}")
     return 0 if best.fits else 1
+
+
+def _refuse_unrunnable_model(model, job) -> None:
+    """One line at once (not after the whole search) when plait train runs no layout of ``model`` for
+    ``job`` at all (``spec.capabilities.model_blockers``)."""
+    from plait.spec.capabilities import model_blockers
+
+    blockers = model_blockers(model, job)
+    if blockers:
+        raise PlaitError(f"plait train runs no layout of {model.name} for this job ("
+                         + "; ".join(f"{v.rule}: {v.message}" for v in blockers)
+                         + "); plait plan --any-runtime ranks them anyway, or --stack NAME for the software you run")
 
 
 def _why_first(plans, headroom: float) -> str:

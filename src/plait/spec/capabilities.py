@@ -167,6 +167,18 @@ def runtime_violations(model: ModelSpec, layout: Layout, job: JobSpec, *,
     return [Violation(rule, found[rule]) for rule in RUNTIME_RULES if rule in found]
 
 
+# rules that only the model and the job decide: broken by one layout, broken by all (with MoE the
+# rule names the model's features on the plainest layout, its layout keys elsewhere)
+MODEL_RULES = ("runtime-seq-len", "runtime-moe", "runtime-rope-scaling")
+
+
+def model_blockers(model: ModelSpec, job: JobSpec) -> list[Violation]:
+    """The runtime rules that every layout of ``model`` for ``job`` breaks: those of ``MODEL_RULES``
+    the plainest layout (one GPU, bf16, no expert or context parallelism) already breaks. Non-empty:
+    ``plait train`` runs no layout of it, and a search for runnable layouts can say so at once."""
+    return [v for v in runtime_violations(model, Layout(), job) if v.rule in MODEL_RULES]
+
+
 def compile_enabled(compile: bool | None, device_type: str, layout: Layout) -> bool:
     """Whether blocks are compiled: ``compile`` when given (``--compile`` / ``--no-compile``); None
     (auto): on a CUDA device when ``layout`` breaks no compile rule, off elsewhere (on CPU the

@@ -1,0 +1,33 @@
+"""A search that cannot find a runnable layout says so at once: rules that only the model and the job
+decide (``spec.capabilities.model_blockers``) are checked before the search enumerates anything."""
+
+from __future__ import annotations
+
+from plait.cli import main
+from plait.spec.capabilities import MODEL_RULES, model_blockers, runtime_violations
+from plait.spec.layout import JobSpec, Layout
+from plait.spec.models import get_model
+
+
+def test_model_blockers_are_broken_by_every_layout():
+    model, job = get_model("tiny"), JobSpec(global_batch=8, seq_len=512)  # tiny's max_seq_len is 256
+    blockers = model_blockers(model, job)
+    assert [v.rule for v in blockers] == ["runtime-seq-len"]
+    for layout in (Layout(dp=2, tp=2), Layout(dp=4, zero=3, ckpt="full"), Layout(dp=2, pp=2)):
+        assert {v.rule for v in blockers} <= {v.rule for v in runtime_violations(model, layout, job)}
+    assert model_blockers(model, JobSpec(global_batch=8, seq_len=256)) == []
+    mla = get_model("deepseek-v3")
+    assert [v.rule for v in model_blockers(mla, JobSpec(global_batch=16, seq_len=4096))] == ["runtime-moe"]
+    assert set(MODEL_RULES) >= {"runtime-seq-len", "runtime-moe"}
+
+
+def test_plan_refuses_at_once_and_any_runtime_still_ranks(capsys):
+    argv = ["plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "2048", "--global-batch", "15360",
+            "--seq-len", "4096"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "plait train runs no layout of deepseek-v3" in err and "runtime-moe" in err and "--any-runtime" in err
+    assert err.count("\n") == 1
+    # a model plait train runs goes on to the search as before
+    assert main(["plan", "--model", "tiny", "--gpus", "2", "--global-batch", "8", "--seq-len", "256",
+                 "--top", "1", "--json"]) == 0
