@@ -75,7 +75,7 @@ def test_special_syntaxes():
     ("zero=4", "zero=4 must be 0, 1, 2 or 3"),
     ("ckpt=full:x", "layout key ckpt layers='x' must be an integer"),
     ("ckpt=full:-1", "ckpt_layers=-1 must be a non-negative integer"),
-    ("split=odd", "split='odd' must be even or uneven"),
+    ("split=odd", "split='odd' must be one of even, uneven, ends"),
     ("attn=xformers", "attn='xformers' must be one of flash, sdpa, eager"),
     ("offload=tape:0.5", "offload target 'tape' must be cpu or disk"),
     ("offload=x", "offload='x' must be a fraction, or cpu:FRACTION / disk:FRACTION"),
