@@ -96,6 +96,7 @@ class StepBreakdown:
     hardware_flops_per_token: float
     peak_flops: float  # dense bf16 peak of one GPU, FLOP/s
     ep_comm: float = 0.0
+    moe_overhead: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -172,9 +173,10 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     tp_mb, cp_mb = layers * tp_per_layer, layers * cp_per_layer
     offload_mb = offload_microbatch(model, cluster, lay, job.seq_len, layers, times, params, runtime)
     pp_mb = pp_microbatch(cluster, groups["pp"], lay, act_bytes, params)
-    ep_mb = ep_microbatch(model, cluster, lay, tokens, job.seq_len, layers, n_ckpt, params)
+    ep_mb, moe_overhead_mb = ep_microbatch(model, cluster, lay, tokens, job.seq_len, layers, n_ckpt, params)
     overhead_mb, host_ends = overhead_microbatch(params, lay, layers, n_ckpt)
-    body_mb = kernels_mb + elementwise_mb + recompute_mb + tp_mb + cp_mb + offload_mb + pp_mb + overhead_mb + ep_mb
+    body_mb = (kernels_mb + elementwise_mb + recompute_mb + tp_mb + cp_mb + offload_mb + pp_mb + overhead_mb + ep_mb
+               + moe_overhead_mb)
     # the last stage (or the only one) carries the head, and the mechanisms' host time at the ends
     slowest_mb = body_mb + head_mb + host_ends
     average_mb = body_mb + (head_mb + host_ends) / lay.pp
@@ -206,4 +208,5 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         hardware_flops_per_token=hardware_flops_per_token(model, lay, job.seq_len),
         peak_flops=gpu.bf16_flops,
         ep_comm=m * ep_mb,
+        moe_overhead=m * moe_overhead_mb,
     )

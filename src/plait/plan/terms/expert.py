@@ -12,12 +12,13 @@ from plait.spec.model import ModelSpec
 
 
 def ep_microbatch(model: ModelSpec, cluster: ClusterSpec, lay: Layout, tokens: float, seq_len: int,
-                  layers: int, n_ckpt: int, params: CostParams) -> float:
-    """Forward and backward all-to-all of each MoE layer, plus ``moe_layer_overhead_s``, and the
-    forward's again for the fully recomputed layers; 0 for a dense model."""
+                  layers: int, n_ckpt: int, params: CostParams) -> tuple[float, float]:
+    """(all-to-all, fixed overhead) seconds per micro-batch: the forward and backward all-to-all of
+    each MoE layer and the forward's again for the fully recomputed layers; and
+    ``moe_layer_overhead_s`` per MoE layer. (0, 0) for a dense model."""
     if model.moe is None:
-        return 0.0
+        return 0.0, 0.0
     moe_layers = stage_layer_split(model, lay, layers)[1]
     a2a_fwd, a2a_bwd = moe_comm_layer(model, cluster, lay, tokens, seq_len, params)
     recomputed = n_ckpt * a2a_fwd * moe_layers / layers if lay.ckpt == "full" else 0.0
-    return moe_layers * (a2a_fwd + a2a_bwd + params.moe_layer_overhead_s) + recomputed
+    return moe_layers * (a2a_fwd + a2a_bwd) + recomputed, moe_layers * params.moe_layer_overhead_s

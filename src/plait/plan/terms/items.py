@@ -23,7 +23,9 @@ TIME_ITEMS = (
     TimeItem("pp_comm", "pipeline send/recv beyond what the software hides", True),
     TimeItem("bubble", "pipeline fill and drain", False),
     TimeItem("dp_comm", "exposed data-parallel / ZeRO communication", False),
-    TimeItem("ep_comm", "exposed expert all-to-all and the MoE layers' routing overhead", False),
+    TimeItem("ep_comm", "exposed expert all-to-all (dispatch and combine)", False),
+    TimeItem("moe_overhead", "fixed cost per MoE layer and micro-batch, fitted (moe_layer_overhead_s): the dropless "
+             "dispatch's host syncs, routing and permutation launches; at ep=1 too", False),
     TimeItem("offload", "exposed activation/optimizer traffic over the host link", False),
     TimeItem("optimizer", "optimizer step", False),
     TimeItem("overhead", "fixed per-step and per-micro-batch costs, and the runtime's host time per layer", False),
