@@ -23,7 +23,7 @@ def results():
 @needs_runs
 def test_median_mfu_error_bar(results):
     summary = error_summary(results)
-    assert summary["complete"] == 30 and summary["coverage"] == 1.0
+    assert summary["complete"] == 31 and summary["coverage"] == 1.0
     assert summary["overall"]["median_abs_error"] <= 5.0
 
 
@@ -37,7 +37,9 @@ def test_errors_are_not_all_one_sign(results):
 def test_what_is_not_modelled_is_unsupported_with_the_reason(results):
     by_id = {r.id: r for r in results}
     assert "qwen3-next" in by_id["mz-qwen3next-80b-h100-128g"].status
-    assert by_id["mz-qwen3-235b-h100-ep8-pp32-a2a"].status.startswith("unsupported: pp·vpp = 96 stages")
+    # 96 stages on 94 layers: Megatron counts the embedding and the loss as pipeline layers (split=ends)
+    pp32 = by_id["mz-qwen3-235b-h100-ep8-pp32-a2a"]
+    assert pp32.status == "ok" and "split=ends" in next(n for n in pp32.notes if n.startswith("layout "))
 
 
 @needs_runs
