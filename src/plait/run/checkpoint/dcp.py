@@ -67,7 +67,11 @@ def ensure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 def training_state(parts: ModelParts, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """The flat, layout-independent state dict of this rank (views of the live tensors)."""
+    """The flat, layout-independent state dict of this rank (views of the live tensors).
+
+    FSDP units are resharded first: after a forward with no backward (an evaluation) a unit that
+    does not reshard after forward holds gathered parameters, which are not the optimizer's."""
+    parts.reshard()
     ensure_optimizer_state(optimizer)
     out: dict[str, torch.Tensor] = {}
     for name, param in named_parameters(parts).items():
