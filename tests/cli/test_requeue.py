@@ -192,11 +192,15 @@ def test_a_live_run_holds_the_directory_and_a_dead_one_does_not(tmp_path, capsys
         assert taken.owned and "process" in taken.notes[0] and "is gone" in taken.notes[0]
         with pytest.raises(PlaitError, match="in use by another plait train run"):
             lock.acquire(tmp_path)
-        by_age = lock.acquire(tmp_path, lease_s=-1.0)  # a live owner that stopped renewing: stale by its age
-        assert by_age.owned and "not renewed for" in by_age.notes[0]
-        by_age.release()
+        with pytest.raises(PlaitError, match="in use"):  # on this host the live process decides, not the lease
+            lock.acquire(tmp_path, lease_s=-1.0)
     finally:
         taken.release()
+    # an owner on another host that stopped renewing: stale by its age
+    (tmp_path / lock.LOCK_NAME).write_text(json.dumps({"host": "elsewhere", "pid": os.getpid(), "started": 0}))
+    by_age = lock.acquire(tmp_path, lease_s=-1.0)
+    assert by_age.owned and "not renewed for" in by_age.notes[0]
+    by_age.release()
 
 
 def test_the_nodes_of_one_job_share_the_lock(tmp_path):

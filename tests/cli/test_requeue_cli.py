@@ -85,6 +85,45 @@ def test_the_same_command_line_survives_two_kills_and_ends_at_the_uninterrupted_
     assert store.verify(ckpt / store.final_name(STEPS)).step == STEPS
 
 
+def test_workers_die_with_a_killed_launcher_and_the_same_command_resumes(tmp_path, uninterrupted):
+    # a scheduler SIGKILLs the launcher's process group; torchrun started the workers in sessions of their
+    # own, so without the parent-death signal they went on training, saving and pruning (issue 31 item 1)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "run.jsonl"
+    args = ["train", *CLI_ARGS, "--layout", "dp=2,mbs=1", "--nproc-per-node", "2", "--steps", str(STEPS),
+            "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--log", str(log)]
+    proc = subprocess.Popen([sys.executable, "-m", "plait.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None \
+                and not (log.is_file() and any(line.get("step", 0) >= 3 for line in step_lines(log))):
+            time.sleep(0.05)
+        workers = [(pid, started) for pid, started in lock.children(proc.pid)]
+        assert proc.poll() is None and len(workers) == 2, "the run ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(lock._pid_alive(pid, started) for pid, started in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid, started in workers if lock._pid_alive(pid, started)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "workers outlived their SIGKILLed launcher"
+    again = plait(*args, timeout=400)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert "took over the stale lock" in again.stdout and "is gone, and so are its workers" in again.stdout
+    by_step: dict[int, list[float]] = {}
+    for line in step_lines(log):
+        by_step.setdefault(line["step"], []).append(line["loss"])
+    assert sorted(by_step) == list(range(1, STEPS + 1))
+    assert all(len(set(losses)) == 1 for losses in by_step.values()), by_step  # re-run steps bit-identical
+    assert [by_step[s + 1][0] for s in range(STEPS)] == pytest.approx(uninterrupted["losses"], rel=1e-5)
+    assert store.verify(ckpt / store.final_name(STEPS)).step == STEPS
+
+
 def snapshot(root) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(root.rglob("*"))}
 

@@ -47,7 +47,7 @@ from plait.errors import PlaitError
 from plait.run.checkpoint import store
 from plait.run.checkpoint.select import candidates, choose_checkpoint, nothing_to_train
 from plait.run.config import RunConfig
-from plait.run.env import RankEnv
+from plait.run.env import RankEnv, die_with_launcher
 from plait.run.faults import FaultPlan
 from plait.run.launcher.device import rank_device
 from plait.run.replan import replan
@@ -92,10 +92,11 @@ def run_as_worker(run_dir: Path, program: str, body: Callable[[RankEnv], None]) 
     """Run ``body(env)`` on this torchrun rank (``env``: its environment, read here once) and exit
     without interpreter teardown.
 
-    A failure is written to ``run_dir/error-rank<R>.json`` for the launcher and ends the process
+    The worker ends with its launcher (``plait.run.env.die_with_launcher``). A failure is written to ``run_dir/error-rank<R>.json`` for the launcher and ends the process
     with status 1; success ends it with 0 after a barrier and destroying the process group.
     (Teardown is skipped: it can abort in gloo's threads, a torch issue seen on CPU.)
     """
+    die_with_launcher()
     env = RankEnv.from_environ()
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     try:
