@@ -62,6 +62,18 @@ def test_the_same_command_starts_fresh_then_resumes(tmp_path, capsys):
     assert f"checkpoints go to {ckpt.resolve()}" in out
 
 
+def test_a_requeue_of_a_finished_run_says_so_and_exits_0(tmp_path, capsys):
+    fake_checkpoint(tmp_path, 6)  # ARGS: --steps 6 (issue 31 item 4: this exited 2)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for extra in ((), ("--resume", str(tmp_path))):
+        assert main(["train", *ARGS, "--checkpoint-dir", str(tmp_path), *extra]) == 0
+        out = capsys.readouterr().out
+        assert "already finished at step 6" in out, out
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no lock, nothing written
+    assert main(["train", *ARGS[:-4], "--steps", "4", *ARGS[-2:], "--resume", str(tmp_path)]) == 2
+    assert "nothing to train" in capsys.readouterr().err  # fewer steps than saved: refused
+
+
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--lr", "3e-3", "--lr 0.003 differs from the checkpoint's 0.001"),
     ("--seed", "0", "--seed 0 differs from the checkpoint's 1234"),

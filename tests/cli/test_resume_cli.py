@@ -133,6 +133,29 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
     assert checkpoint.step == step_lines(log)[-1]["step"]
 
 
+def test_sigint_saves_a_checkpoint_and_stops_like_sigterm(tmp_path):
+    # Ctrl-C (and SIGHUP, a closed terminal: tests/run/test_stop_signals.py) stop the run as SIGTERM does;
+    # before, the launcher said a save was requested and none was made (issue 31 item 4)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "run.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "plait.cli", "train", *CLI_ARGS, "--layout", "dp=2",
+                             "--nproc-per-node", "2", "--steps", "100000", "--checkpoint-dir", str(ckpt),
+                             "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (log.is_file() and len(step_lines(log)) >= 2):
+            time.sleep(0.2)
+        assert log.is_file(), "training did not start"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "stopped by SIGINT" in err and "SIGINT: finishing the step" in out
+    saved = store.complete_dirs(ckpt)
+    assert len(saved) == 1 and store.verify(saved[0]).step == step_lines(log)[-1]["step"]
+    assert read_jsonl(log)[-1]["stopped_early"]
+
+
 @pytest.fixture(scope="module")
 def saved4(dist_pool, tmp_path_factory):
     root = tmp_path_factory.mktemp("saved4")

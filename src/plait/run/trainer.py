@@ -278,7 +278,7 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
             if event:
                 log.write(event)
         if stopping:
-            display.message(f"stopped by SIGTERM after step {steps_done}" + (
+            display.message(f"stopped by {getattr(stop, 'name', None) or 'a stop request'} after step {steps_done}" + (
                 f"; checkpoint {setup.config.checkpoint.dir}/step_{steps_done:08d} saved" if checkpointer
                 else " (no --checkpoint-dir: nothing saved)"))
             return ledger.records, steps_done

@@ -30,7 +30,6 @@ from plait.run.launcher.host_memory import HostMemory
 from plait.run.launcher.outcome import (
     EXIT_ERROR,
     EXIT_OK,
-    EXIT_STOPPED,
     Outcome,
     failed_run,
     first_line,
@@ -152,7 +151,7 @@ def run_torchrun(args: list[str], run_dir: Path, nproc_per_node: int, what: str 
 def raise_for(outcome: Outcome, message: str) -> None:
     """Raise the error of a run that did not end ok: RunStopped or RunFailed with ``message``."""
     if outcome.status == "stopped":
-        raise RunStopped(message)
+        raise RunStopped(message, exit_code=outcome.exit_code)
     if outcome.status != "ok":
         raise RunFailed(message)
 
@@ -187,7 +186,7 @@ def workers_outcome(args: list[str], run_dir: Path, nproc_per_node: int, what: s
         name = signal.Signals(exc.sigval).name
         message = (f"stopped by {name}: the workers were asked to finish their step and save a checkpoint "
                    "(with --checkpoint-dir) within 30 s; resume with --resume")
-        return Outcome("stopped", message, exit_code=EXIT_STOPPED, signal=name), message
+        return Outcome("stopped", message, exit_code=128 + int(exc.sigval), signal=name), message
     except (RuntimeError, OSError, ValueError) as exc:  # rendezvous timeouts, ports in use, bad endpoints
         message = f"torchrun could not start the workers: {type(exc).__name__}: {exc}"
         return Outcome("failed", first_line(message), exit_code=EXIT_ERROR), message

@@ -46,6 +46,7 @@ class Resolved:
     options: LaunchOptions
     notes: tuple[str, ...] = ()  # printed as "plait train: NOTE"
     resumed: Resumed | None = None
+    finished: int | None = None  # a requeue of a run whose last step is saved: that step (nothing to launch)
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:
@@ -261,7 +262,8 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
     if job.steps != was.steps:
         notes.append(f"--steps {job.steps} (the saved run planned {was.steps}): the cosine schedule is "
                      "stretched, so the learning rate changes from the resumed step on")
-    if job.data != "synthetic":
+    finished = checkpoint.step == job.steps  # the same command after the run ended (a requeue): nothing to do
+    if job.data != "synthetic" and not finished:
         from plait.run.data.tokens import open_tokens
 
         open_tokens(job.data, job.model.vocab, job.seed, seq_len=job.seq_len,
@@ -273,8 +275,10 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
         notes.append(why)
     config = checkpoint_options(config, request, saved, where=checkpoint.path.parent)
     why = nothing_to_train(checkpoint.path, checkpoint.step, config.job.steps)
-    if why:
+    if why and not finished:
         raise PlaitError(f"{why}; pass a larger --steps")
+    if finished:
+        return Resolved(config, options, tuple(notes), finished=checkpoint.step)
     notes.append(f"resuming from {path} (step {checkpoint.step} of {config.job.steps}, saved under "
                  f"{checkpoint.manifest.get('layout')} on {checkpoint.manifest.get('world_size')} processes)")
     if config.checkpoint.dir:
@@ -353,6 +357,10 @@ def start(request: TrainRequest, job_file: str | None = None) -> int:
 
 def _start(request: TrainRequest, job_file: str | None = None) -> int:
     resolved = resolve(request)
+    if resolved.finished is not None:
+        print(f"plait train: already finished at step {resolved.finished} ({resolved.config.checkpoint.resume_from}); "
+              "nothing to train (pass a larger --steps to train on)", flush=True)
+        return 0
     config, options = dataclasses.replace(resolved.config, job_file=job_file), resolved.options
     check_sinks(config.observe)  # before the launch: a missing package is named with its pip command
     config, warnings = preflight(config, options, allow_oom=request.allow_oom)
