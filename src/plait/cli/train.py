@@ -127,6 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "checkpoints starts the run there")
     ckpt.add_argument("--fresh", action="store_true",
                       help="start from step 0 and refuse a --checkpoint-dir that already holds checkpoints")
+    ckpt.add_argument("--allow-data-change", action="store_true",
+                      help="resume although the token file at the saved data path is not the one the "
+                           "checkpoint was trained on (its CRC-32, token count or size differ)")
     ckpt.add_argument("--max-restarts", type=int, default=DEFAULTS.max_restarts,
                       help="torchrun restarts after a worker dies; each restart resumes from the newest checkpoint")
     ckpt.add_argument("--on-nan", choices=("stop", "skip"), default=DEFAULTS.on_nan,

@@ -97,7 +97,8 @@ class TrainJob:
     seq_len: int  # tokens per sequence
     steps: int = 20  # optimizer steps in all, counted from step 0 (a resumed run may ask for more)
     seed: int = 0  # seed of the weights, the data order and dropout
-    data: str = "synthetic"  # "synthetic" or a token file written by `plait data prepare`
+    data: str = "synthetic"  # "synthetic" or a token file written by `plait data prepare` (absolute path)
+    data_id: str | None = None  # the token file's fingerprint: "crc32=…,tokens=…,bytes=…" (its header and size)
     init_from: str | None = None  # Hugging Face model directory whose weights start the run (None: random init)
 
     def __post_init__(self) -> None:

@@ -180,6 +180,11 @@ class TokenFile:
             raise self._fail(f"corrupt: token id {top} is not below vocab {self.vocab_size}")
 
     @property
+    def fingerprint(self) -> str:
+        """What identifies the tokens (from the header, no full read): CRC-32, token count, file size."""
+        return f"crc32={self.checksum:08x},tokens={self.n_tokens},bytes={self.path.stat().st_size}"
+
+    @property
     def description(self) -> str:
         return (f"token file {self.path} ({self.n_tokens:,} tokens, {self.dtype.name}, "
                 f"vocab {self.vocab_size}, tokenizer {self.tokenizer}, seed {self.seed})")

@@ -74,5 +74,6 @@ class TrainRequest:
     async_checkpoint: str = "auto"  # auto (on GPU) | on | off
     resume: str | None = None  # a checkpoint directory, or a --checkpoint-dir to take the newest valid one
     fresh: bool = False  # start from step 0; refuse a --checkpoint-dir that holds checkpoints (else: resumed)
+    allow_data_change: bool = False  # resume on a token file other than the checkpoint's (its fingerprint differs)
     max_restarts: int = LaunchOptions.max_restarts
     on_nan: str = RuntimeConfig.on_nan  # stop | skip

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
+from plait.run.checkpoint.select import data_of
 from plait.run.config import (
     EVAL_SEED,
     EvalConfig,
@@ -123,9 +124,10 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
                         decay_fraction=_given(request.decay_fraction, defaults.decay_fraction))
     check_decay_fraction(request, optim)
     seed = _given(request.seed, TrainJob.seed)
+    data, data_id = data_of(request.data, model, seed, seq_len)  # fail early
     config = RunConfig(
         job=TrainJob(model=model, layout=layout, global_batch=global_batch, seq_len=seq_len, steps=steps, seed=seed,
-                     data=request.data, init_from=init_from),
+                     data=data, data_id=data_id, init_from=init_from),
         optim=optim,
         runtime=RuntimeConfig(device=request.device, gpu=gpu, compile=request.compile,
                               compile_backend=request.compile_backend, async_tp=request.async_tp,
@@ -133,12 +135,7 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
                               on_nan=request.on_nan, offload_dir=request.offload_dir,
                               qkv="fused" if request.fused_qkv else "separate", gc_every=request.gc_every),
         observe=observe_config(request))
-    config = dataclasses.replace(config, eval=eval_config(request, config.job))
-    if request.data != "synthetic":
-        from plait.run.data.tokens import open_tokens
-
-        open_tokens(request.data, model.vocab, seed, seq_len=seq_len, model_name=model.name)  # fail early
-    return config
+    return dataclasses.replace(config, eval=eval_config(request, config.job))
 
 
 def _given(value, default):
@@ -217,7 +214,7 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
     ``implicit``: resuming the newest checkpoint of ``--checkpoint-dir`` without ``--resume`` (a
     requeue); the request's flags that define the run must then equal the saved values."""
     from plait.plan.plan import load_plan
-    from plait.run.checkpoint.select import check_given, check_same_run, nothing_to_train, saved_run
+    from plait.run.checkpoint.select import check_given, check_same_data, check_same_run, nothing_to_train, saved_run
     from plait.run.replan import replan
     from plait.spec.models import get_model
 
@@ -263,11 +260,12 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
         notes.append(f"--steps {job.steps} (the saved run planned {was.steps}): the cosine schedule is "
                      "stretched, so the learning rate changes from the resumed step on")
     finished = checkpoint.step == job.steps  # the same command after the run ended (a requeue): nothing to do
-    if job.data != "synthetic" and not finished:
-        from plait.run.data.tokens import open_tokens
-
-        open_tokens(job.data, job.model.vocab, job.seed, seq_len=job.seq_len,
-                    model_name=job.model.name)  # fail early: the saved run's data must still be there
+    if not finished:  # the saved run's data must still be there, the same tokens
+        data, data_id = data_of(job.data, job.model, job.seed, job.seq_len)
+        notes += [note] if (note := check_same_data(was.data_id, data, data_id, request.allow_data_change,
+                                                    path)) else []
+        job = dataclasses.replace(job, data=data, data_id=data_id)
+        config = dataclasses.replace(config, job=job)
     if layout is not None:
         config = dataclasses.replace(config, job=dataclasses.replace(job, layout=layout))
     elif options.world_size != was.layout.world_size:
