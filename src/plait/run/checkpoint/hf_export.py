@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from plait.atomic import honour_umask
 from plait.errors import PlaitError
 from plait.run.checkpoint import hf_files, store
 from plait.run.checkpoint.hf_files import ExportOptions
@@ -139,6 +140,7 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
                 tensors[hf_name] = value.to(dtype).contiguous()
                 weight_map[hf_name] = file
             save_file(tensors, str(temporary / file), metadata={"format": "pt"})
+            honour_umask(temporary / file)  # safetensors writes 0600
         if len(files) > 1:
             total = sum(size for _, size in sizes)
             (temporary / hf_files.INDEX).write_text(hf_files.index_json(weight_map, total, spec.total_params()))
