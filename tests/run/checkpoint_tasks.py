@@ -93,3 +93,16 @@ def train_with_full_disk(layout: str, full_from_step: int, **kwargs) -> dict:
         return train(layout, with_params=False, **kwargs)
     finally:
         checkpoint.FileSystemWriter = original
+
+
+def train_with_failing_log(layout: str, **kwargs) -> dict:
+    """``train`` logging to ``/dev/full`` (every write fails with ENOSPC): every rank returns its steps
+    and the PlaitError rank 0 raised (None on the others)."""
+    from plait.errors import PlaitError
+    from plait.run.trainer import run_training
+
+    try:
+        result = run_training(make_config(layout, log="/dev/full", **kwargs), device=torch.device("cpu"))
+        return {"steps": [r.step for r in result.records], "error": None}
+    except PlaitError as exc:
+        return {"error": str(exc)}

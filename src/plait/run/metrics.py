@@ -14,6 +14,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from plait.errors import PlaitError
 from plait.progress import ProgressBar
 from plait.spec.model import ModelSpec
 
@@ -115,9 +116,13 @@ class JsonlLog:
 
     def __init__(self, path: str | None, append: bool = False):
         self.handle = None
+        self.path = path
         if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.handle = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                self.handle = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+            except OSError as exc:
+                raise PlaitError(f"cannot open the metrics log {path} ({exc.strerror or exc})") from None
 
     def write(self, record: dict) -> None:
         if self.handle:

@@ -196,6 +196,7 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     counter = TensorMemoryCounter(device.type == "cpu", start_step, config.job.steps)  # counted tensor bytes
     is_rank0 = dist.get_rank() == 0
     log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0)
+    stop = StopOrLogFailure(stop, log)
     for event in events:
         log.write(event)
     evaluator = Evaluator(setup) if config.eval.data else None
@@ -230,7 +231,29 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
         setup.source.close()
         if parts.offloader is not None:
             parts.offloader.close()
+    if log.failure is not None:  # rank 0; the run stopped at the next step and saved first
+        at = config.job.steps if stopped_at is None else stopped_at
+        saved = f"; checkpoint step_{at:08d} saved in {config.checkpoint.dir} (rerun the same command to resume " \
+                "once the log can be written)" if checkpointer is not None else " (no --checkpoint-dir: nothing saved)"
+        raise PlaitError(f"{log.failure}; training stopped after step {at}{saved}")
     return TrainResult(records=records, summary=summary, parts=parts, pdims=setup.pdims, optimizer=setup.optimizer)
+
+
+class StopOrLogFailure:
+    """The stop request the loop polls: the worker's (SIGTERM, SIGINT, SIGHUP), or a failed metrics log
+    write on rank 0 (``MetricsLog.failure``); it rides in the loss all-reduce, so every rank stops."""
+
+    def __init__(self, stop, log: MetricsLog):
+        self.stop, self.log = stop, log
+
+    def is_set(self) -> bool:
+        requested = self.stop is not None and self.stop.is_set()  # polled every step: the worker's heartbeat
+        return requested or self.log.failure is not None
+
+    @property
+    def name(self) -> str | None:
+        """What asked to stop: the signal's name, else the failed log write."""
+        return getattr(self.stop, "name", None) or ("a failed metrics log write" if self.log.failure else None)
 
 
 def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, log: MetricsLog, display: Display,

@@ -262,11 +262,48 @@ def _write_errors(directory: Path):
     try:
         yield
     except (OSError, RuntimeError, CheckpointException) as exc:
-        text = str(exc)
-        reason = next((line.strip() for line in text.splitlines() if "Errno" in line or "No space" in line),
-                      text.strip().splitlines()[-1] if text.strip() else type(exc).__name__)
-        raise PlaitError(f"could not write checkpoint {directory} ({reason[:200]}); the previous checkpoints "
-                         "are intact. Free disk space or choose another --checkpoint-dir") from None
+        raise PlaitError(f"could not write checkpoint {directory} ({write_failure(exc, directory)[:200]}); the "
+                         "previous checkpoints are intact. Free disk space or choose another --checkpoint-dir") from None
+
+
+def write_failure(exc: BaseException, directory: Path) -> str:
+    """Why a write into ``directory`` failed, in words: the OS error (``No space left on device``) when
+    one is in the exception's chain or text; a full disk when the filesystem has (almost) no space
+    left - torch's zip writer then only says ``unexpected pos 704 vs 598``; else the error's last line."""
+    seen, pending = set(), [exc]
+    while pending:
+        error = pending.pop()
+        if isinstance(error, tuple):  # DCP's failures: (exception, traceback) per rank
+            pending += list(error)
+            continue
+        if not isinstance(error, BaseException) or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno:
+            return f"{os.strerror(error.errno)}{f': {error.filename}' if error.filename else ''}"
+        pending += [error.__cause__, error.__context__, *getattr(error, "failures", {}).values()]
+    text = str(exc)
+    line = next((line.strip() for line in text.splitlines() if "Errno" in line or "No space" in line), None)
+    if line:
+        return line
+    free = free_bytes(directory)
+    if free is not None and free < FULL_DISK_BYTES:
+        return f"No space left on device: {free:,} bytes free on the filesystem of {directory.parent}"
+    return text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
+
+
+FULL_DISK_BYTES = 64 * 2**20  # a failed write with less free space than this is a full disk
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on the filesystem of ``directory`` (or its parent)."""
+    for path in (directory, directory.parent):
+        try:
+            stats = os.statvfs(path)
+        except OSError:
+            continue
+        return stats.f_bavail * stats.f_frsize
+    return None
 
 
 def _shared_token() -> str:

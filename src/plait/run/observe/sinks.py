@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from typing import Protocol
 
 from plait.errors import PlaitError
@@ -160,17 +161,30 @@ class MetricsLog:
     def __init__(self, jsonl: JsonlLog, sinks: list[MetricsSink] | None = None):
         self.jsonl = jsonl
         self.sinks = list(sinks or [])
+        self.failure: str | None = None  # why a write failed (a full disk...): nothing is written after it
 
     def write(self, record: dict) -> None:
-        self.jsonl.write(record)
-        scalars = scalars_of(record) if self.sinks else None
-        if scalars is not None and scalars[1]:
-            step, values = scalars
-            for sink in self.sinks:
-                sink.log(values, step)
+        """Write ``record``; an OSError (a full disk, a lost mount) is kept in ``failure``, not raised:
+        the training loop then stops after its step and saves a checkpoint first."""
+        if self.failure is not None:
+            return
+        where = f"metrics log {self.jsonl.path}"
+        try:
+            self.jsonl.write(record)
+            scalars = scalars_of(record) if self.sinks else None
+            if scalars is not None and scalars[1]:
+                step, values = scalars
+                for sink in self.sinks:
+                    where = f"{type(sink).__name__} metrics"
+                    sink.log(values, step)
+        except OSError as exc:
+            self.failure = f"could not write the {where} ({os.strerror(exc.errno) if exc.errno else exc})"
 
     def close(self) -> None:
-        self.jsonl.close()
+        try:
+            self.jsonl.close()
+        except OSError as exc:  # the last buffered bytes: only when nothing failed before
+            self.failure = self.failure or f"could not write the metrics log {self.jsonl.path} ({exc.strerror or exc})"
         sinks, self.sinks = self.sinks, []
         for sink in sinks:
             sink.close()
