@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch")
 
 import checkpoint_tasks
-from test_resume_cli import CLI_ARGS, CLI_OPTIM, step_lines
+from test_resume_cli import CLI_ARGS, CLI_OPTIM, losses_by_step, step_lines
 from test_train_cli import plait, read_jsonl
 
 from plait.run.checkpoint import lock, store
@@ -75,10 +75,9 @@ def test_the_same_command_line_survives_two_kills_and_ends_at_the_uninterrupted_
     lines = read_jsonl(log)
     resumes = [line["step"] for line in lines if line.get("event") == "resume"]
     assert resumes[0] == 2 and resumes[1] in (4, 6) and len(resumes) == 2, resumes
-    by_step: dict[int, list[float]] = {}
-    for line in step_lines(log):
-        by_step.setdefault(line["step"], []).append(line["loss"])
-    assert sorted(by_step) == list(range(1, STEPS + 1)), "the log must hold every step of the run"
+    assert sorted(line["step"] for line in step_lines(log)) == list(range(1, STEPS + 1)), \
+        "the log must hold every step of the run, once"
+    by_step = losses_by_step(log)  # with the lines of the steps re-run after a kill
     assert all(len(set(losses)) == 1 for losses in by_step.values()), by_step
     assert [by_step[s + 1][0] for s in range(STEPS)] == pytest.approx(uninterrupted["losses"], rel=1e-5)
     assert lines[-1]["summary"] and lines[-1]["start_step"] == resumes[-1]
@@ -115,10 +114,8 @@ def test_workers_die_with_a_killed_launcher_and_the_same_command_resumes(tmp_pat
     again = plait(*args, timeout=400)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     assert "took over the stale lock" in again.stdout and "is gone, and so are its workers" in again.stdout
-    by_step: dict[int, list[float]] = {}
-    for line in step_lines(log):
-        by_step.setdefault(line["step"], []).append(line["loss"])
-    assert sorted(by_step) == list(range(1, STEPS + 1))
+    assert sorted(line["step"] for line in step_lines(log)) == list(range(1, STEPS + 1))
+    by_step = losses_by_step(log)
     assert all(len(set(losses)) == 1 for losses in by_step.values()), by_step  # re-run steps bit-identical
     assert [by_step[s + 1][0] for s in range(STEPS)] == pytest.approx(uninterrupted["losses"], rel=1e-5)
     assert store.verify(ckpt / store.final_name(STEPS)).step == STEPS

@@ -41,6 +41,18 @@ def step_lines(path) -> list[dict]:
     return [line for line in read_jsonl(path) if "step" in line and "loss" in line and "summary" not in line]
 
 
+def losses_by_step(path) -> dict[int, list[float]]:
+    """{step: its losses}: the step lines and those set aside when a resumed run re-ran them (the
+    "replayed" lines), so that a re-run step's losses can be compared with its first run's."""
+    by_step: dict[int, list[float]] = {}
+    lines = read_jsonl(path)
+    replayed = [old for line in lines if line.get("event") == "replayed" for old in line["lines"]]
+    for line in replayed + lines:
+        if "step" in line and "loss" in line and "summary" not in line:
+            by_step.setdefault(line["step"], []).append(line["loss"])
+    return by_step
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(dist_pool):
     return dist_pool(2).run(checkpoint_tasks.train, "dp=2", steps=STEPS, optim=CLI_OPTIM, with_params=False)[0]
@@ -61,9 +73,8 @@ def test_killed_rank_and_killed_checkpoint_write_recover_automatically(tmp_path,
     # the restart notes name the rank that died, and how (not the survivors' connection errors)
     assert "rank 1 was killed by SIGKILL (exit -9)" in proc.stdout and "(restart 1 of 2)" in proc.stdout
     assert "rank 0 was killed by SIGKILL (exit -9)" in proc.stdout and "(restart 2 of 2)" in proc.stdout
-    by_step: dict[int, list[float]] = {}
-    for line in step_lines(log):
-        by_step.setdefault(line["step"], []).append(line["loss"])
+    assert sorted(line["step"] for line in step_lines(log)) == list(range(1, STEPS + 1))  # each step once
+    by_step = losses_by_step(log)
     # a re-run step reproduces its first run bit for bit
     assert all(len(set(losses)) == 1 for losses in by_step.values()), by_step
     assert sorted(by_step) == list(range(1, STEPS + 1))  # JSONL steps count from 1

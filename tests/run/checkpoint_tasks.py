@@ -106,3 +106,15 @@ def train_with_failing_log(layout: str, **kwargs) -> dict:
         return {"steps": [r.step for r in result.records], "error": None}
     except PlaitError as exc:
         return {"error": str(exc)}
+
+
+def train_logged(log: str, tensorboard: str, **kwargs) -> None:
+    """One process's tiny run logging to JSONL ``log`` and TensorBoard ``tensorboard`` (run inside
+    ``runtime_tasks.in_one_process``)."""
+    import dataclasses
+
+    from plait.run.trainer import run_training
+
+    config = make_config("dp=1", log=log, **kwargs)
+    config = dataclasses.replace(config, observe=dataclasses.replace(config.observe, tensorboard=tensorboard))
+    run_training(config, device=torch.device("cpu"))

@@ -88,14 +88,17 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tens
     return [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
 
 
-def open_log(config: RunConfig, is_rank0: bool, append: bool) -> MetricsLog:
+def open_log(config: RunConfig, is_rank0: bool, append: bool, start_step: int = 0) -> MetricsLog:
     """Rank 0's JSONL log and metrics sinks (``--tensorboard``, ``--wandb-project``, ``--mlflow-uri``);
-    on other ranks a log that writes nothing."""
+    on other ranks a log that writes nothing. ``append`` (a resumed or restarted run, from
+    ``start_step`` steps done): the lines and TensorBoard events of later steps, about to be re-run,
+    are set aside (JSONL: into a "replayed" line) and purged (TensorBoard), so no step appears twice."""
     if not is_rank0:
         return MetricsLog(JsonlLog(None))
-    jsonl = JsonlLog(config.observe.log, append=append)
+    jsonl = JsonlLog(config.observe.log, append=append, resume_step=start_step if append else None)
     try:
-        return MetricsLog(jsonl, open_sinks(config.observe, config.to_dict()))
+        return MetricsLog(jsonl, open_sinks(config.observe, config.to_dict(),
+                                            purge_step=start_step + 1 if append else None))
     except BaseException:
         jsonl.close()
         raise
@@ -195,7 +198,7 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     checkpointer = make_checkpointer(setup)
     counter = TensorMemoryCounter(device.type == "cpu", start_step, config.job.steps)  # counted tensor bytes
     is_rank0 = dist.get_rank() == 0
-    log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0)
+    log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0, start_step=start_step)
     stop = StopOrLogFailure(stop, log)
     for event in events:
         log.write(event)

@@ -84,11 +84,13 @@ def run_params(run: dict) -> dict[str, object]:
 class TensorBoardSink:
     """Scalars into a TensorBoard event directory (``torch.utils.tensorboard.SummaryWriter``)."""
 
-    def __init__(self, directory: str, flush_s: int = 10):
+    def __init__(self, directory: str, flush_s: int = 10, purge_step: int | None = None):
+        """``purge_step``: a resumed run's first step; TensorBoard hides the events of that step and
+        later ones from earlier event files (the steps are re-run)."""
         _import("--tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=directory, flush_secs=flush_s)
+        self.writer = SummaryWriter(log_dir=directory, flush_secs=flush_s, purge_step=purge_step)
 
     def log(self, values: dict[str, float], step: int) -> None:
         for name, value in values.items():
@@ -129,12 +131,13 @@ class MlflowSink:
         self.mlflow.end_run()
 
 
-def open_sinks(observe: LogConfig, run: dict) -> list[MetricsSink]:
-    """The sinks ``observe`` asks for (call on rank 0 only); ``run`` is ``RunConfig.to_dict()``."""
+def open_sinks(observe: LogConfig, run: dict, purge_step: int | None = None) -> list[MetricsSink]:
+    """The sinks ``observe`` asks for (call on rank 0 only); ``run`` is ``RunConfig.to_dict()``;
+    ``purge_step``: a resumed run's first step (``TensorBoardSink``)."""
     sinks: list[MetricsSink] = []
     try:
         if observe.tensorboard:
-            sinks.append(TensorBoardSink(observe.tensorboard))
+            sinks.append(TensorBoardSink(observe.tensorboard, purge_step=purge_step))
         if observe.wandb_project:
             sinks.append(WandbSink(observe.wandb_project, run))
         if observe.mlflow_uri:
