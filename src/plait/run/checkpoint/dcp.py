@@ -32,11 +32,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
+from plait.run.checkpoint.safe_reader import SafeFileSystemReader, read_metadata_file
 from plait.run.faults import NO_FAULTS, FaultPlan
 from plait.run.model import canonical_name
 from plait.run.parallel.parallelize import ModelParts
@@ -315,9 +316,13 @@ def _shared_token() -> str:
 
 def load_checkpoint(path: str | Path, parts: ModelParts, optimizer: torch.optim.Optimizer) -> None:
     """Load a checkpoint written under any layout into this rank's parameters and AdamW state, in place."""
+    try:  # one clear line for metadata that is not DCP's (the reader below refuses it too, in DCP's words)
+        read_metadata_file(Path(path) / ".metadata")
+    except PlaitError as exc:
+        raise PlaitError(f"cannot load checkpoint {path}: {exc}") from None
     state = training_state(parts, optimizer)
     try:
-        dcp.load(state, storage_reader=FileSystemReader(path))
+        dcp.load(state, storage_reader=SafeFileSystemReader(path))
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
         text = str(exc).strip().splitlines()
         missing = [line for line in text if "Missing key" in line or "not found" in line]
