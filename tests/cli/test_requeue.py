@@ -224,3 +224,21 @@ def test_the_nodes_of_one_job_share_the_lock(tmp_path):
     with pytest.raises(PlaitError):
         lock.acquire(tmp_path, job="head:29500#other")
     first.release()
+
+
+def test_multi_node_jobs_get_their_own_rendezvous_id(tmp_path, capsys, monkeypatch):
+    # issue 31 item 7: the default id was the fixed "plait", so two jobs on one endpoint joined each other
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    base = [*ARGS[:-2], "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", "head:29500"]
+
+    def rdzv_id(*extra: str) -> str:
+        code, out, err, _ = dry_run(capsys, *base, *extra)
+        assert code == 0, err
+        return out.split("--rdzv-id=", 1)[1].split()[0]
+
+    first = rdzv_id()
+    assert first.startswith("plait-") and first == rdzv_id()  # every node of the job computes the same
+    assert rdzv_id("--lr", "3e-3") != first  # another job
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert rdzv_id() not in (first, "plait")  # another allocation of the same command
+    assert rdzv_id("--rdzv-id", "job42") == "job42"

@@ -6,6 +6,7 @@ Real launches (torchrun, gloo ranks on CPU), kept few.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -84,6 +85,27 @@ def test_the_same_command_line_survives_two_kills_and_ends_at_the_uninterrupted_
     assert store.verify(ckpt / store.final_name(STEPS)).step == STEPS
 
 
+LOOPBACK = ("0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F")
+
+
+def listening_addresses(pids: list[int]) -> list[tuple[str, str]]:
+    """(local address as /proc/net/tcp* writes it, port) of the TCP sockets ``pids`` listen on."""
+    inodes = set()
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in open(table).read().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                found.append(tuple(fields[1].split(":")))
+    return found
+
+
 def test_workers_die_with_a_killed_launcher_and_the_same_command_resumes(tmp_path, uninterrupted):
     # a scheduler SIGKILLs the launcher's process group; torchrun started the workers in sessions of their
     # own, so without the parent-death signal they went on training, saving and pruning (issue 31 item 1)
@@ -99,6 +121,9 @@ def test_workers_die_with_a_killed_launcher_and_the_same_command_resumes(tmp_pat
             time.sleep(0.05)
         workers = [(pid, started) for pid, started in lock.children(proc.pid)]
         assert proc.poll() is None and len(workers) == 2, "the run ended before it could be killed"
+        # a single-node run listens on loopback only: its stores and gloo (issue 31 item 7)
+        listening = listening_addresses([proc.pid, *(pid for pid, _ in workers)])
+        assert listening and all(address in LOOPBACK for address, _ in listening), listening
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
     finally:

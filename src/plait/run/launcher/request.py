@@ -50,7 +50,7 @@ class TrainRequest:
     gpus: int | None = None  # processes in all (alternative to nproc_per_node)
     nnodes: str = "1"  # "N", or elastic "MIN:MAX"
     rdzv_endpoint: str | None = None  # host:port of the rendezvous
-    rdzv_id: str = LaunchOptions.rdzv_id
+    rdzv_id: str | None = None  # None: derived per job (resolve.job_rdzv_id), never a fixed default
     node_rank: int | None = None  # static rendezvous
     master_addr: str | None = None
     master_port: int | None = None

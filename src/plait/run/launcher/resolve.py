@@ -23,7 +23,7 @@ from plait.run.config import (
     plan_parts,
 )
 from plait.run.launcher.checkpoint_dir import take_checkpoint_dir
-from plait.run.launcher.launch import LaunchOptions, launch, print_dry_run, record_refusal
+from plait.run.launcher.launch import LaunchOptions, job_rdzv_id, launch, print_dry_run, record_refusal
 from plait.run.launcher.micro_batch import complete_run_mbs, keep_saved_mbs, mbs_given
 from plait.run.launcher.preflight import preflight
 from plait.run.launcher.request import TrainRequest
@@ -82,7 +82,8 @@ def launch_options(request: TrainRequest, default_world: int | None = None) -> L
     if restarts < 0:
         raise PlaitError(f"--max-restarts {restarts}: must be >= 0")
     return LaunchOptions(nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nodes,
-                         rdzv_endpoint=request.rdzv_endpoint, rdzv_id=request.rdzv_id, node_rank=request.node_rank,
+                         rdzv_endpoint=request.rdzv_endpoint, rdzv_id=request.rdzv_id or job_rdzv_id(dataclasses.asdict(request)),
+                         node_rank=request.node_rank,
                          master_addr=request.master_addr, master_port=request.master_port, max_restarts=restarts)
 
 
