@@ -166,4 +166,10 @@ def parse_size(text: str, flag: str = "--max-shard-size") -> int:
     unit = match.group(2).upper() if match else None
     if match is None or unit not in SIZE_UNITS:
         raise PlaitError(f"{flag} {text}: expected a size such as 5GB, 500MB or 2GiB")
-    return int(float(match.group(1)) * SIZE_UNITS[unit])
+    size = float(match.group(1)) * SIZE_UNITS[unit]
+    if not 1 <= size <= MAX_SIZE_BYTES:  # inf from a 400-digit number; a zero size
+        raise PlaitError(f"{flag} {text}: expected a size from 1 byte to 1 PB")
+    return int(size)
+
+
+MAX_SIZE_BYTES = 10**15  # a safetensors file larger than 1 PB is a typo

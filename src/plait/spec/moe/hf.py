@@ -79,6 +79,8 @@ def moe_from_hf_config(config: dict, source: Path, name: str) -> ModelSpec:
     if kind == "mixtral":
         moe = MoESpec(_int(config, source, "num_local_experts"), top_k, ffn, aux_loss_coef=aux)
         features = dict(sliding_window=_int(config, source, "sliding_window", default=0))
+        if _int(config, source, "head_dim", default=hidden // heads) * heads != hidden:  # transformers reads it
+            features["head_dim"] = _int(config, source, "head_dim")
     elif kind in ("qwen2_moe", "qwen3_moe"):
         shared = _int(config, source, "shared_expert_intermediate_size", default=0) if kind == "qwen2_moe" else 0
         moe = MoESpec(_int(config, source, "num_experts"), top_k, _int(config, source, "moe_intermediate_size"),
