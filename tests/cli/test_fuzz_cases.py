@@ -91,3 +91,11 @@ def test_a_shard_size_that_overflows_is_refused():
         parse_size("9" * 400 + "GB")
     with pytest.raises(PlaitError, match="expected a size from 1 byte to 1 PB"):
         parse_size("0")
+
+
+@pytest.mark.parametrize("flag", ["--plan", "--init-from", "--checkpoint-dir", "--resume", "--data", "--eval-data"])
+def test_a_path_too_long_for_the_filesystem_is_one_line(capsys, flag):
+    # bench/fuzz_cli.py: a TOML job file's data = 999...9 (4,000 digits) ended in OSError ENAMETOOLONG
+    assert main([*TRAIN, flag, "9" * 4000]) == 2
+    err = one_line(capsys)
+    assert "(4,000 characters)" in err or "token file 9999" in err, err
