@@ -99,3 +99,11 @@ def test_a_path_too_long_for_the_filesystem_is_one_line(capsys, flag):
     assert main([*TRAIN, flag, "9" * 4000]) == 2
     err = one_line(capsys)
     assert "(4,000 characters)" in err or "token file 9999" in err, err
+
+
+def test_a_mixture_of_experts_config_with_an_unknown_key_is_refused():
+    # the dense families refused unknown keys; the MoE families read what they knew and ignored the rest
+    with pytest.raises(PlaitError, match="config key 'moe_magic' of model_type 'mixtral' is not understood"):
+        model_from_hf_dict({**MIXTRAL, "moe_magic": 4}, Path("x/config.json"))
+    harmless = {"output_router_logits": False, "router_jitter_noise": 0.0, "architectures": ["MixtralForCausalLM"]}
+    assert model_from_hf_dict({**MIXTRAL, **harmless}, Path("x/config.json")).moe.n_experts == 4
