@@ -2,8 +2,9 @@
 
     PYTHONPATH=src python bench/fuzz_cli.py [--examples 10000] [--seed 0] [--only plan]
 
-Draws mutated flags and input files (tests/support/fuzz_inputs.py) for plan, validate, train --dry-run,
-report and calibrate fit, runs ``plait.cli.main`` in-process, and prints one table row per command:
+Draws mutated flags and input files (tests/support/fuzz_inputs.py, tests/support/fuzz_more.py) for plan,
+validate, train --dry-run, report, calibrate fit, data prepare, train --config (TOML job files), export
+and train --init-from, runs ``plait.cli.main`` in-process, and prints one table row per command:
 examples run, exit statuses seen, bad endings (an exception escaping, a traceback printed, another exit
 status) and the distinct places they came from. The first bad case of each place is printed below the
 table. Record a run in bench/results/fuzz_cli.md with the machine and the date.
@@ -23,7 +24,10 @@ import hypothesis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 
-from fuzz_inputs import CASES, ended_well, run_case  # noqa: E402
+from fuzz_inputs import CASES as BASE_CASES, ended_well, run_case  # noqa: E402
+from fuzz_more import MORE_CASES  # noqa: E402
+
+CASES = {**BASE_CASES, **MORE_CASES}
 
 
 def where(output: str) -> str:

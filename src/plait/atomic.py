@@ -5,7 +5,9 @@ over it. Anything else that can be opened for writing - a character or block dev
 ``/dev/null``, a FIFO, ``/dev/stdout`` (a link into ``/proc``) - is written *through*: the finished
 temporary file (kept in the system's temporary directory) is copied into it, and it stays what it
 was. A renaming writer would have replaced ``/dev/null`` with a regular file for every program on the
-machine. A directory is refused with a one-line PlaitError. Torch-free; used by every writer of plait
+machine. A directory is refused with a one-line PlaitError. The file gets the mode ``open()`` would
+give it (a new one 0666 less the umask, 0644 under the usual 022; a replaced one keeps its mode),
+not ``mkstemp``'s 0600, so a teammate can read a shared checkpoint directory. Torch-free; used by every writer of plait
 (plans, calibration files, token files, outcome and manifest files, predictions and reports).
 """
 
@@ -79,6 +81,8 @@ def atomic_output(path: str | Path, mode: str = "w", **open_args) -> Iterator[IO
     fd, temporary = tempfile.mkstemp(dir=None if target is None else target.parent, prefix=f".{name}.",
                                      suffix=".tmp")
     try:
+        if target is not None:  # mkstemp makes 0600; the output gets what a plain open() would give it
+            os.fchmod(fd, _kept_mode(target))
         with os.fdopen(fd, mode, **open_args) as handle:
             yield handle
             handle.flush()
@@ -90,6 +94,43 @@ def atomic_output(path: str | Path, mode: str = "w", **open_args) -> Iterator[IO
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
+
+
+def umask() -> int:
+    """This process's umask, read without changing it where the system says it (``/proc``; a
+    temporary ``os.umask`` call elsewhere)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+def new_file_mode() -> int:
+    """The mode a new file gets from ``open()``: 0666 less the umask (0644 under the usual 022)."""
+    return 0o666 & ~umask()
+
+
+def honour_umask(*paths: str | Path) -> None:
+    """Give files written by a library that makes them 0600 (a temporary file renamed into place)
+    the mode ``open()`` would have given them."""
+    mode = new_file_mode()
+    for path in paths:
+        os.chmod(path, mode)
+
+
+def _kept_mode(target: Path) -> int:
+    """The mode of the regular file an atomic write replaces (kept, as writing it in place would), or
+    ``new_file_mode()`` for a new file."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        return new_file_mode()
 
 
 def _copy_through(source: Path, special: Path) -> None:

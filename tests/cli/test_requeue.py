@@ -62,6 +62,18 @@ def test_the_same_command_starts_fresh_then_resumes(tmp_path, capsys):
     assert f"checkpoints go to {ckpt.resolve()}" in out
 
 
+def test_a_requeue_of_a_finished_run_says_so_and_exits_0(tmp_path, capsys):
+    fake_checkpoint(tmp_path, 6)  # ARGS: --steps 6 (issue 31 item 4: this exited 2)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for extra in ((), ("--resume", str(tmp_path))):
+        assert main(["train", *ARGS, "--checkpoint-dir", str(tmp_path), *extra]) == 0
+        out = capsys.readouterr().out
+        assert "already finished at step 6" in out, out
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no lock, nothing written
+    assert main(["train", *ARGS[:-4], "--steps", "4", *ARGS[-2:], "--resume", str(tmp_path)]) == 2
+    assert "nothing to train" in capsys.readouterr().err  # fewer steps than saved: refused
+
+
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--lr", "3e-3", "--lr 0.003 differs from the checkpoint's 0.001"),
     ("--seed", "0", "--seed 0 differs from the checkpoint's 1234"),
@@ -192,11 +204,15 @@ def test_a_live_run_holds_the_directory_and_a_dead_one_does_not(tmp_path, capsys
         assert taken.owned and "process" in taken.notes[0] and "is gone" in taken.notes[0]
         with pytest.raises(PlaitError, match="in use by another plait train run"):
             lock.acquire(tmp_path)
-        by_age = lock.acquire(tmp_path, lease_s=-1.0)  # a live owner that stopped renewing: stale by its age
-        assert by_age.owned and "not renewed for" in by_age.notes[0]
-        by_age.release()
+        with pytest.raises(PlaitError, match="in use"):  # on this host the live process decides, not the lease
+            lock.acquire(tmp_path, lease_s=-1.0)
     finally:
         taken.release()
+    # an owner on another host that stopped renewing: stale by its age
+    (tmp_path / lock.LOCK_NAME).write_text(json.dumps({"host": "elsewhere", "pid": os.getpid(), "started": 0}))
+    by_age = lock.acquire(tmp_path, lease_s=-1.0)
+    assert by_age.owned and "not renewed for" in by_age.notes[0]
+    by_age.release()
 
 
 def test_the_nodes_of_one_job_share_the_lock(tmp_path):
@@ -208,3 +224,21 @@ def test_the_nodes_of_one_job_share_the_lock(tmp_path):
     with pytest.raises(PlaitError):
         lock.acquire(tmp_path, job="head:29500#other")
     first.release()
+
+
+def test_multi_node_jobs_get_their_own_rendezvous_id(tmp_path, capsys, monkeypatch):
+    # issue 31 item 7: the default id was the fixed "plait", so two jobs on one endpoint joined each other
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    base = [*ARGS[:-2], "--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", "head:29500"]
+
+    def rdzv_id(*extra: str) -> str:
+        code, out, err, _ = dry_run(capsys, *base, *extra)
+        assert code == 0, err
+        return out.split("--rdzv-id=", 1)[1].split()[0]
+
+    first = rdzv_id()
+    assert first.startswith("plait-") and first == rdzv_id()  # every node of the job computes the same
+    assert rdzv_id("--lr", "3e-3") != first  # another job
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert rdzv_id() not in (first, "plait")  # another allocation of the same command
+    assert rdzv_id("--rdzv-id", "job42") == "job42"

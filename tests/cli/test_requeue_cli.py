@@ -6,6 +6,7 @@ Real launches (torchrun, gloo ranks on CPU), kept few.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 import checkpoint_tasks
-from test_resume_cli import CLI_ARGS, CLI_OPTIM, step_lines
+from test_resume_cli import CLI_ARGS, CLI_OPTIM, losses_by_step, step_lines
 from test_train_cli import plait, read_jsonl
 
 from plait.run.checkpoint import lock, store
@@ -75,13 +76,73 @@ def test_the_same_command_line_survives_two_kills_and_ends_at_the_uninterrupted_
     lines = read_jsonl(log)
     resumes = [line["step"] for line in lines if line.get("event") == "resume"]
     assert resumes[0] == 2 and resumes[1] in (4, 6) and len(resumes) == 2, resumes
-    by_step: dict[int, list[float]] = {}
-    for line in step_lines(log):
-        by_step.setdefault(line["step"], []).append(line["loss"])
-    assert sorted(by_step) == list(range(1, STEPS + 1)), "the log must hold every step of the run"
+    assert sorted(line["step"] for line in step_lines(log)) == list(range(1, STEPS + 1)), \
+        "the log must hold every step of the run, once"
+    by_step = losses_by_step(log)  # with the lines of the steps re-run after a kill
     assert all(len(set(losses)) == 1 for losses in by_step.values()), by_step
     assert [by_step[s + 1][0] for s in range(STEPS)] == pytest.approx(uninterrupted["losses"], rel=1e-5)
     assert lines[-1]["summary"] and lines[-1]["start_step"] == resumes[-1]
+    assert store.verify(ckpt / store.final_name(STEPS)).step == STEPS
+
+
+LOOPBACK = ("0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F")
+
+
+def listening_addresses(pids: list[int]) -> list[tuple[str, str]]:
+    """(local address as /proc/net/tcp* writes it, port) of the TCP sockets ``pids`` listen on."""
+    inodes = set()
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in open(table).read().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                found.append(tuple(fields[1].split(":")))
+    return found
+
+
+def test_workers_die_with_a_killed_launcher_and_the_same_command_resumes(tmp_path, uninterrupted):
+    # a scheduler SIGKILLs the launcher's process group; torchrun started the workers in sessions of their
+    # own, so without the parent-death signal they went on training, saving and pruning (issue 31 item 1)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "run.jsonl"
+    args = ["train", *CLI_ARGS, "--layout", "dp=2,mbs=1", "--nproc-per-node", "2", "--steps", str(STEPS),
+            "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--log", str(log)]
+    proc = subprocess.Popen([sys.executable, "-m", "plait.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None \
+                and not (log.is_file() and any(line.get("step", 0) >= 3 for line in step_lines(log))):
+            time.sleep(0.05)
+        workers = [(pid, started) for pid, started in lock.children(proc.pid)]
+        assert proc.poll() is None and len(workers) == 2, "the run ended before it could be killed"
+        # a single-node run listens on loopback only: its stores and gloo (issue 31 item 7)
+        listening = listening_addresses([proc.pid, *(pid for pid, _ in workers)])
+        assert listening and all(address in LOOPBACK for address, _ in listening), listening
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(lock._pid_alive(pid, started) for pid, started in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid, started in workers if lock._pid_alive(pid, started)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "workers outlived their SIGKILLed launcher"
+    again = plait(*args, timeout=400)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert "took over the stale lock" in again.stdout and "is gone, and so are its workers" in again.stdout
+    assert sorted(line["step"] for line in step_lines(log)) == list(range(1, STEPS + 1))
+    by_step = losses_by_step(log)
+    assert all(len(set(losses)) == 1 for losses in by_step.values()), by_step  # re-run steps bit-identical
+    assert [by_step[s + 1][0] for s in range(STEPS)] == pytest.approx(uninterrupted["losses"], rel=1e-5)
     assert store.verify(ckpt / store.final_name(STEPS)).step == STEPS
 
 

@@ -41,6 +41,18 @@ def step_lines(path) -> list[dict]:
     return [line for line in read_jsonl(path) if "step" in line and "loss" in line and "summary" not in line]
 
 
+def losses_by_step(path) -> dict[int, list[float]]:
+    """{step: its losses}: the step lines and those set aside when a resumed run re-ran them (the
+    "replayed" lines), so that a re-run step's losses can be compared with its first run's."""
+    by_step: dict[int, list[float]] = {}
+    lines = read_jsonl(path)
+    replayed = [old for line in lines if line.get("event") == "replayed" for old in line["lines"]]
+    for line in replayed + lines:
+        if "step" in line and "loss" in line and "summary" not in line:
+            by_step.setdefault(line["step"], []).append(line["loss"])
+    return by_step
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(dist_pool):
     return dist_pool(2).run(checkpoint_tasks.train, "dp=2", steps=STEPS, optim=CLI_OPTIM, with_params=False)[0]
@@ -61,9 +73,8 @@ def test_killed_rank_and_killed_checkpoint_write_recover_automatically(tmp_path,
     # the restart notes name the rank that died, and how (not the survivors' connection errors)
     assert "rank 1 was killed by SIGKILL (exit -9)" in proc.stdout and "(restart 1 of 2)" in proc.stdout
     assert "rank 0 was killed by SIGKILL (exit -9)" in proc.stdout and "(restart 2 of 2)" in proc.stdout
-    by_step: dict[int, list[float]] = {}
-    for line in step_lines(log):
-        by_step.setdefault(line["step"], []).append(line["loss"])
+    assert sorted(line["step"] for line in step_lines(log)) == list(range(1, STEPS + 1))  # each step once
+    by_step = losses_by_step(log)
     # a re-run step reproduces its first run bit for bit
     assert all(len(set(losses)) == 1 for losses in by_step.values()), by_step
     assert sorted(by_step) == list(range(1, STEPS + 1))  # JSONL steps count from 1
@@ -131,6 +142,29 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
     summary = read_jsonl(log)[-1]
     assert summary["summary"] and summary["stopped_early"] and summary["checkpoints"] == [checkpoint.step]
     assert checkpoint.step == step_lines(log)[-1]["step"]
+
+
+def test_sigint_saves_a_checkpoint_and_stops_like_sigterm(tmp_path):
+    # Ctrl-C (and SIGHUP, a closed terminal: tests/run/test_stop_signals.py) stop the run as SIGTERM does;
+    # before, the launcher said a save was requested and none was made (issue 31 item 4)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "run.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "plait.cli", "train", *CLI_ARGS, "--layout", "dp=2",
+                             "--nproc-per-node", "2", "--steps", "100000", "--checkpoint-dir", str(ckpt),
+                             "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (log.is_file() and len(step_lines(log)) >= 2):
+            time.sleep(0.2)
+        assert log.is_file(), "training did not start"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "stopped by SIGINT" in err and "SIGINT: finishing the step" in out
+    saved = store.complete_dirs(ckpt)
+    assert len(saved) == 1 and store.verify(saved[0]).step == step_lines(log)[-1]["step"]
+    assert read_jsonl(log)[-1]["stopped_early"]
 
 
 @pytest.fixture(scope="module")

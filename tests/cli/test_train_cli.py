@@ -139,7 +139,7 @@ def test_dry_run_prints_the_torchrun_command(capsys):
     note, command = out.split("\n", 1)
     # mbs left out: the largest micro-batch that fits in host memory (the per-rank batch 8/2), said so
     assert note.startswith("plait train: completed: mbs=4 — the largest micro-batch dividing the per-rank batch 4")
-    assert command.startswith("torchrun --nproc-per-node=4 --max-restarts=0 --standalone -m plait.run.worker")
+    assert command.startswith("torchrun --nproc-per-node=4 --max-restarts=0 --standalone --local-addr=127.0.0.1 -m plait.run.worker")
     config = json.loads(out.split("config.json:\n", 1)[1])
     assert config["job"]["layout"] == "dp=2,tp=2,pp=1,cp=1,mbs=4" and config["job"]["global_batch"] == 8
 

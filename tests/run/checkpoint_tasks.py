@@ -93,3 +93,28 @@ def train_with_full_disk(layout: str, full_from_step: int, **kwargs) -> dict:
         return train(layout, with_params=False, **kwargs)
     finally:
         checkpoint.FileSystemWriter = original
+
+
+def train_with_failing_log(layout: str, **kwargs) -> dict:
+    """``train`` logging to ``/dev/full`` (every write fails with ENOSPC): every rank returns its steps
+    and the PlaitError rank 0 raised (None on the others)."""
+    from plait.errors import PlaitError
+    from plait.run.trainer import run_training
+
+    try:
+        result = run_training(make_config(layout, log="/dev/full", **kwargs), device=torch.device("cpu"))
+        return {"steps": [r.step for r in result.records], "error": None}
+    except PlaitError as exc:
+        return {"error": str(exc)}
+
+
+def train_logged(log: str, tensorboard: str, **kwargs) -> None:
+    """One process's tiny run logging to JSONL ``log`` and TensorBoard ``tensorboard`` (run inside
+    ``runtime_tasks.in_one_process``)."""
+    import dataclasses
+
+    from plait.run.trainer import run_training
+
+    config = make_config("dp=1", log=log, **kwargs)
+    config = dataclasses.replace(config, observe=dataclasses.replace(config.observe, tensorboard=tensorboard))
+    run_training(config, device=torch.device("cpu"))

@@ -77,3 +77,23 @@ def one_process_eval_run(eval_data: str, log: str, tensorboard: str) -> dict:
             "eval_loss": result.summary.eval_loss,
             "hand": hand_eval_loss(result.parts.chunks[0], eval_data, job.global_batch, job.seq_len,
                                    config.eval.steps)}
+
+
+def eval_and_save_then_resume(layout: str, eval_data: str, root: str) -> dict:
+    """Two steps with an evaluation and a checkpoint after each (the first on the same step, the
+    second the last step), then a run resumed from the step-1 checkpoint: every rank returns the
+    losses of both runs; rank 0 also the checkpoints written and verified."""
+    from plait.run.checkpoint import store
+    from plait.run.trainer import run_training
+
+    def run(**kwargs):
+        config = eval_config(layout, eval_data, steps=2, every=1, batches=1, checkpoint_every=1, **kwargs)
+        return [r.loss for r in run_training(config, device=torch.device("cpu")).records]
+
+    first = run(checkpoint_dir=f"{root}/a")
+    out = {"first": first}
+    if dist.get_rank() == 0:
+        out["saved"] = [store.verify(path).step for path in store.complete_dirs(Path(f"{root}/a"))]
+    dist.barrier()
+    out["resumed"] = run(checkpoint_dir=f"{root}/b", resume_from=f"{root}/a/{store.final_name(1)}")
+    return out

@@ -289,7 +289,10 @@ def run_case(case: tuple[list[str], dict[str, str]], directory: Path) -> tuple[i
     argv, files = case
     for name, text in files.items():
         (directory / name).parent.mkdir(parents=True, exist_ok=True)
-        (directory / name).write_text(text, encoding="utf-8")
+        if isinstance(text, bytes):
+            (directory / name).write_bytes(text)
+        else:
+            (directory / name).write_text(text, encoding="utf-8", errors="surrogatepass")
     here = os.getcwd()
     os.chdir(directory)
     try:

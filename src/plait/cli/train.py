@@ -79,7 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--nnodes", default=DEFAULTS.nnodes,
                        help="nodes (run the same command on each); elastic: MIN:MAX with --rdzv-endpoint")
     where.add_argument("--rdzv-endpoint", help="host:port of the rendezvous, for several nodes")
-    where.add_argument("--rdzv-id", default=DEFAULTS.rdzv_id, help="job id shared by the nodes of one run")
+    where.add_argument("--rdzv-id", default=DEFAULTS.rdzv_id,
+                       help="job id shared by the nodes of one run (default: derived from the command line and the "
+                            "scheduler's job id, the same on every node of the job)")
     where.add_argument("--node-rank", type=int, help="this node's rank (static rendezvous, with --master-addr)")
     where.add_argument("--master-addr", help="address of node 0 (static rendezvous)")
     where.add_argument("--master-port", type=int, help="port on node 0 (static rendezvous; default 29500)")
@@ -127,6 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "checkpoints starts the run there")
     ckpt.add_argument("--fresh", action="store_true",
                       help="start from step 0 and refuse a --checkpoint-dir that already holds checkpoints")
+    ckpt.add_argument("--allow-data-change", action="store_true",
+                      help="resume although the token file at the saved data path is not the one the "
+                           "checkpoint was trained on (its CRC-32, token count or size differ)")
     ckpt.add_argument("--max-restarts", type=int, default=DEFAULTS.max_restarts,
                       help="torchrun restarts after a worker dies; each restart resumes from the newest checkpoint")
     ckpt.add_argument("--on-nan", choices=("stop", "skip"), default=DEFAULTS.on_nan,

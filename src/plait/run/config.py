@@ -15,6 +15,7 @@ plait wrote before the sub-configs (checkpoint manifests and run directories of 
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,18 @@ def _positive_int_problems(values: dict[str, object]) -> list[str]:
 
 def _non_negative_int_problems(values: dict[str, object]) -> list[str]:
     return [f"{name}={value!r} must be a non-negative integer" for name, value in values.items()
-            if not isinstance(value, int) or value < 0]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0]
+
+
+def _number_problems(values: dict[str, tuple[object, float, bool]]) -> list[str]:
+    """Problems of numbers ``{name: (value, lower bound, whether the bound itself is allowed)}``:
+    each must be a finite real number above (or at) its bound."""
+    problems = []
+    for name, (value, low, inclusive) in values.items():
+        finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not finite or value < low or (value == low and not inclusive):
+            problems.append(f"{name}={value!r} must be a finite number {'>=' if inclusive else '>'} {low:g}")
+    return problems
 
 
 LR_SCHEDULES = ("cosine", "linear", "wsd", "constant")  # plait.run.optim.lr_at
@@ -64,7 +76,13 @@ class OptimConfig:
     decay_fraction: float = 0.2  # wsd: the last fraction of all steps, decaying linearly to the floor
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = _number_problems({"lr": (self.lr, 0, False), "weight_decay": (self.weight_decay, 0, True),
+                                     "grad_clip": (self.grad_clip, 0, True), "eps": (self.eps, 0, False),
+                                     "min_lr_ratio": (self.min_lr_ratio, 0, True)})
+        problems += _non_negative_int_problems({"warmup_steps": self.warmup_steps})
+        problems += [f"{name}={value!r} must be in [0, 1)" for name, value in (("beta1", self.beta1),
+                                                                             ("beta2", self.beta2))
+                     if not isinstance(value, (int, float)) or not 0 <= value < 1]
         if self.schedule not in LR_SCHEDULES:
             problems.append(f"lr_schedule={self.schedule!r} must be one of {', '.join(LR_SCHEDULES)}")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
@@ -97,7 +115,8 @@ class TrainJob:
     seq_len: int  # tokens per sequence
     steps: int = 20  # optimizer steps in all, counted from step 0 (a resumed run may ask for more)
     seed: int = 0  # seed of the weights, the data order and dropout
-    data: str = "synthetic"  # "synthetic" or a token file written by `plait data prepare`
+    data: str = "synthetic"  # "synthetic" or a token file written by `plait data prepare` (absolute path)
+    data_id: str | None = None  # the token file's fingerprint: "crc32=…,tokens=…,bytes=…" (its header and size)
     init_from: str | None = None  # Hugging Face model directory whose weights start the run (None: random init)
 
     def __post_init__(self) -> None:

@@ -88,14 +88,17 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tens
     return [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
 
 
-def open_log(config: RunConfig, is_rank0: bool, append: bool) -> MetricsLog:
+def open_log(config: RunConfig, is_rank0: bool, append: bool, start_step: int = 0) -> MetricsLog:
     """Rank 0's JSONL log and metrics sinks (``--tensorboard``, ``--wandb-project``, ``--mlflow-uri``);
-    on other ranks a log that writes nothing."""
+    on other ranks a log that writes nothing. ``append`` (a resumed or restarted run, from
+    ``start_step`` steps done): the lines and TensorBoard events of later steps, about to be re-run,
+    are set aside (JSONL: into a "replayed" line) and purged (TensorBoard), so no step appears twice."""
     if not is_rank0:
         return MetricsLog(JsonlLog(None))
-    jsonl = JsonlLog(config.observe.log, append=append)
+    jsonl = JsonlLog(config.observe.log, append=append, resume_step=start_step if append else None)
     try:
-        return MetricsLog(jsonl, open_sinks(config.observe, config.to_dict()))
+        return MetricsLog(jsonl, open_sinks(config.observe, config.to_dict(),
+                                            purge_step=start_step + 1 if append else None))
     except BaseException:
         jsonl.close()
         raise
@@ -195,7 +198,8 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     checkpointer = make_checkpointer(setup)
     counter = TensorMemoryCounter(device.type == "cpu", start_step, config.job.steps)  # counted tensor bytes
     is_rank0 = dist.get_rank() == 0
-    log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0)
+    log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0, start_step=start_step)
+    stop = StopOrLogFailure(stop, log)
     for event in events:
         log.write(event)
     evaluator = Evaluator(setup) if config.eval.data else None
@@ -230,7 +234,29 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
         setup.source.close()
         if parts.offloader is not None:
             parts.offloader.close()
+    if log.failure is not None:  # rank 0; the run stopped at the next step and saved first
+        at = config.job.steps if stopped_at is None else stopped_at
+        saved = f"; checkpoint step_{at:08d} saved in {config.checkpoint.dir} (rerun the same command to resume " \
+                "once the log can be written)" if checkpointer is not None else " (no --checkpoint-dir: nothing saved)"
+        raise PlaitError(f"{log.failure}; training stopped after step {at}{saved}")
     return TrainResult(records=records, summary=summary, parts=parts, pdims=setup.pdims, optimizer=setup.optimizer)
+
+
+class StopOrLogFailure:
+    """The stop request the loop polls: the worker's (SIGTERM, SIGINT, SIGHUP), or a failed metrics log
+    write on rank 0 (``MetricsLog.failure``); it rides in the loss all-reduce, so every rank stops."""
+
+    def __init__(self, stop, log: MetricsLog):
+        self.stop, self.log = stop, log
+
+    def is_set(self) -> bool:
+        requested = self.stop is not None and self.stop.is_set()  # polled every step: the worker's heartbeat
+        return requested or self.log.failure is not None
+
+    @property
+    def name(self) -> str | None:
+        """What asked to stop: the signal's name, else the failed log write."""
+        return getattr(self.stop, "name", None) or ("a failed metrics log write" if self.log.failure else None)
 
 
 def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, log: MetricsLog, display: Display,
@@ -278,7 +304,7 @@ def train(setup: StepSetup, start_step: int, checkpointer: Checkpointer | None, 
             if event:
                 log.write(event)
         if stopping:
-            display.message(f"stopped by SIGTERM after step {steps_done}" + (
+            display.message(f"stopped by {getattr(stop, 'name', None) or 'a stop request'} after step {steps_done}" + (
                 f"; checkpoint {setup.config.checkpoint.dir}/step_{steps_done:08d} saved" if checkpointer
                 else " (no --checkpoint-dir: nothing saved)"))
             return ledger.records, steps_done

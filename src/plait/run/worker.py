@@ -4,7 +4,7 @@
 (``RankEnv``), chooses its device once (``plait.run.launcher.device.rank_device``) and parses
 the test-only fault plan once (``FaultPlan``), and hands all three down. Then, in order:
 
-* SIGTERM is routed to a thread of its own (``sigwait``), so it is seen even while the main
+* SIGTERM, SIGINT and SIGHUP reach a thread of their own (a wakeup pipe), so they are seen even while the main
   thread is blocked in a collective: the training loop finishes its step, saves and stops; a
   main thread that does not come back to the loop in time (stuck with a dead peer) is ended.
 * The process group is joined (NCCL on GPU, gloo on CPU) with a finite timeout, so that when
@@ -47,7 +47,7 @@ from plait.errors import PlaitError
 from plait.run.checkpoint import store
 from plait.run.checkpoint.select import candidates, choose_checkpoint, nothing_to_train
 from plait.run.config import RunConfig
-from plait.run.env import RankEnv
+from plait.run.env import RankEnv, die_with_launcher
 from plait.run.faults import FaultPlan
 from plait.run.launcher.device import rank_device
 from plait.run.replan import replan
@@ -92,10 +92,11 @@ def run_as_worker(run_dir: Path, program: str, body: Callable[[RankEnv], None]) 
     """Run ``body(env)`` on this torchrun rank (``env``: its environment, read here once) and exit
     without interpreter teardown.
 
-    A failure is written to ``run_dir/error-rank<R>.json`` for the launcher and ends the process
+    The worker ends with its launcher (``plait.run.env.die_with_launcher``). A failure is written to ``run_dir/error-rank<R>.json`` for the launcher and ends the process
     with status 1; success ends it with 0 after a barrier and destroying the process group.
     (Teardown is skipped: it can abort in gloo's threads, a torch issue seen on CPU.)
     """
+    die_with_launcher()
     env = RankEnv.from_environ()
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     try:
@@ -162,12 +163,13 @@ def startup_config(config: RunConfig, env: RankEnv, say) -> tuple[RunConfig, boo
 
 
 class StopRequest:
-    """Set by SIGTERM; the training loop polls it once per step (which also serves as a heartbeat)."""
+    """Set by SIGTERM, SIGINT or SIGHUP; the training loop polls it once per step (which also serves as a heartbeat)."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.last_poll = time.monotonic()
         self.poll_interval = 0.0  # seconds between the loop's polls, smoothed
+        self.name: str | None = None  # the signal that asked to stop ("SIGTERM")
 
     def is_set(self) -> bool:
         now = time.monotonic()
@@ -176,24 +178,39 @@ class StopRequest:
         return self.event.is_set()
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # a scheduler's, Ctrl-C's, a closed terminal's
+
+
 def arm_sigterm(say) -> StopRequest:
-    """Route SIGTERM to a watcher thread; call before any other thread exists (threads inherit the mask)."""
+    """Route SIGTERM, SIGINT and SIGHUP to a watcher thread (each stops the run the same way: finish
+    the step, save, exit 128 + the signal); call from the main thread.
+
+    The C-level handler writes the signal's number to a wakeup pipe whichever thread the kernel
+    delivers it to (torch's own threads block no signal), and the watcher reads it there, so it is
+    seen even while the main thread is blocked in a collective."""
     request = StopRequest()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    for number in STOP_SIGNALS:
+        signal.signal(number, lambda *_: None)  # the Python-level handler: nothing; the pipe does the work
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
 
     def watch() -> None:
-        signal.sigwait({signal.SIGTERM})
+        signum = 0
+        while signum not in STOP_SIGNALS:
+            signum = os.read(read_end, 1)[0]
+        name = request.name = signal.Signals(signum).name
         received = time.monotonic()
         request.event.set()
-        say("SIGTERM: finishing the step, then saving and stopping")
+        say(f"{name}: finishing the step, then saving and stopping")
         # a loop that polls again has seen the request; one that does not is stuck (e.g. a dead peer)
         patience = min(SIGTERM_GRACE_S, max(10.0, 3.0 * request.poll_interval))
         while time.monotonic() - received < SIGTERM_GRACE_S:
             if request.last_poll < received and time.monotonic() - received > patience:
                 break
             time.sleep(0.2)
-        say("SIGTERM: the training loop did not stop in time; exiting")
-        os._exit(143)
+        say(f"{name}: the training loop did not stop in time; exiting")
+        os._exit(128 + signum)
 
     threading.Thread(target=watch, name="plait-sigterm", daemon=True).start()
     return request
@@ -206,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     def train(env: RankEnv) -> None:
         config = RunConfig.load(run_dir / "config.json")
         say = console(env)
-        stop = arm_sigterm(say)  # before init: the process group's threads must inherit the signal mask
+        stop = arm_sigterm(say)
         device = rank_device(config.runtime.device, env.local_rank)
         init_process_group(env, device, config.runtime.timeout_s)
         faults = FaultPlan.from_environ(env)

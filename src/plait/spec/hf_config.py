@@ -16,6 +16,7 @@ DeepSeek-V2/V3, GPT-OSS) are read by ``plait.spec.moe.hf`` with either reader.
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -51,6 +52,7 @@ def model_from_hf_dict(config: dict, source: Path, reader: str = "plain") -> Mod
     """The ModelSpec of a config.json's contents (``source``: its path, for messages)."""
     if reader not in READERS:
         raise ValueError(f"reader must be one of {READERS}, not {reader!r}")
+    check_sizes_and_types(config, source)
     if str(config.get("model_type", "")).lower() in MOE_TYPES:  # mixture-of-experts families: plait.spec.moe.hf
         return moe_from_hf_config(config, source, str(config.get("_name_or_path") or source.parent.name or "hf-model"))
     family = check_raw_config(config, source)
@@ -63,6 +65,38 @@ def model_from_hf_dict(config: dict, source: Path, reader: str = "plain") -> Mod
     else:
         get = plain_getter(config, family)
     return spec_from_config(get, family, config, source)
+
+
+# the size keys of the families plait reads: (smallest, largest) value, checked before anything is built
+# (1e8 layers would build for hours; 0 heads divide by zero)
+_LAYERS, _WIDTH, _HEADS, _VOCAB, _POSITIONS = (1, 10**4), (1, 2**20), (1, 2**16), (1, 2**31), (1, 2**31)
+SIZE_LIMITS = {
+    "num_hidden_layers": _LAYERS, "n_layer": _LAYERS, "hidden_size": _WIDTH, "n_embd": _WIDTH,
+    "intermediate_size": _WIDTH, "n_inner": _WIDTH, "moe_intermediate_size": _WIDTH, "head_dim": _WIDTH,
+    "shared_expert_intermediate_size": (0, 2**20), "num_attention_heads": _HEADS, "n_head": _HEADS,
+    "num_key_value_heads": _HEADS, "vocab_size": _VOCAB, "max_position_embeddings": _POSITIONS,
+    "n_positions": _POSITIONS, "sliding_window": (0, 2**31), "num_local_experts": _HEADS, "num_experts": _HEADS,
+    "n_routed_experts": _HEADS, "num_experts_per_tok": _HEADS, "experts_per_token": _HEADS,
+}
+KEY_TYPES = {"rope_parameters": (dict,), "rope_scaling": (dict,), "layer_types": (list,), "hidden_act": (str,),
+             "activation_function": (str,), "model_type": (str,)}
+
+
+def check_sizes_and_types(config: dict, source: Path) -> None:
+    """One line for a size key that is not an integer within its bounds (``SIZE_LIMITS``) or a key of
+    the wrong JSON type (``KEY_TYPES``), before anything is computed or built from them."""
+    for key, (low, high) in SIZE_LIMITS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        number = _integer(value, key, source)
+        if not low <= number <= high:
+            raise PlaitError(f"{source}: {key}={value!r} must be between {low:,} and {high:,}")
+    for key, types in KEY_TYPES.items():
+        value = config.get(key)
+        if value is not None and not isinstance(value, types):
+            raise PlaitError(f"{source}: {key}={str(value)[:60]!r} must be a JSON "
+                             f"{ {dict: 'object', list: 'array', str: 'string'}[types[0]] }")
 
 
 def check_raw_config(config: dict, source: Path) -> str:
@@ -116,7 +150,8 @@ def _require(config: dict, *keys: str, source: Path) -> int:
 
 
 def _integer(value, key: str, source: Path) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value):
         raise PlaitError(f"{source}: {key}={value!r} must be an integer")
     return int(value)
 

@@ -70,7 +70,10 @@ class Flag:
         elif kind is float:
             if isinstance(value, str):
                 raise PlaitError(f"{where}{self.key} = {shown(value)}: expected a number")
-            converted = float(value)
+            try:
+                converted = float(value)
+            except OverflowError:
+                raise PlaitError(f"{where}{self.key} = {shown(value)}: too large for a number") from None
         elif kind is None or kind is str:
             if isinstance(value, float):
                 raise PlaitError(f"{where}{self.key} = {shown(value)}: expected a string")

@@ -51,8 +51,9 @@ def read_job_file(path: str, parser: argparse.ArgumentParser, command: str) -> d
     tomllib = toml_module("job file")
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PlaitError(f"{path} is not valid TOML: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # TOMLDecodeError; an integer of > 4300 digits; deep nesting
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise PlaitError(f"{path} is not valid TOML: {why}") from None
     return settings(data, flags_of(parser), f"{path}: ", command)
 
 

@@ -3,6 +3,7 @@ the one place where a user error becomes one line on stderr and an exit status."
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Callable
 
@@ -43,6 +44,9 @@ def cost_params(path: str | None, cluster=None):
     return params, cluster
 
 
+USER_PATH_ERRORS = (errno.ENAMETOOLONG, errno.ELOOP)
+
+
 def exit_status(run: Callable[[object], int], args) -> int:
     """``run(args)``'s exit status; a PlaitError is one line on stderr (status 2, or the error's own)."""
     try:
@@ -53,3 +57,11 @@ def exit_status(run: Callable[[object], int], args) -> int:
     except KeyboardInterrupt:
         print("plait: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as exc:
+        if exc.errno not in USER_PATH_ERRORS:
+            raise
+        # a path the user gave that the filesystem cannot take (a name too long, a loop of links)
+        name = str(exc.filename or "")
+        shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]} ({len(name):,} characters)"
+        print(f"plait: error: cannot use the path {shown}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE

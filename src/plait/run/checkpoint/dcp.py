@@ -32,11 +32,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
+from plait.run.checkpoint.safe_reader import SafeFileSystemReader, read_metadata_file
 from plait.run.faults import NO_FAULTS, FaultPlan
 from plait.run.model import canonical_name
 from plait.run.parallel.parallelize import ModelParts
@@ -67,7 +68,11 @@ def ensure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 def training_state(parts: ModelParts, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """The flat, layout-independent state dict of this rank (views of the live tensors)."""
+    """The flat, layout-independent state dict of this rank (views of the live tensors).
+
+    FSDP units are resharded first: after a forward with no backward (an evaluation) a unit that
+    does not reshard after forward holds gathered parameters, which are not the optimizer's."""
+    parts.reshard()
     ensure_optimizer_state(optimizer)
     out: dict[str, torch.Tensor] = {}
     for name, param in named_parameters(parts).items():
@@ -258,11 +263,48 @@ def _write_errors(directory: Path):
     try:
         yield
     except (OSError, RuntimeError, CheckpointException) as exc:
-        text = str(exc)
-        reason = next((line.strip() for line in text.splitlines() if "Errno" in line or "No space" in line),
-                      text.strip().splitlines()[-1] if text.strip() else type(exc).__name__)
-        raise PlaitError(f"could not write checkpoint {directory} ({reason[:200]}); the previous checkpoints "
-                         "are intact. Free disk space or choose another --checkpoint-dir") from None
+        raise PlaitError(f"could not write checkpoint {directory} ({write_failure(exc, directory)[:200]}); the "
+                         "previous checkpoints are intact. Free disk space or choose another --checkpoint-dir") from None
+
+
+def write_failure(exc: BaseException, directory: Path) -> str:
+    """Why a write into ``directory`` failed, in words: the OS error (``No space left on device``) when
+    one is in the exception's chain or text; a full disk when the filesystem has (almost) no space
+    left - torch's zip writer then only says ``unexpected pos 704 vs 598``; else the error's last line."""
+    seen, pending = set(), [exc]
+    while pending:
+        error = pending.pop()
+        if isinstance(error, tuple):  # DCP's failures: (exception, traceback) per rank
+            pending += list(error)
+            continue
+        if not isinstance(error, BaseException) or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno:
+            return f"{os.strerror(error.errno)}{f': {error.filename}' if error.filename else ''}"
+        pending += [error.__cause__, error.__context__, *getattr(error, "failures", {}).values()]
+    text = str(exc)
+    line = next((line.strip() for line in text.splitlines() if "Errno" in line or "No space" in line), None)
+    if line:
+        return line
+    free = free_bytes(directory)
+    if free is not None and free < FULL_DISK_BYTES:
+        return f"No space left on device: {free:,} bytes free on the filesystem of {directory.parent}"
+    return text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
+
+
+FULL_DISK_BYTES = 64 * 2**20  # a failed write with less free space than this is a full disk
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on the filesystem of ``directory`` (or its parent)."""
+    for path in (directory, directory.parent):
+        try:
+            stats = os.statvfs(path)
+        except OSError:
+            continue
+        return stats.f_bavail * stats.f_frsize
+    return None
 
 
 def _shared_token() -> str:
@@ -274,9 +316,13 @@ def _shared_token() -> str:
 
 def load_checkpoint(path: str | Path, parts: ModelParts, optimizer: torch.optim.Optimizer) -> None:
     """Load a checkpoint written under any layout into this rank's parameters and AdamW state, in place."""
+    try:  # one clear line for metadata that is not DCP's (the reader below refuses it too, in DCP's words)
+        read_metadata_file(Path(path) / ".metadata")
+    except PlaitError as exc:
+        raise PlaitError(f"cannot load checkpoint {path}: {exc}") from None
     state = training_state(parts, optimizer)
     try:
-        dcp.load(state, storage_reader=FileSystemReader(path))
+        dcp.load(state, storage_reader=SafeFileSystemReader(path))
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
         text = str(exc).strip().splitlines()
         missing = [line for line in text if "Missing key" in line or "not found" in line]

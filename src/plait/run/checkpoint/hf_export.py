@@ -23,11 +23,13 @@ from pathlib import Path
 
 import torch
 
+from plait.atomic import honour_umask
 from plait.errors import PlaitError
 from plait.run.checkpoint import hf_files, store
 from plait.run.checkpoint.hf_files import ExportOptions
 from plait.run.checkpoint.hf_import import row_instances, unique_parameters
 from plait.run.checkpoint.hf_map import family_of_model_type
+from plait.run.checkpoint.safe_reader import SafeFileSystemReader, read_metadata_file
 from plait.run.model import build_model
 from plait.spec.hf.writer import hf_config_of
 
@@ -72,9 +74,7 @@ def _check_target(target: Path) -> None:
 
 def _saved_shapes(path: Path, names: list[str]) -> dict[str, tuple[int, ...]]:
     """{plait name: global shape} of the model tensors a DCP checkpoint holds; PlaitError for a missing one."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    metadata = read_metadata_file(Path(path) / ".metadata").state_dict_metadata
     shapes = {}
     for name in names:
         entry = metadata.get(f"model.{name}")
@@ -89,7 +89,6 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
                       options: ExportOptions = ExportOptions()) -> Exported:
     """Write the model of a plait checkpoint (any layout) as a Hugging Face model directory ``target``."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
 
     from plait.run.config import RunConfig
 
@@ -131,7 +130,7 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
                       for hf_name in group for n in rows[hf_name][1]}
             with warnings.catch_warnings():  # DCP warns that it loads in one process, which is the intent
                 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(wanted, storage_reader=FileSystemReader(str(found.path)), no_dist=True)
+                dcp.load(wanted, storage_reader=SafeFileSystemReader(str(found.path)), no_dist=True)
             tensors = {}
             for hf_name in group:
                 row, names = rows[hf_name]
@@ -139,6 +138,7 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
                 tensors[hf_name] = value.to(dtype).contiguous()
                 weight_map[hf_name] = file
             save_file(tensors, str(temporary / file), metadata={"format": "pt"})
+            honour_umask(temporary / file)  # safetensors writes 0600
         if len(files) > 1:
             total = sum(size for _, size in sizes)
             (temporary / hf_files.INDEX).write_text(hf_files.index_json(weight_map, total, spec.total_params()))

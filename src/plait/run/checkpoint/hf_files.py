@@ -11,6 +11,8 @@ rank finds the file of each tensor it needs) without reading any weight.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 import struct
 from dataclasses import dataclass
@@ -80,6 +82,35 @@ def read_header(path: Path) -> dict:
     return header
 
 
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+               "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def check_offsets(path: Path, header: dict) -> None:
+    """Refuse a safetensors file whose header's byte ranges lie: a tensor's range must hold exactly
+    its shape × dtype bytes and end inside the file (a truncated file fails here, naming it)."""
+    try:
+        with open(path, "rb") as handle:
+            data_bytes = os.fstat(handle.fileno()).st_size - 8 - struct.unpack("<Q", handle.read(8))[0]
+    except OSError as exc:
+        raise PlaitError(f"cannot read {path}: {exc.strerror or exc}") from None
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = (int(n) for n in entry["data_offsets"])
+            elements = math.prod(int(n) for n in entry["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise PlaitError(f"{path}: the header entry of {name} is malformed") from None
+        width = DTYPE_BYTES.get(str(entry.get("dtype")))
+        if not 0 <= begin <= end or (width is not None and end - begin != elements * width):
+            raise PlaitError(f"{path}: the header gives tensor {name} bytes {begin}..{end}, not the "
+                             f"{elements:,} × {width} bytes of its shape (a corrupt file)")
+        if end > data_bytes:
+            raise PlaitError(f"{path}: tensor {name} ends at byte {end:,} but the file holds {max(0, data_bytes):,} "
+                             "bytes of data (truncated?)")
+
+
 def weight_files(directory: str | Path) -> list[Path]:
     """The safetensors files of a model directory: the shards its index lists, else ``model.safetensors``."""
     root = Path(directory)
@@ -107,7 +138,9 @@ def tensor_table(directory: str | Path) -> dict[str, TensorEntry]:
     """{tensor name: where it is} of every safetensors file of a model directory (headers only)."""
     table: dict[str, TensorEntry] = {}
     for file in weight_files(directory):
-        for name, entry in read_header(file).items():
+        header = read_header(file)
+        check_offsets(file, header)
+        for name, entry in header.items():
             if name == "__metadata__":
                 continue
             try:
@@ -166,4 +199,10 @@ def parse_size(text: str, flag: str = "--max-shard-size") -> int:
     unit = match.group(2).upper() if match else None
     if match is None or unit not in SIZE_UNITS:
         raise PlaitError(f"{flag} {text}: expected a size such as 5GB, 500MB or 2GiB")
-    return int(float(match.group(1)) * SIZE_UNITS[unit])
+    size = float(match.group(1)) * SIZE_UNITS[unit]
+    if not 1 <= size <= MAX_SIZE_BYTES:  # inf from a 400-digit number; a zero size
+        raise PlaitError(f"{flag} {text}: expected a size from 1 byte to 1 PB")
+    return int(size)
+
+
+MAX_SIZE_BYTES = 10**15  # a safetensors file larger than 1 PB is a typo

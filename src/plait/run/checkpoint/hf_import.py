@@ -163,6 +163,22 @@ def _open(file: Path, handles: dict):
     return handles[file]
 
 
+def _read_tensor(directory, file: Path, name: str, handles: dict) -> torch.Tensor:
+    """Tensor ``name`` of safetensors ``file``; PlaitError naming the file when it cannot be read or
+    holds NaN or infinite values (which would otherwise surface as a non-finite loss, blamed on the
+    learning rate and the data)."""
+    try:
+        value = _open(file, handles).get_tensor(name)
+    except PlaitError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - safetensors' own errors: one line naming the file
+        raise PlaitError(f"--init-from {directory}: cannot read tensor {name} from {file.name} "
+                         f"({type(exc).__name__}: {str(exc)[:200]})") from None
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        raise PlaitError(f"--init-from {directory}: tensor {name} in {file.name} holds NaN or infinite values")
+    return value
+
+
 @torch.no_grad()
 def load_hf_weights(directory: str | Path, named: Iterable[tuple[str, torch.Tensor]], spec: ModelSpec,
                     device: torch.device | str) -> int:
@@ -182,7 +198,7 @@ def load_hf_weights(directory: str | Path, named: Iterable[tuple[str, torch.Tens
         hf_name = concrete(row.hf, layer)
         if hf_name not in converted:
             where = located[hf_name]
-            value = _open(table[where].file, handles).get_tensor(where).to(device=device, dtype=torch.float32)
+            value = _read_tensor(directory, table[where].file, where, handles).to(device=device, dtype=torch.float32)
             converted[hf_name] = row.codec.to_plait(value, spec)
             read += 1
         full = converted[hf_name][position].to(param.dtype)

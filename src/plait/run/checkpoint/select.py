@@ -37,6 +37,31 @@ def check_same_run(saved: RunConfig, model=None, global_batch: int | None = None
                          f"(asked: {seq_len}). Drop --seq-len")
 
 
+def data_of(data: str, model, seed: int, seq_len: int) -> tuple[str, str | None]:
+    """(the absolute path, the fingerprint) of a run's token file, opened and checked against the
+    model (a PlaitError naming the file when it cannot be used); ("synthetic", None) for synthetic data.
+    The absolute path lets a resume from any working directory find it."""
+    if data == "synthetic":
+        return data, None
+    from plait.run.data.tokens import open_tokens
+
+    tokens = open_tokens(data, model.vocab, seed, seq_len=seq_len, model_name=model.name)
+    return os.path.abspath(data), tokens.fingerprint
+
+
+def check_same_data(saved_id: str | None, data: str, data_id: str | None, allow_change: bool,
+                    path: str = "") -> str | None:
+    """Refuse to resume checkpoint ``path`` (whose run read tokens fingerprinted ``saved_id``) on the
+    token file ``data`` (fingerprint ``data_id``) when they differ, unless ``allow_change`` (then a
+    note). Manifests of earlier plait versions have no fingerprint: nothing to check."""
+    if saved_id is None or data_id is None or saved_id == data_id:
+        return None
+    if not allow_change:
+        raise PlaitError(f"token file {data} is not the one checkpoint {path} was trained on ({data_id}; the "
+                         f"checkpoint's: {saved_id}); pass --allow-data-change to train on it")
+    return f"--allow-data-change: training on {data} ({data_id}), not the checkpoint's data ({saved_id})"
+
+
 def saved_run(manifest: dict, path: str | Path = "") -> RunConfig:
     """The RunConfig recorded in a checkpoint's manifest; PlaitError (the checkpoint is refused) when it does
     not load."""

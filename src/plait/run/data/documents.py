@@ -165,7 +165,19 @@ def _text_of(record: object, text_key: str, where: str) -> str | None:
     text = record[text_key]
     if text is not None and not isinstance(text, str):
         raise PlaitError(f"{where}: key {text_key!r} holds a JSON {type(text).__name__}, not text")
+    if text and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # JSON's "\ud800": a lone surrogate, not a character
+            raise PlaitError(f"{where}: key {text_key!r} holds a lone surrogate ({text[e.start]!r} at character "
+                             f"{e.start}), not Unicode text") from None
     return text
+
+
+def _decode_problem(exc: BaseException) -> str:
+    """What made ``json.loads`` fail other than a syntax error: an integer of more than Python's 4300
+    digits, or nesting deeper than its recursion limit."""
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
 
 
 def _json_lines(raw: bytes, path: Path, start: int, text_key: str) -> list[str]:
@@ -183,6 +195,8 @@ def _json_lines(raw: bytes, path: Path, start: int, text_key: str) -> list[str]:
         except json.JSONDecodeError as e:
             raise PlaitError(f"{where} is not a JSON object ({e.msg} at column {e.colno}); a .jsonl file holds "
                              "one JSON object per line") from None
+        except (ValueError, RecursionError) as e:
+            raise PlaitError(f"{where} cannot be read as JSON ({_decode_problem(e)})") from None
         text = _text_of(record, text_key, where)
         if text:
             docs.append(text)
@@ -198,6 +212,8 @@ def _json_file(raw: bytes, path: Path, text_key: str) -> list[str]:
         if e.msg == "Extra data":  # several values: JSON lines in a .json file (as Hugging Face datasets write)
             return _json_lines(raw, path, 0, text_key)
         raise PlaitError(f"input {path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except (ValueError, RecursionError) as e:
+        raise PlaitError(f"input {path} cannot be read as JSON ({_decode_problem(e)})") from None
     records = data if isinstance(data, list) else [data]
     docs = []
     for index, record in enumerate(records):

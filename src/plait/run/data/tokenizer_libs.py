@@ -73,6 +73,8 @@ class HFTokenizer:
         self.name = f"hf:{file.parent.name or file.stem}"
         vocab = self._tok.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values()) + 1 if vocab else 0
+        if self.vocab_size < 2:
+            raise PlaitError(f"{file} has a vocabulary of {self.vocab_size} tokens; a tokenizer needs at least 2")
         self.eot_id = self._find_eos(file.parent, vocab)
 
     def _find_eos(self, folder: Path, vocab: dict[str, int]) -> int | None:

@@ -121,9 +121,13 @@ class TokenFile:
         return PlaitError(f"token file {self.path}: {what}")
 
     def _read_header(self) -> tuple:
-        if not self.path.exists():
+        try:
+            exists, is_dir = self.path.exists(), self.path.is_dir()
+        except OSError as e:  # a name too long for the filesystem, a loop of links...
+            raise PlaitError(f"token file {str(self.path)[:200]}: cannot read it ({e.strerror or e})") from None
+        if not exists:
             raise PlaitError(f"token file {self.path} not found; {PREPARE_HINT}")
-        if self.path.is_dir():
+        if is_dir:
             raise PlaitError(f"token file {self.path} is a directory, not a token file; {PREPARE_HINT}")
         try:
             size = self.path.stat().st_size
@@ -178,6 +182,11 @@ class TokenFile:
                              "the token data is corrupt; prepare it again")
         if top >= self.vocab_size:
             raise self._fail(f"corrupt: token id {top} is not below vocab {self.vocab_size}")
+
+    @property
+    def fingerprint(self) -> str:
+        """What identifies the tokens (from the header, no full read): CRC-32, token count, file size."""
+        return f"crc32={self.checksum:08x},tokens={self.n_tokens},bytes={self.path.stat().st_size}"
 
     @property
     def description(self) -> str:

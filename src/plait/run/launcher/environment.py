@@ -26,11 +26,14 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+from plait.run.env import LAUNCHER_PID
+
 CPU_ALLOCATOR = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**40), "MALLOC_ARENA_MAX": "1"}
 
 
 def worker_variables(nproc_per_node: int, cpu: bool) -> dict[str, str]:
-    """The variables plait adds for the workers when they are not already set."""
+    """The variables plait adds for the workers when they are not already set (``PLAIT_LAUNCHER_PID``,
+    the process the workers die with, is always this one)."""
     variables = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc_per_node))}
     if cpu:
         variables.update(CPU_ALLOCATOR)
@@ -42,9 +45,14 @@ def worker_environment(nproc_per_node: int, cpu: bool) -> Iterator[dict[str, str
     """``os.environ`` with ``worker_variables`` added where unset (torchrun passes it to the
     workers), restored on exit; yields what was added."""
     added = {k: v for k, v in worker_variables(nproc_per_node, cpu).items() if k not in os.environ}
-    os.environ.update(added)
+    launcher = {LAUNCHER_PID: str(os.getpid())}  # plait.run.env.die_with_launcher
+    saved = {key: os.environ.get(key) for key in [*added, *launcher]}
+    os.environ.update({**added, **launcher})
     try:
         yield added
     finally:
-        for key in added:
-            os.environ.pop(key, None)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

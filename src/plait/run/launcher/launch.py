@@ -14,7 +14,9 @@ for programs such as ``plait sweep``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
 import signal
 import sys
@@ -30,7 +32,6 @@ from plait.run.launcher.host_memory import HostMemory
 from plait.run.launcher.outcome import (
     EXIT_ERROR,
     EXIT_OK,
-    EXIT_STOPPED,
     Outcome,
     failed_run,
     first_line,
@@ -63,7 +64,7 @@ def torchrun_args(options: LaunchOptions, run_dir: str) -> list[str]:
     """The torchrun command-line arguments of this launch (without the program name)."""
     args = [f"--nproc-per-node={options.nproc_per_node}", f"--max-restarts={options.max_restarts}"]
     if options.nnodes == 1 and not options.rdzv_endpoint and options.master_addr is None:
-        args.append("--standalone")
+        args += ["--standalone", f"--local-addr={LOOPBACK}"]  # the workers' store on loopback (loopback_stores)
     elif options.rdzv_endpoint:
         nodes = f"{options.min_nnodes}:{options.nnodes}" if options.min_nnodes not in (None, options.nnodes) \
             else str(options.nnodes)
@@ -75,6 +76,19 @@ def torchrun_args(options: LaunchOptions, run_dir: str) -> list[str]:
         args += [f"--nnodes={options.nnodes}", f"--node-rank={options.node_rank}",
                  f"--master-addr={options.master_addr}", f"--master-port={options.master_port or 29500}"]
     return args + ["-m", "plait.run.worker", run_dir]
+
+
+def job_rdzv_id(request: dict) -> str:
+    """The rendezvous id of a job that gave no ``--rdzv-id`` (``request``: the train request's fields):
+    the same on every node that runs the same command - a digest of it, and of the scheduler's job
+    id when there is one - and another for another job; never the fixed ``plait`` that let two
+    jobs on one endpoint join each other's rendezvous."""
+    import hashlib
+
+    fields = {k: v for k, v in request.items() if k not in ("run_dir", "dry_run", "node_rank")}
+    fields["scheduler_job"] = next((os.environ[k] for k in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID")
+                                    if os.environ.get(k)), None)
+    return "plait-" + hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def command_line(options: LaunchOptions, run_dir: str) -> str:
@@ -152,7 +166,7 @@ def run_torchrun(args: list[str], run_dir: Path, nproc_per_node: int, what: str 
 def raise_for(outcome: Outcome, message: str) -> None:
     """Raise the error of a run that did not end ok: RunStopped or RunFailed with ``message``."""
     if outcome.status == "stopped":
-        raise RunStopped(message)
+        raise RunStopped(message, exit_code=outcome.exit_code)
     if outcome.status != "ok":
         raise RunFailed(message)
 
@@ -173,7 +187,7 @@ def workers_outcome(args: list[str], run_dir: Path, nproc_per_node: int, what: s
     from plait.run.launcher.restarts import restart_notes
 
     try:
-        with worker_environment(nproc_per_node, cpu), \
+        with worker_environment(nproc_per_node, cpu), loopback_stores("--standalone" in args), \
                 restart_notes(Path(run_dir), what, lambda note: print(f"plait: {note}", flush=True)):
             run(parse_args(args))
     except ChildFailedError as exc:
@@ -187,11 +201,60 @@ def workers_outcome(args: list[str], run_dir: Path, nproc_per_node: int, what: s
         name = signal.Signals(exc.sigval).name
         message = (f"stopped by {name}: the workers were asked to finish their step and save a checkpoint "
                    "(with --checkpoint-dir) within 30 s; resume with --resume")
-        return Outcome("stopped", message, exit_code=EXIT_STOPPED, signal=name), message
+        return Outcome("stopped", message, exit_code=128 + int(exc.sigval), signal=name), message
     except (RuntimeError, OSError, ValueError) as exc:  # rendezvous timeouts, ports in use, bad endpoints
         message = f"torchrun could not start the workers: {type(exc).__name__}: {exc}"
         return Outcome("failed", first_line(message), exit_code=EXIT_ERROR), message
     return Outcome("ok", exit_code=EXIT_OK), ""
+
+
+LOOPBACK = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def loopback_stores(single_node: bool):
+    """A single-node run's rendezvous and worker stores listen on 127.0.0.1 only, and gloo on the
+    loopback interface: torch's TCPStore otherwise listens on every interface (``[::]``), an
+    unauthenticated key-value store anyone on the network can reach. torchrun creates the stores
+    in this process: ``torch.distributed.TCPStore`` is replaced meanwhile by a subclass that hands
+    the server a socket bound to loopback (``master_listen_fd``). Nothing changes for several nodes."""
+    if not single_node:
+        yield
+        return
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+    original = dist.TCPStore
+
+    class LoopbackTCPStore(original):
+        def __init__(self, host_name, port, world_size=None, is_master=False,
+                     timeout=datetime.timedelta(seconds=300), wait_for_workers=True, multi_tenant=False,
+                     master_listen_fd=None, use_libuv=True):
+            if is_master and master_listen_fd is None:
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    listener.bind((LOOPBACK, port))
+                    listener.listen(128)
+                except OSError:
+                    listener.close()
+                    raise
+                port, master_listen_fd = listener.getsockname()[1], listener.detach()
+            super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant,
+                             master_listen_fd, use_libuv)
+
+    gloo = {} if "GLOO_SOCKET_IFNAME" in os.environ or "lo" not in {n for _, n in socket.if_nameindex()} \
+        else {"GLOO_SOCKET_IFNAME": "lo"}
+    dist.TCPStore = c10d_rendezvous_backend.TCPStore = LoopbackTCPStore
+    os.environ.update(gloo)
+    try:
+        yield
+    finally:
+        dist.TCPStore = c10d_rendezvous_backend.TCPStore = original
+        for key in gloo:
+            os.environ.pop(key, None)
 
 
 def print_dry_run(config: RunConfig, options: LaunchOptions) -> None:

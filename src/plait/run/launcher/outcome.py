@@ -32,7 +32,7 @@ from plait.errors import PlaitError
 FORMAT = "plait-outcome/1"
 FILE_NAME = "outcome.json"
 STATUSES = ("ok", "refused", "failed", "oom", "stopped")
-EXIT_OK, EXIT_ERROR, EXIT_STOPPED = 0, 2, 143  # plait's CLI: 2 for any PlaitError, 128 + SIGTERM when stopped
+EXIT_OK, EXIT_ERROR, EXIT_STOPPED = 0, 2, 143  # plait's CLI: 2 for any PlaitError, 128 + the signal when stopped (SIGTERM 143)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ class TrainRequest:
     gpus: int | None = None  # processes in all (alternative to nproc_per_node)
     nnodes: str = "1"  # "N", or elastic "MIN:MAX"
     rdzv_endpoint: str | None = None  # host:port of the rendezvous
-    rdzv_id: str = LaunchOptions.rdzv_id
+    rdzv_id: str | None = None  # None: derived per job (resolve.job_rdzv_id), never a fixed default
     node_rank: int | None = None  # static rendezvous
     master_addr: str | None = None
     master_port: int | None = None
@@ -74,5 +74,6 @@ class TrainRequest:
     async_checkpoint: str = "auto"  # auto (on GPU) | on | off
     resume: str | None = None  # a checkpoint directory, or a --checkpoint-dir to take the newest valid one
     fresh: bool = False  # start from step 0; refuse a --checkpoint-dir that holds checkpoints (else: resumed)
+    allow_data_change: bool = False  # resume on a token file other than the checkpoint's (its fingerprint differs)
     max_restarts: int = LaunchOptions.max_restarts
     on_nan: str = RuntimeConfig.on_nan  # stop | skip

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
+from plait.run.checkpoint.select import data_of
 from plait.run.config import (
     EVAL_SEED,
     EvalConfig,
@@ -22,7 +23,7 @@ from plait.run.config import (
     plan_parts,
 )
 from plait.run.launcher.checkpoint_dir import take_checkpoint_dir
-from plait.run.launcher.launch import LaunchOptions, launch, print_dry_run, record_refusal
+from plait.run.launcher.launch import LaunchOptions, job_rdzv_id, launch, print_dry_run, record_refusal
 from plait.run.launcher.micro_batch import complete_run_mbs, keep_saved_mbs, mbs_given
 from plait.run.launcher.preflight import preflight
 from plait.run.launcher.request import TrainRequest
@@ -46,6 +47,7 @@ class Resolved:
     options: LaunchOptions
     notes: tuple[str, ...] = ()  # printed as "plait train: NOTE"
     resumed: Resumed | None = None
+    finished: int | None = None  # a requeue of a run whose last step is saved: that step (nothing to launch)
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:
@@ -80,7 +82,8 @@ def launch_options(request: TrainRequest, default_world: int | None = None) -> L
     if restarts < 0:
         raise PlaitError(f"--max-restarts {restarts}: must be >= 0")
     return LaunchOptions(nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nodes,
-                         rdzv_endpoint=request.rdzv_endpoint, rdzv_id=request.rdzv_id, node_rank=request.node_rank,
+                         rdzv_endpoint=request.rdzv_endpoint, rdzv_id=request.rdzv_id or job_rdzv_id(dataclasses.asdict(request)),
+                         node_rank=request.node_rank,
                          master_addr=request.master_addr, master_port=request.master_port, max_restarts=restarts)
 
 
@@ -122,9 +125,10 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
                         decay_fraction=_given(request.decay_fraction, defaults.decay_fraction))
     check_decay_fraction(request, optim)
     seed = _given(request.seed, TrainJob.seed)
+    data, data_id = data_of(request.data, model, seed, seq_len)  # fail early
     config = RunConfig(
         job=TrainJob(model=model, layout=layout, global_batch=global_batch, seq_len=seq_len, steps=steps, seed=seed,
-                     data=request.data, init_from=init_from),
+                     data=data, data_id=data_id, init_from=init_from),
         optim=optim,
         runtime=RuntimeConfig(device=request.device, gpu=gpu, compile=request.compile,
                               compile_backend=request.compile_backend, async_tp=request.async_tp,
@@ -132,12 +136,7 @@ def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
                               on_nan=request.on_nan, offload_dir=request.offload_dir,
                               qkv="fused" if request.fused_qkv else "separate", gc_every=request.gc_every),
         observe=observe_config(request))
-    config = dataclasses.replace(config, eval=eval_config(request, config.job))
-    if request.data != "synthetic":
-        from plait.run.data.tokens import open_tokens
-
-        open_tokens(request.data, model.vocab, seed, seq_len=seq_len, model_name=model.name)  # fail early
-    return config
+    return dataclasses.replace(config, eval=eval_config(request, config.job))
 
 
 def _given(value, default):
@@ -216,7 +215,7 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
     ``implicit``: resuming the newest checkpoint of ``--checkpoint-dir`` without ``--resume`` (a
     requeue); the request's flags that define the run must then equal the saved values."""
     from plait.plan.plan import load_plan
-    from plait.run.checkpoint.select import check_given, check_same_run, nothing_to_train, saved_run
+    from plait.run.checkpoint.select import check_given, check_same_data, check_same_run, nothing_to_train, saved_run
     from plait.run.replan import replan
     from plait.spec.models import get_model
 
@@ -261,11 +260,13 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
     if job.steps != was.steps:
         notes.append(f"--steps {job.steps} (the saved run planned {was.steps}): the cosine schedule is "
                      "stretched, so the learning rate changes from the resumed step on")
-    if job.data != "synthetic":
-        from plait.run.data.tokens import open_tokens
-
-        open_tokens(job.data, job.model.vocab, job.seed, seq_len=job.seq_len,
-                    model_name=job.model.name)  # fail early: the saved run's data must still be there
+    finished = checkpoint.step == job.steps  # the same command after the run ended (a requeue): nothing to do
+    if not finished:  # the saved run's data must still be there, the same tokens
+        data, data_id = data_of(job.data, job.model, job.seed, job.seq_len)
+        notes += [note] if (note := check_same_data(was.data_id, data, data_id, request.allow_data_change,
+                                                    path)) else []
+        job = dataclasses.replace(job, data=data, data_id=data_id)
+        config = dataclasses.replace(config, job=job)
     if layout is not None:
         config = dataclasses.replace(config, job=dataclasses.replace(job, layout=layout))
     elif options.world_size != was.layout.world_size:
@@ -273,8 +274,10 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
         notes.append(why)
     config = checkpoint_options(config, request, saved, where=checkpoint.path.parent)
     why = nothing_to_train(checkpoint.path, checkpoint.step, config.job.steps)
-    if why:
+    if why and not finished:
         raise PlaitError(f"{why}; pass a larger --steps")
+    if finished:
+        return Resolved(config, options, tuple(notes), finished=checkpoint.step)
     notes.append(f"resuming from {path} (step {checkpoint.step} of {config.job.steps}, saved under "
                  f"{checkpoint.manifest.get('layout')} on {checkpoint.manifest.get('world_size')} processes)")
     if config.checkpoint.dir:
@@ -353,6 +356,10 @@ def start(request: TrainRequest, job_file: str | None = None) -> int:
 
 def _start(request: TrainRequest, job_file: str | None = None) -> int:
     resolved = resolve(request)
+    if resolved.finished is not None:
+        print(f"plait train: already finished at step {resolved.finished} ({resolved.config.checkpoint.resume_from}); "
+              "nothing to train (pass a larger --steps to train on)", flush=True)
+        return 0
     config, options = dataclasses.replace(resolved.config, job_file=job_file), resolved.options
     check_sinks(config.observe)  # before the launch: a missing package is named with its pip command
     config, warnings = preflight(config, options, allow_oom=request.allow_oom)

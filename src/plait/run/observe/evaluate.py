@@ -81,6 +81,7 @@ class Evaluator:
                         total += local
         finally:
             parts.train(training)
+            parts.reshard()  # ZeRO units that keep their parameters gathered after a forward
         dist.all_reduce(total)
         return float(total) / (pdims.grad_sync_size * self.batches)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from typing import Protocol
 
 from plait.errors import PlaitError
@@ -83,11 +84,13 @@ def run_params(run: dict) -> dict[str, object]:
 class TensorBoardSink:
     """Scalars into a TensorBoard event directory (``torch.utils.tensorboard.SummaryWriter``)."""
 
-    def __init__(self, directory: str, flush_s: int = 10):
+    def __init__(self, directory: str, flush_s: int = 10, purge_step: int | None = None):
+        """``purge_step``: a resumed run's first step; TensorBoard hides the events of that step and
+        later ones from earlier event files (the steps are re-run)."""
         _import("--tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=directory, flush_secs=flush_s)
+        self.writer = SummaryWriter(log_dir=directory, flush_secs=flush_s, purge_step=purge_step)
 
     def log(self, values: dict[str, float], step: int) -> None:
         for name, value in values.items():
@@ -128,12 +131,13 @@ class MlflowSink:
         self.mlflow.end_run()
 
 
-def open_sinks(observe: LogConfig, run: dict) -> list[MetricsSink]:
-    """The sinks ``observe`` asks for (call on rank 0 only); ``run`` is ``RunConfig.to_dict()``."""
+def open_sinks(observe: LogConfig, run: dict, purge_step: int | None = None) -> list[MetricsSink]:
+    """The sinks ``observe`` asks for (call on rank 0 only); ``run`` is ``RunConfig.to_dict()``;
+    ``purge_step``: a resumed run's first step (``TensorBoardSink``)."""
     sinks: list[MetricsSink] = []
     try:
         if observe.tensorboard:
-            sinks.append(TensorBoardSink(observe.tensorboard))
+            sinks.append(TensorBoardSink(observe.tensorboard, purge_step=purge_step))
         if observe.wandb_project:
             sinks.append(WandbSink(observe.wandb_project, run))
         if observe.mlflow_uri:
@@ -160,17 +164,30 @@ class MetricsLog:
     def __init__(self, jsonl: JsonlLog, sinks: list[MetricsSink] | None = None):
         self.jsonl = jsonl
         self.sinks = list(sinks or [])
+        self.failure: str | None = None  # why a write failed (a full disk...): nothing is written after it
 
     def write(self, record: dict) -> None:
-        self.jsonl.write(record)
-        scalars = scalars_of(record) if self.sinks else None
-        if scalars is not None and scalars[1]:
-            step, values = scalars
-            for sink in self.sinks:
-                sink.log(values, step)
+        """Write ``record``; an OSError (a full disk, a lost mount) is kept in ``failure``, not raised:
+        the training loop then stops after its step and saves a checkpoint first."""
+        if self.failure is not None:
+            return
+        where = f"metrics log {self.jsonl.path}"
+        try:
+            self.jsonl.write(record)
+            scalars = scalars_of(record) if self.sinks else None
+            if scalars is not None and scalars[1]:
+                step, values = scalars
+                for sink in self.sinks:
+                    where = f"{type(sink).__name__} metrics"
+                    sink.log(values, step)
+        except OSError as exc:
+            self.failure = f"could not write the {where} ({os.strerror(exc.errno) if exc.errno else exc})"
 
     def close(self) -> None:
-        self.jsonl.close()
+        try:
+            self.jsonl.close()
+        except OSError as exc:  # the last buffered bytes: only when nothing failed before
+            self.failure = self.failure or f"could not write the metrics log {self.jsonl.path} ({exc.strerror or exc})"
         sinks, self.sinks = self.sinks, []
         for sink in sinks:
             sink.close()

@@ -93,6 +93,14 @@ def apply_fsdp(model: nn.Module, pdims: ParallelDims, device_type: str, expert_e
     fully_shard(model, reshard_after_forward=reshard, ignored_params=_sharded_experts([model]), **options)
 
 
+def reshard_all(modules: list[nn.Module]) -> None:
+    """Reshard every FSDP unit in ``modules`` that holds gathered parameters (a no-op for the others)."""
+    for module in modules:
+        for unit in module.modules():
+            if isinstance(unit, FSDPModule):
+                unit.reshard()
+
+
 def _sharded_experts(modules: list[nn.Module]) -> set[nn.Parameter] | None:
     """Expert-parallel expert weights (DTensors over the ep mesh) in ``modules``: FSDP leaves them
     alone; their gradients are reduced over the expert-data-parallel ranks instead

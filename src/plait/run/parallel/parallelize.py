@@ -20,7 +20,7 @@ from plait.run.memory.recompute import apply_activation_checkpointing
 from plait.run.parallel.compile import compile_blocks as compile_blocks_of, enable_async_tp
 from plait.run.parallel.context.ring import apply_context_parallel
 from plait.run.parallel.context.shard import SequenceShard
-from plait.run.parallel.data import apply_ddp, apply_fsdp, uses_fsdp
+from plait.run.parallel.data import apply_ddp, apply_fsdp, reshard_all, uses_fsdp
 from plait.run.parallel.expert import ExpertParallel, set_aux_grad_scale
 from plait.run.parallel.float8 import convert_to_float8
 from plait.run.parallel.mesh import ParallelDims
@@ -68,6 +68,12 @@ class ModelParts:
     def train(self, mode: bool = True) -> None:
         for chunk in self.chunks:
             chunk.train(mode)
+
+    def reshard(self) -> None:
+        """Put every FSDP unit back in its sharded form (no-op without FSDP): a forward with no
+        backward (an evaluation) leaves the units that do not reshard after forward gathered, and
+        their parameters are then other tensors than the optimizer's."""
+        reshard_all(self.chunks)
 
     def token_positions(self, seq: int, device: torch.device) -> torch.Tensor | None:
         """The global positions (int64) of this rank's ``seq`` tokens of each sequence, for the model's

@@ -65,9 +65,38 @@ def _first_dense(config: dict, source: Path, n_layers: int) -> int:
     return len(dense)
 
 
+# the keys these families' configs hold besides the shared ones (plait.spec.hf.families): read above,
+# or changing no count (dropout, router noise and logits output, the MTP head left out, qk clipping,
+# gpt-oss's activation clamp); any other key is refused rather than silently ignored
+MOE_KEYS = {
+    "num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "experts_per_token",
+    "moe_intermediate_size", "shared_expert_intermediate_size", "n_shared_experts", "decoder_sparse_step",
+    "mlp_only_layers", "first_k_dense_replace", "moe_layer_freq", "norm_topk_prob", "scoring_func", "topk_method",
+    "n_group", "topk_group", "routed_scaling_factor", "router_aux_loss_coef", "aux_loss_alpha", "seq_aux",
+    "output_router_logits", "router_jitter_noise", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+    "qk_rope_head_dim", "qk_head_dim", "v_head_dim", "rope_interleave", "num_nextn_predict_layers", "ep_size",
+    "head_dim", "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings", "rms_norm_eps",
+    "rope_theta", "hidden_act", "attention_bias", "qkv_bias", "attention_dropout", "sliding_window",
+    "use_sliding_window", "max_window_layers", "clip_qkv", "swiglu_alpha", "swiglu_limit", "layer_types", "mlp_bias",
+}
+
+
+def check_moe_keys(config: dict, source: Path, kind: str) -> None:
+    """Refuse a key no mixture-of-experts family plait reads has (it could change counts unseen)."""
+    from plait.spec.hf.families import HARMLESS_KEYS, READ_KEYS
+
+    unknown = sorted(key for key in config if key not in MOE_KEYS | HARMLESS_KEYS | READ_KEYS)
+    if unknown:
+        raise PlaitError(f"{source}: config key {unknown[0]!r} of model_type {kind!r} is not understood by plait "
+                         "(it could change parameters, FLOPs or memory); remove it if it changes none")
+    if kind == "deepseek_v2" and config.get("mlp_bias"):
+        raise PlaitError(f"{source}: mlp_bias=true: biased MLPs are not modelled by plait")
+
+
 def moe_from_hf_config(config: dict, source: Path, name: str) -> ModelSpec:
     """The ModelSpec of a mixture-of-experts ``config`` (``model_type`` one of ``MOE_TYPES``)."""
     kind = str(config.get("model_type", "")).lower()
+    check_moe_keys(config, source, kind)
     n_layers = _int(config, source, "num_hidden_layers")
     hidden = _int(config, source, "hidden_size")
     heads = _int(config, source, "num_attention_heads")
@@ -79,9 +108,12 @@ def moe_from_hf_config(config: dict, source: Path, name: str) -> ModelSpec:
     if kind == "mixtral":
         moe = MoESpec(_int(config, source, "num_local_experts"), top_k, ffn, aux_loss_coef=aux)
         features = dict(sliding_window=_int(config, source, "sliding_window", default=0))
+        if _int(config, source, "head_dim", default=hidden // heads) * heads != hidden:  # transformers reads it
+            features["head_dim"] = _int(config, source, "head_dim")
     elif kind in ("qwen2_moe", "qwen3_moe"):
         shared = _int(config, source, "shared_expert_intermediate_size", default=0) if kind == "qwen2_moe" else 0
-        moe = MoESpec(_int(config, source, "num_experts"), top_k, _int(config, source, "moe_intermediate_size"),
+        experts = _int(config, source, "num_experts", "num_local_experts")
+        moe = MoESpec(experts, top_k, _int(config, source, "moe_intermediate_size"),
                       n_shared=1 if shared else 0, shared_ffn=shared, shared_gate=bool(shared),
                       first_dense=_first_dense(config, source, n_layers),
                       every=_int(config, source, "decoder_sparse_step", default=1),

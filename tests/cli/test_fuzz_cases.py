@@ -1,0 +1,109 @@
+"""The inputs issue 31 (item 6) found ending in a traceback, a hang or silent nonsense: each is now one line
+naming the input and the rule, before anything is built or launched. No torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plait.cli import main
+from plait.errors import PlaitError
+from plait.run.checkpoint.hf_files import parse_size
+from plait.spec.hf_config import model_from_hf_dict
+
+LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128,
+         "rms_norm_eps": 1e-5}
+MIXTRAL = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "vocab_size": 256, "max_position_embeddings": 128}
+TRAIN = ["train", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", "--device", "cpu", "--dry-run"]
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(("base", "change", "message"), [
+    (LLAMA, {"num_hidden_layers": 10**8}, "num_hidden_layers=100000000 must be between 1 and 10,000"),
+    (LLAMA, {"num_hidden_layers": 1e20}, "num_hidden_layers=1e+20 must be between 1 and 10,000"),
+    (LLAMA, {"num_attention_heads": 0}, "num_attention_heads=0 must be between 1 and 65,536"),
+    (LLAMA, {"vocab_size": "256"}, "vocab_size='256' must be an integer"),
+    (LLAMA, {"rope_parameters": "yarn"}, "rope_parameters='yarn' must be a JSON object"),
+    (LLAMA, {"layer_types": "full_attention"}, "layer_types='full_attention' must be a JSON array"),
+    (LLAMA, {"hidden_act": {"silu": 1}}, "hidden_act=\"{'silu': 1}\" must be a JSON string"),
+    (MIXTRAL, {"num_hidden_layers": 10**8}, "num_hidden_layers=100000000 must be between"),
+    (MIXTRAL, {"num_attention_heads": 0}, "num_attention_heads=0 must be between"),
+])
+def test_hf_configs_are_checked_before_anything_is_built(base, change, message):
+    with pytest.raises(PlaitError, match="^x/config.json: " + message.replace("(", r"\(").replace("+", r"\+")
+                       .replace("{", r"\{").replace("}", r"\}")):
+        model_from_hf_dict({**base, **change}, Path("x/config.json"))
+
+
+def test_a_mixtral_head_dim_counts_as_transformers_builds_it():
+    # MixtralForCausalLM(MixtralConfig(**MIXTRAL, head_dim=32)) has 279,360 parameters (transformers 4.x);
+    # the key was ignored (as if head_dim = 64 / 4 = 16)
+    assert model_from_hf_dict({**MIXTRAL, "head_dim": 32}, Path("x/config.json")).total_params() == 279_360
+    assert model_from_hf_dict(MIXTRAL, Path("x/config.json")).total_params() != 279_360
+
+
+def test_a_bad_config_is_one_line_through_the_cli(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "num_attention_heads": 0}))
+    assert main(["train", "--model", str(tmp_path / "config.json"), *TRAIN[3:]]) == 2
+    assert "num_attention_heads=0 must be between 1 and 65,536" in one_line(capsys)
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--lr", "-1", "lr=-1.0 must be a finite number > 0"),
+    ("--lr", "nan", "lr=nan must be a finite number > 0"),
+    ("--lr", "inf", "lr=inf must be a finite number > 0"),
+    ("--grad-clip", "-1", "grad_clip=-1.0 must be a finite number >= 0"),
+    ("--warmup-steps", "-5", "warmup_steps=-5 must be a non-negative integer"),
+    ("--weight-decay", "-100", "weight_decay=-100.0 must be a finite number >= 0"),
+])
+def test_optimizer_settings_are_refused_at_dry_run_and_in_job_files(tmp_path, capsys, flag, value, message):
+    assert main([*TRAIN, flag, value]) == 2
+    assert message in one_line(capsys)
+    key = flag[2:].replace("-", "_")
+    (tmp_path / "run.toml").write_text(f"{key} = {value}\n")  # TOML spells nan and inf as the flags do
+    assert main([*TRAIN, "--config", str(tmp_path / "run.toml")]) == 2
+    assert message in one_line(capsys)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("lr = " + "9" * 5000, "is not valid TOML: Exceeds the limit (4300 digits)"),
+    ("lr = " + "9" * 4000, "lr = 99999"),
+    ("extra = " + "[" * 5000 + "]" * 5000, "is not valid TOML: nested too deeply"),
+])
+def test_job_files_with_huge_numbers_or_deep_nesting_are_one_line(tmp_path, capsys, text, message):
+    (tmp_path / "run.toml").write_text(text + "\n")
+    assert main([*TRAIN, "--config", str(tmp_path / "run.toml")]) == 2
+    assert message in one_line(capsys)
+
+
+def test_a_shard_size_that_overflows_is_refused():
+    with pytest.raises(PlaitError, match="expected a size from 1 byte to 1 PB"):
+        parse_size("9" * 400 + "GB")
+    with pytest.raises(PlaitError, match="expected a size from 1 byte to 1 PB"):
+        parse_size("0")
+
+
+@pytest.mark.parametrize("flag", ["--plan", "--init-from", "--checkpoint-dir", "--resume", "--data", "--eval-data"])
+def test_a_path_too_long_for_the_filesystem_is_one_line(capsys, flag):
+    # bench/fuzz_cli.py: a TOML job file's data = 999...9 (4,000 digits) ended in OSError ENAMETOOLONG
+    assert main([*TRAIN, flag, "9" * 4000]) == 2
+    err = one_line(capsys)
+    assert "(4,000 characters)" in err or "token file 9999" in err, err
+
+
+def test_a_mixture_of_experts_config_with_an_unknown_key_is_refused():
+    # the dense families refused unknown keys; the MoE families read what they knew and ignored the rest
+    with pytest.raises(PlaitError, match="config key 'moe_magic' of model_type 'mixtral' is not understood"):
+        model_from_hf_dict({**MIXTRAL, "moe_magic": 4}, Path("x/config.json"))
+    harmless = {"output_router_logits": False, "router_jitter_noise": 0.0, "architectures": ["MixtralForCausalLM"]}
+    assert model_from_hf_dict({**MIXTRAL, **harmless}, Path("x/config.json")).moe.n_experts == 4
