@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import os
 import tempfile
 
 import torch
@@ -157,13 +156,10 @@ def train(spec, layout: str, device: torch.device, *, compile_on: bool, backend:
     problems = config.runtime_problems()
     if problems:
         raise RuntimeError("plait refuses the run: " + "; ".join(problems))
+    from train_gpu import init_single_process_group  # bench/ is on the path (gpu_proof.py)
+
     with tempfile.TemporaryDirectory() as store_dir:
-        store = dist.FileStore(os.path.join(store_dir, "store"), 1)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-            dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=device)
-        else:
-            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        init_single_process_group(device, store_dir)
         try:
             with no_host_sync(device) if guard else contextlib.nullcontext({"guarded": 0}) as count:
                 result = run_training(config, device)
