@@ -59,9 +59,9 @@ def test_a_bad_config_is_one_line_through_the_cli(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
-    ("--lr", "-1", "lr=-1.0 must be a finite number > 0"),
-    ("--lr", "nan", "lr=nan must be a finite number > 0"),
-    ("--lr", "inf", "lr=inf must be a finite number > 0"),
+    ("--lr", "-1", "lr=-1.0 must be a finite number >= 0"),
+    ("--lr", "nan", "lr=nan must be a finite number >= 0"),
+    ("--lr", "inf", "lr=inf must be a finite number >= 0"),
     ("--grad-clip", "-1", "grad_clip=-1.0 must be a finite number >= 0"),
     ("--warmup-steps", "-5", "warmup_steps=-5 must be a non-negative integer"),
     ("--weight-decay", "-100", "weight_decay=-100.0 must be a finite number >= 0"),
