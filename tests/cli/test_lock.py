@@ -5,7 +5,6 @@ owner. No torch, no launch: the "run" is a Python process that takes the lock an
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
 import socket
@@ -64,34 +63,45 @@ def test_the_lock_is_held_while_a_worker_outlives_its_launcher(tmp_path):
     assert not (tmp_path / lock.LOCK_NAME).exists()
 
 
-def _take(root, barrier, results) -> None:
-    barrier.wait()
-    try:
-        held = lock.acquire(root)
-        results.put(("won", held.notes))
-    except PlaitError as exc:
-        results.put(("refused", str(exc)))
-    barrier.wait()  # the winner holds the lock until every taker has tried
-    os._exit(0)
+TAKER = """
+import os, sys, time
+from pathlib import Path
+from plait.errors import PlaitError
+from plait.run.checkpoint import lock
+root = Path(sys.argv[1])
+print("ready", flush=True)
+while not (root / "go").exists():
+    time.sleep(0.001)
+try:
+    held = lock.acquire(root)
+    print("won", held.notes[0], flush=True)
+except PlaitError as exc:
+    print("refused", exc, flush=True)
+deadline = time.monotonic() + 60
+while not (root / "done").exists() and time.monotonic() < deadline:  # the winner holds it meanwhile
+    time.sleep(0.01)
+"""
 
 
 @pytest.mark.parametrize("trial", range(3))
 def test_one_of_many_simultaneous_takers_gets_a_stale_lock(tmp_path, trial):
     (tmp_path / lock.LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": dead_pid(),
                                                        "started": 0}))
-    context = multiprocessing.get_context("fork")
-    takers = 8
-    barrier, results = context.Barrier(takers), context.Queue()
-    processes = [context.Process(target=_take, args=(tmp_path, barrier, results)) for _ in range(takers)]
-    for process in processes:
-        process.start()
-    outcomes = [results.get(timeout=60) for _ in processes]
-    for process in processes:
-        process.join(timeout=60)
-    won = [notes for kind, notes in outcomes if kind == "won"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    takers = [subprocess.Popen([sys.executable, "-c", TAKER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                               env=env) for _ in range(8)]
+    try:
+        assert all(taker.stdout.readline() == "ready\n" for taker in takers)
+        (tmp_path / "go").touch()  # all at once
+        outcomes = [taker.stdout.readline().split(" ", 1) for taker in takers]
+    finally:
+        (tmp_path / "done").touch()
+        for taker in takers:
+            taker.wait(timeout=60)
+    won = [text for kind, text in outcomes if kind == "won"]
     assert len(won) == 1, outcomes
-    assert "took over the stale lock" in won[0][0]
-    assert all("in use by another plait train run" in text for kind, text in outcomes if kind == "refused")
+    assert "took over the stale lock" in won[0]
+    assert all("in use by another plait train run" in text for kind, text in outcomes if kind == "refused"), outcomes
 
 
 def test_release_never_removes_another_runs_lock(tmp_path):

@@ -76,7 +76,7 @@ class OptimConfig:
     decay_fraction: float = 0.2  # wsd: the last fraction of all steps, decaying linearly to the floor
 
     def __post_init__(self) -> None:
-        problems = _number_problems({"lr": (self.lr, 0, False), "weight_decay": (self.weight_decay, 0, True),
+        problems = _number_problems({"lr": (self.lr, 0, True), "weight_decay": (self.weight_decay, 0, True),
                                      "grad_clip": (self.grad_clip, 0, True), "eps": (self.eps, 0, False),
                                      "min_lr_ratio": (self.min_lr_ratio, 0, True)})
         problems += _non_negative_int_problems({"warmup_steps": self.warmup_steps})

@@ -87,7 +87,7 @@ def _format_offload(layout: Layout) -> str | None:
 
 
 def _check_order(order: str) -> str | None:
-    if sorted(order.split("-")) == sorted(PARALLEL_DIMS):
+    if isinstance(order, str) and sorted(order.split("-")) == sorted(PARALLEL_DIMS):
         return None
     return f"must list each of {', '.join(PARALLEL_DIMS)} once, e.g. tp-cp-dp-pp"
 
