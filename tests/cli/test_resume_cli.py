@@ -193,12 +193,19 @@ def test_resume_on_another_world_size_replans(saved4, capsys):
     (("--nproc-per-node", "5"), "no layout of 5 processes runs tiny with the saved global batch 8"),
     (("--model", "tiny-gpt"), "holds model tiny, not tiny-gpt"),
     (("--global-batch", "16"), "keeps it (asked: 16)"),
-    (("--steps", "1"), "nothing to train"),
 ])
 def test_bad_resume_is_refused_before_anything_is_written(saved4, capsys, args, message):
     before = sorted(p.name for p in saved4.rglob("*"))
     code, _, err = run_inline(capsys, "train", "--resume", str(saved4), "--device", "cpu", *args)
     assert code == 2 and message in err, err
+    assert sorted(p.name for p in saved4.rglob("*")) == before
+
+
+def test_resuming_at_the_saved_step_says_the_run_is_finished(saved4, capsys):
+    """--steps equal to the saved step: a requeue of a finished run, exit 0, nothing written (issue 31)."""
+    before = sorted(p.name for p in saved4.rglob("*"))
+    code, out, err = run_inline(capsys, "train", "--resume", str(saved4), "--device", "cpu", "--steps", "1")
+    assert code == 0 and "already finished at step 1" in out + err, out + err
     assert sorted(p.name for p in saved4.rglob("*")) == before
 
 
