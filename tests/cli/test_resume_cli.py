@@ -120,33 +120,11 @@ def test_truncated_newest_checkpoint_is_refused_before_launch(dist_pool, tmp_pat
     assert sorted(p.name for p in ckpt.rglob("*")) == before, "a dry run must not touch the checkpoints"
 
 
-def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
-    ckpt, log = tmp_path / "ckpt", tmp_path / "run.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "plait.cli", "train", *CLI_ARGS, "--layout", "dp=2",
-                             "--nproc-per-node", "2", "--steps", "100000", "--checkpoint-dir", str(ckpt),
-                             "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not (log.is_file() and len(step_lines(log)) >= 2):
-            time.sleep(0.5)
-        assert log.is_file(), "training did not start"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 143, err[-3000:]
-    assert "stopped by SIGTERM" in err
-    saved = store.complete_dirs(ckpt)
-    assert len(saved) == 1
-    checkpoint = store.verify(saved[0])
-    summary = read_jsonl(log)[-1]
-    assert summary["summary"] and summary["stopped_early"] and summary["checkpoints"] == [checkpoint.step]
-    assert checkpoint.step == step_lines(log)[-1]["step"]
-
-
-def test_sigint_saves_a_checkpoint_and_stops_like_sigterm(tmp_path):
-    # Ctrl-C (and SIGHUP, a closed terminal: tests/run/test_stop_signals.py) stop the run as SIGTERM does;
-    # before, the launcher said a save was requested and none was made (issue 31 item 4)
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_saves_a_checkpoint_and_stops(tmp_path, stop):
+    """SIGTERM (a scheduler preempting the job) and Ctrl-C's SIGINT (SIGHUP too, a closed terminal:
+    tests/run/test_stop_signals.py) finish the step, save and exit 128 + the signal; before, SIGINT
+    only said a save was requested and none was made (issue 31 item 4)."""
     ckpt, log = tmp_path / "ckpt", tmp_path / "run.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "plait.cli", "train", *CLI_ARGS, "--layout", "dp=2",
                              "--nproc-per-node", "2", "--steps", "100000", "--checkpoint-dir", str(ckpt),
@@ -156,15 +134,18 @@ def test_sigint_saves_a_checkpoint_and_stops_like_sigterm(tmp_path):
         while time.monotonic() < deadline and not (log.is_file() and len(step_lines(log)) >= 2):
             time.sleep(0.2)
         assert log.is_file(), "training did not start"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err[-3000:]
-    assert "stopped by SIGINT" in err and "SIGINT: finishing the step" in out
+    assert proc.returncode == 128 + stop, err[-3000:]
+    assert f"stopped by {stop.name}" in err and f"{stop.name}: finishing the step" in out
     saved = store.complete_dirs(ckpt)
-    assert len(saved) == 1 and store.verify(saved[0]).step == step_lines(log)[-1]["step"]
-    assert read_jsonl(log)[-1]["stopped_early"]
+    assert len(saved) == 1
+    checkpoint = store.verify(saved[0])
+    summary = read_jsonl(log)[-1]
+    assert summary["summary"] and summary["stopped_early"] and summary["checkpoints"] == [checkpoint.step]
+    assert checkpoint.step == step_lines(log)[-1]["step"]
 
 
 @pytest.fixture(scope="module")
