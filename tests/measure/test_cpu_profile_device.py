@@ -26,7 +26,7 @@ from plait.measure.profile.machine import host_overhead_layouts, host_overhead_s
 from plait.plan.calibration import read_calibration
 from plait.plan.cost import estimate_step
 from plait.plan.kernels import layer_times
-from plait.plan.exposure.overlap import exposed
+from plait.plan.terms.overlap import exposed
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.spec.hardware import get_cluster
 from plait.spec.layout import JobSpec, Layout

@@ -1,4 +1,4 @@
-"""ZeRO-3 priced unit by unit (``plait.plan.exposure.zero3``): the planner's units are the runtime's, and
+"""ZeRO-3 priced unit by unit (``plait.plan.terms.zero3``): the planner's units are the runtime's, and
 what is exposed follows from their collectives.
 
 The runtime's units (``plait.run.parallel.data.unit_groups``) are counted on a meta-device model,
@@ -18,7 +18,7 @@ from plait.plan.terms.data import zero3_stages as _zero3_stages
 from plait.plan.kernels import layer_times
 from plait.plan.memory import stage_params
 from plait.plan.params import DEFAULT_PARAMS
-from plait.plan.exposure.zero3 import Unit, zero3_exposed
+from plait.plan.terms.zero3 import Unit, zero3_exposed
 from plait.spec.hardware import CLUSTERS
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.models import MODELS

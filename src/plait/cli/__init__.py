@@ -4,6 +4,12 @@ Each module of ``COMMANDS`` has ``HELP`` (its line in ``plait --help``), ``add_a
 (its flags) and ``run(args) -> int`` (the exit status). ``argparse`` stops here: what the
 commands call below ``plait.cli`` takes typed values. Every user error ends with one line on
 stderr and exit status 2, never a traceback (``plait.cli.support.common.exit_status``).
+
+  plan.py validate.py stacks.py models.py clusters.py   the planner's commands
+  train.py data.py export.py                            the runtime's commands
+  profile.py calibrate.py sweep.py report.py            the measuring commands
+  support/   what the command modules share: console, one-line errors, plan tables
+  jobfile/   --config TOML job files: flags in TOML, read and written
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ exposed data-parallel communication, the optimizer step and a fixed per-step ove
       parameter all-gather (forward; again in backward when resharded) and the gradient
       reduce-scatter, each prefetched one unit ahead so that it hides behind at most one unit's
       compute, the first all-gather of each micro-batch and the last reduce-scatter of the step
-      exposed (``plait.plan.exposure.zero3``); hybrid sharding adds an
+      exposed (``plait.plan.terms.zero3``); hybrid sharding adds an
       all-reduce of the gradient shards across replicas (the only DP bytes that cross nodes
       when the shard group is inside a node).
   experts (``plait.plan.moe.timing``): MoE, MLA and sliding-window layers get their own kernel

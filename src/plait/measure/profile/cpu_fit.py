@@ -19,7 +19,7 @@ op as it is dispatched. So a CPU profile writes:
   kernel's copies run on the cores the compute needs, the more so the larger the message (on the
   2-core VM of ``bench/results/cpu_loop.md`` 1 MiB all-reduces hid 0.59-0.66 of their time, 4 MiB
   ones 0.31, 25 MiB ones 0.16-0.17). With a backward longer than its gradient traffic, the
-  planner's exposed data-parallel time is then that rest of the traffic (``plait.plan.exposure.overlap``);
+  planner's exposed data-parallel time is then that rest of the traffic (``plait.plan.terms.overlap``);
 - from the short ``plait train`` runs timed by ``runtime_cost.layer_host_seconds`` (data
   parallelism alone, "plain", and one layout per mechanism, with 5 and 1 layers, and plain with
   more micro-batches), each less the planner's own step time for the same run

@@ -10,4 +10,6 @@
 - ``data``: data-parallel and ZeRO communication per step (FSDP units at ZeRO-3, experts' own group).
 - ``optimizer``: the optimizer step, on the GPU or offloaded to the host.
 - ``host``: the runtime's host time per layer and at the model's ends, and per micro-batch.
+- ``overlap``: the overlap rule, what of a communication stays on the critical path.
+- ``zero3``: ZeRO-3's per-unit gathers and reduce-scatters, priced unit by unit as FSDP2 shards.
 """

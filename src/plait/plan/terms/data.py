@@ -2,14 +2,14 @@
 
 ZeRO 0 all-reduces the gradients; ZeRO 1/2 reduce-scatter them and all-gather the parameters
 (``gradient_reductions`` times a step); ZeRO-3 gathers and reduce-scatters per FSDP unit as the
-runtime shards (``plait.plan.exposure.zero3``); hybrid sharding adds an all-reduce of the shards
+runtime shards (``plait.plan.terms.zero3``); hybrid sharding adds an all-reduce of the shards
 across replicas; the routed experts reduce over their own expert-data-parallel group."""
 
 from __future__ import annotations
 
 from plait.plan import comm
-from plait.plan.exposure.overlap import exposed
-from plait.plan.exposure.zero3 import Unit, stage_units, zero3_exposed
+from plait.plan.terms.overlap import exposed
+from plait.plan.terms.zero3 import Unit, stage_units, zero3_exposed
 from plait.plan.kernels import LayerTimes
 from plait.plan.memory import end_params, stage_blocks_params, tied_params, zero_shard_degree
 from plait.plan.moe.memory import stage_expert_params
@@ -32,7 +32,7 @@ def gradient_reductions(lay: Layout, micro_batches: int) -> int:
 
 def zero3_stages(model: ModelSpec, lay: Layout, layers: int, times: LayerTimes, recompute_mb: float,
                  head_mb: float) -> list[list[Unit]]:
-    """The FSDP units (``plait.plan.exposure.zero3``) of the first and of the last pipeline stage (one
+    """The FSDP units (``plait.plan.terms.zero3``) of the first and of the last pipeline stage (one
     stage at pp=1): the embedding on the first, the head on the last, the blocks on each."""
     embedding, head = end_params(model, lay)
     blocks = stage_blocks_params(model, lay)

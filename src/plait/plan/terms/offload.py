@@ -4,7 +4,7 @@ most): out during the forward, back during the backward, each hidden behind that
 from __future__ import annotations
 
 from plait.plan.activations import stage_layer_bytes
-from plait.plan.exposure.overlap import exposed
+from plait.plan.terms.overlap import exposed
 from plait.plan.kernels import LayerTimes
 from plait.plan.params import CostParams
 from plait.spec.hardware import ClusterSpec

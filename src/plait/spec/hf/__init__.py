@@ -1,1 +1,6 @@
-"""Hugging Face config reading: each family's defaults and keys (families), transformers' reader (autoconfig)."""
+"""Hugging Face configs.
+
+  families.py   each family's defaults and the keys a config.json may carry
+  autoconfig.py transformers' own reader, when it is installed
+  writer.py     a ModelSpec as a config.json (the inverse of plait.spec.hf_config)
+"""

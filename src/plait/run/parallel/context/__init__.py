@@ -1,2 +1,8 @@
-"""Context parallelism: which tokens a rank holds (shard) and the attention kernels that exchange K/V
-(ring, all-gather, PyTorch's ring attention in torch_ring, all-to-all of heads in ulysses)."""
+"""Context parallelism: which tokens a rank holds and the attention kernels that exchange K/V.
+
+  shard.py       which tokens a rank holds (load-balanced chunks) and their positions
+  ring.py        ring attention and all-gather attention (K/V passed around or gathered)
+  ops.py         the per-block math: partial forward with log-sum-exp, the merge, the exact backward
+  torch_ring.py  PyTorch's own ring attention
+  ulysses.py     all-to-all of heads (DeepSpeed-Ulysses)
+"""

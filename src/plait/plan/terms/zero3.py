@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.plan import comm
-from plait.plan.exposure.overlap import exposed
+from plait.plan.terms.overlap import exposed
 from plait.plan.params import CostParams
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import GroupPlacement
