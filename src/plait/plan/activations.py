@@ -109,6 +109,7 @@ from __future__ import annotations
 
 import math
 
+from plait.plan.memo import by_layout_fields
 from plait.plan.moe.memory import adjust_layer_items
 from plait.spec.layout import FP8_PRECISIONS, PRECISION_STORED_BYTES, Layout
 from plait.spec.model import ModelSpec
@@ -118,6 +119,8 @@ MASK = 1
 FP32 = 4
 
 RUNTIMES = ("megatron", "megatron-core", "torch")
+# the layout fields a layer's saved tensors depend on (plait.plan.memo: every field layer_items reads)
+ITEM_FIELDS = ("tp", "sp", "cp", "mbs", "ep", "etp", "attn", "norm", "precision")
 
 SELECTIVE_DROPS = {"attn_scores", "attn_probs", "attn_dropout_mask", "attn_dropout_out", "attn_lse", "attn_kv_repeat",
                    "attn_causal_mask", "attn_window_mask", "attn_softcap_tanh"}
@@ -132,6 +135,7 @@ TE_FP8_SAVED_INPUTS = ("attn_norm_output", "attn_out", "mlp_norm_output", "mlp_a
 
 
 
+@by_layout_fields(*ITEM_FIELDS)
 def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None = None, *,
                 runtime: str = "megatron", element_bytes: float = BF16) -> dict[str, float]:
     """Bytes saved for the backward by one layer, one micro-batch, no recomputation.
@@ -274,6 +278,7 @@ def torch_balanced_items(items: dict[str, float], model: ModelSpec, layout: Layo
     return kept
 
 
+@by_layout_fields(*ITEM_FIELDS, "ckpt")
 def kept_items(model: ModelSpec, layout: Layout, seq_len: int, policy: str | None = None,
                mbs: int | None = None, *, runtime: str = "megatron", element_bytes: float = BF16) -> dict[str, float]:
     """Bytes a layer keeps for its backward under ``policy`` (default: the layout's), by item."""
@@ -329,8 +334,9 @@ def checkpointed_layer_count(model: ModelSpec, layout: Layout, layers_on_stage: 
     return min(layers_on_stage, layout.ckpt_layers) if layout.ckpt_layers else layers_on_stage
 
 
+@by_layout_fields(*ITEM_FIELDS, "ckpt", "ckpt_layers", "offload", "pp", "schedule")
 def stage_layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, layers_on_stage: int, stage: int = 0, *,
-                      runtime: str = "torch", element_bytes: float = BF16) -> tuple[list[float], list[float]]:
+                      runtime: str = "torch", element_bytes: float = BF16) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(bytes kept, bytes of them offloaded) by each layer a GPU holds, for one micro-batch.
 
     The first ``checkpointed_layer_count`` layers use the checkpoint policy, the first
@@ -343,6 +349,6 @@ def stage_layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, layers_on_
     movable = sum(offloadable_items(kept_map, layout.ckpt, runtime).values())
     n_ckpt = checkpointed_layer_count(model, layout, layers_on_stage)
     n_off = offloaded_layer_count(layout, layers_on_stage, stage)
-    per_layer = [kept if i < n_ckpt else full for i in range(layers_on_stage)]
-    moved = [(movable if i < n_ckpt else full) if i < n_off else 0.0 for i in range(layers_on_stage)]
+    per_layer = tuple(kept if i < n_ckpt else full for i in range(layers_on_stage))
+    moved = tuple((movable if i < n_ckpt else full) if i < n_off else 0.0 for i in range(layers_on_stage))
     return per_layer, moved

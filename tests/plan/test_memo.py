@@ -1,0 +1,86 @@
+"""The planner's memoized functions (``plait.plan.memo``) give every layout its own bytes and seconds.
+
+A cached function is keyed by the layout fields it names; a field it reads but does not name would
+hand a layout the result of another that agrees on the named fields. Each layout below is priced
+warm (after many others filled the caches, in an order that mixes them) and cold (caches emptied
+first); the two must agree exactly, since the same arithmetic runs on the same numbers.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from plait.plan import memo
+from plait.plan.memory import estimate_memory
+from plait.plan.cost import estimate_step
+from plait.plan.search import candidate_layouts
+from plait.spec.hardware import get_cluster
+from plait.spec.layout import JobSpec
+from plait.spec.models import get_model
+
+CASES = [  # dense, MoE, MLA + MoE, windowed MoE with sinks
+    ("llama3-8b", "dgx-h100", 32, JobSpec(64, 8192)),
+    ("mixtral-8x7b", "dgx-h100", 64, JobSpec(512, 4096)),
+    ("deepseek-v3", "dgx-h100", 256, JobSpec(1024, 4096)),
+    ("gpt-oss-120b", "dgx-h100", 64, JobSpec(256, 8192)),
+]
+VARIANTS = (  # knobs the search's candidates leave at their defaults, set on some layouts
+    {}, {"offload": 0.5}, {"offload": 1.0, "opt_offload": True}, {"precision": "fp8"}, {"ckpt_layers": 1},
+    {"loss": "fused"}, {"attn": "eager"}, {"norm": "unfused"}, {"sp": False}, {"reshard": False},
+)
+
+
+def sample_layouts(model, cluster, job, count: int, rng: random.Random):
+    layouts = list(candidate_layouts(model, cluster, job))
+    picked = rng.sample(layouts, min(count, len(layouts)))
+    out = []
+    for layout in picked:
+        changes = rng.choice(VARIANTS)
+        if "offload" in changes and layout.ckpt == "none":
+            changes = {}
+        try:
+            out.append(replace(layout, **changes))
+        except Exception:  # a variant this layout's keys refuse: keep the layout as it is
+            out.append(layout)
+    return out
+
+
+def price(model, cluster, job, layout, runtime):
+    memory = estimate_memory(model, cluster, job, layout, runtime=runtime)
+    return memory, estimate_step(model, cluster, job, layout, runtime=runtime)
+
+
+@pytest.mark.parametrize("name,cluster_name,gpus,job", CASES, ids=[c[0] for c in CASES])
+def test_warm_and_cold_caches_price_every_layout_alike(name, cluster_name, gpus, job):
+    rng = random.Random(7)
+    model, cluster = get_model(name), get_cluster(cluster_name, gpus)
+    layouts = sample_layouts(model, cluster, job, 150, rng)
+    for runtime in ("torch", "megatron-core"):
+        memo.clear_caches()
+        warm = [price(model, cluster, job, layout, runtime) for layout in layouts]  # each after the others
+        for layout, (memory, step) in zip(layouts, warm):
+            memo.clear_caches()
+            assert price(model, cluster, job, layout, runtime) == (memory, step), (runtime, str(layout))
+
+
+def test_a_cached_dict_is_the_callers_to_change():
+    from plait.plan.activations import layer_items
+
+    model, layout = get_model("llama3-8b"), next(iter(candidate_layouts(
+        get_model("llama3-8b"), get_cluster("dgx-h100", 8), JobSpec(8, 4096))))
+    first = layer_items(model, layout, 4096, runtime="torch")
+    first.clear()
+    assert layer_items(model, layout, 4096, runtime="torch") != {}
+
+
+def test_an_equal_model_built_again_is_priced_like_the_first():
+    # keyed by identity: a second, equal ModelSpec object misses the cache and computes the same bytes
+    from plait.spec.models import get_model as fresh
+
+    job, cluster = JobSpec(64, 4096), get_cluster("dgx-h100", 8)
+    layout = next(iter(candidate_layouts(get_model("mixtral-8x7b"), cluster, job)))
+    first = estimate_memory(get_model("mixtral-8x7b"), cluster, job, layout)
+    assert estimate_memory(fresh("mixtral-8x7b"), cluster, job, layout) == first
