@@ -135,7 +135,7 @@ def test_module_sizes():
 TORCH_FREE_AT_IMPORT = ("plait.cli", "plait.run.config", "plait.run.env", "plait.run.replan",
                         "plait.run.launcher.resolve", "plait.run.launcher.checkpoint_dir", "plait.run.launcher.launch",
                         "plait.run.launcher.preflight",
-                        "plait.run.launcher.device", "plait.run.launcher.outcome", "plait.run.checkpoint.store",
+                        "plait.run.device", "plait.run.launcher.outcome", "plait.run.checkpoint.store",
                         "plait.run.checkpoint.select", "plait.run.checkpoint.hf_files", "plait.measure.published",
                         "plait.measure.sweep.loop",
                         "plait.measure.report.build")

@@ -92,3 +92,36 @@ def resume_across_ep(root: str, layouts: tuple[str, str, str]) -> list[dict]:
                                           checkpoint_dir=folder, **RUN, **extra))
         resume = os.path.join(folder, store.final_name(index + 1))
     return out
+
+
+def expert_axes(layouts: list[str]) -> list[dict]:
+    """Per layout: this rank's ep and edp groups (global ranks) and its sizes and index on the
+    ParallelDims axes, read from the one mesh (``plait.run.parallel.mesh``)."""
+    import torch.distributed as dist
+
+    from plait.run.parallel.mesh import build_parallel_dims
+    from plait.spec.layout import Layout
+
+    out = []
+    for text in layouts:
+        pdims = build_parallel_dims(Layout.parse(text), "cpu")
+        axes = {name: {"size": pdims.size(name), "index": pdims.rank_in(name)} for name in ("ep", "edp")}
+        for name in ("ep", "edp"):
+            axes[name]["ranks"] = dist.get_process_group_ranks(pdims.group(name))
+            axes[name]["axis"] = pdims.axis(name).mesh.tolist()
+        out.append(axes)
+    return out
+
+
+def dense_expert_axes(layout: str) -> dict:
+    """With ep = 1: the sizes ``ParallelDims`` gives the expert axes, and what asking for a group says."""
+    from plait.run.parallel.mesh import build_parallel_dims
+    from plait.spec.layout import Layout
+
+    pdims = build_parallel_dims(Layout.parse(layout), "cpu")
+    try:
+        pdims.group("ep")
+        refusal = None
+    except ValueError as exc:
+        refusal = str(exc)
+    return {"ep": pdims.size("ep"), "edp": pdims.size("edp"), "refusal": refusal, "expert_mesh": pdims.expert_mesh}

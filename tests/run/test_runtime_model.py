@@ -19,7 +19,7 @@ from plait.run.parallel.mesh import mesh_dim_order, mesh_shape
 from plait.run.model import build_model, canonical_name, count_parameters, init_weights
 from plait.run.optim import lr_at
 from plait.run.parallel.pipeline import build_stage_module, stage_ids_of_rank
-from plait.run.launcher.device import gpu_from_device_name
+from plait.run.device import gpu_from_device_name
 from plait.spec.layout import Layout
 from plait.spec.models import MODELS, get_model
 from plait.spec.validate import stage_layer_counts

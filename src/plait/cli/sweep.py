@@ -71,7 +71,7 @@ def _prediction_gpu(args) -> str | None:
         get_gpu(args.gpu)  # validates the name
     if args.device == "cpu":
         return args.gpu
-    from plait.run.launcher.device import gpu_from_device_name, local_accelerator
+    from plait.run.device import gpu_from_device_name, local_accelerator
 
     name = local_accelerator()
     if name is None:
@@ -136,7 +136,7 @@ def _threads(args) -> int | None:
     from plait.measure.sweep.threads import available_cores, threads_per_process
 
     if args.device != "cpu":
-        from plait.run.launcher.device import uses_gpu
+        from plait.run.device import uses_gpu
 
         if uses_gpu(args.device):
             return None

@@ -32,7 +32,7 @@ from plait.run.data.prefetch import prefetching
 from plait.run.data.tokens import open_tokens
 from plait.run.env import RankEnv
 from plait.run.faults import FaultPlan
-from plait.run.launcher.device import rank_device
+from plait.run.device import rank_device
 from plait.run.metrics import (
     Display,
     JsonlLog,

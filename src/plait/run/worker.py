@@ -1,7 +1,7 @@
 """The process that torchrun starts on every rank: ``python -m plait.run.worker RUN_DIR``.
 
 ``RUN_DIR/config.json`` holds the RunConfig. The worker reads torchrun's environment once
-(``RankEnv``), chooses its device once (``plait.run.launcher.device.rank_device``) and parses
+(``RankEnv``), chooses its device once (``plait.run.device.rank_device``) and parses
 the test-only fault plan once (``FaultPlan``), and hands all three down. Then, in order:
 
 * SIGTERM, SIGINT and SIGHUP reach a thread of their own (a wakeup pipe), so they are seen even while the main
@@ -49,7 +49,7 @@ from plait.run.checkpoint.select import candidates, choose_checkpoint, nothing_t
 from plait.run.config import RunConfig
 from plait.run.env import RankEnv, die_with_launcher
 from plait.run.faults import FaultPlan
-from plait.run.launcher.device import rank_device
+from plait.run.device import rank_device
 from plait.run.replan import replan
 
 SIGTERM_GRACE_S = 25.0  # torchrun SIGKILLs its workers 30 s after SIGTERM

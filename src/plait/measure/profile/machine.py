@@ -217,7 +217,7 @@ def compute_flops(config: dict) -> float:
 
 def resolve_where(device: str, nproc_per_node: int | None, nnodes: int, gpu: str | None) -> Where:
     """Device, process count and GPU preset, checked (one clear error each)."""
-    from plait.run.launcher.device import gpu_from_device_name, local_accelerator
+    from plait.run.device import gpu_from_device_name, local_accelerator
     from plait.spec.hardware import GPUS, get_gpu
 
     if nnodes < 1:

@@ -103,7 +103,7 @@ def run(config: dict, device: torch.device, env: RankEnv) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from plait.run.launcher.device import rank_device
+    from plait.run.device import rank_device
     from plait.run.worker import init_process_group, run_as_worker
 
     argv = sys.argv[1:] if argv is None else argv

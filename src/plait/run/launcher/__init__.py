@@ -1,2 +1,3 @@
 """The `plait train` side (no torch at import): request -> RunConfig (resolve), checks before launch
-(preflight), the one GPU-or-CPU decision (device), torchrun (launch) and how the run ended (outcome)."""
+(preflight), torchrun (launch) and how the run ended (outcome). The one GPU-or-CPU decision, which
+the ranks make too, is ``plait.run.device``: rank code never imports this folder."""

@@ -72,7 +72,7 @@ def host_memory(config, processes: int, available: float | None = None) -> HostM
 def of_cpu_run(config, processes: int) -> HostMemory | None:
     """``host_memory`` of a run on the CPU (None on GPU: device memory is checked there, and a GPU
     out-of-memory is an error the worker reports itself)."""
-    from plait.run.launcher.device import uses_gpu
+    from plait.run.device import uses_gpu
 
     return None if uses_gpu(config.runtime.device) else host_memory(config, processes)
 

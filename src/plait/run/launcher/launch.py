@@ -26,7 +26,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError, RunStopped
 from plait.run.config import RunConfig
-from plait.run.launcher.device import uses_gpu
+from plait.run.device import uses_gpu
 from plait.run.launcher.environment import worker_environment
 from plait.run.launcher.host_memory import HostMemory
 from plait.run.launcher.outcome import (

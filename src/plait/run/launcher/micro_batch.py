@@ -128,7 +128,7 @@ def complete_run_mbs(config, processes: int):
     runtime, job = config.runtime, config.job
     gpu, on_gpu = runtime.gpu, False
     if not gpu and runtime.device != "cpu":
-        from plait.run.launcher.device import gpu_from_device_name, local_accelerator, uses_gpu
+        from plait.run.device import gpu_from_device_name, local_accelerator, uses_gpu
 
         on_gpu = uses_gpu(runtime.device)
         gpu = gpu_from_device_name(local_accelerator() or "") if on_gpu else None

@@ -1,7 +1,7 @@
 """Checks before any worker starts: the layout is valid, runnable, and predicted to fit.
 
 Runs in the ``plait train`` process. It never imports torch except to ask whether a GPU is
-present, how many and what it is called (``plait.run.launcher.device``).
+present, how many and what it is called (``plait.run.device``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import dataclasses
 
 from plait.errors import PlaitError
 from plait.run.config import Prediction, RunConfig
-from plait.run.launcher.device import gpu_from_device_name, local_accelerator, uses_gpu
+from plait.run.device import gpu_from_device_name, local_accelerator, uses_gpu
 from plait.run.launcher.launch import LaunchOptions
 from plait.spec.hardware import GIB, ClusterSpec, cluster_for_gpu, get_gpu
 from plait.spec.units import DEFAULT_GPU

@@ -1,15 +1,14 @@
 """Expert parallelism: the routed experts of every MoE layer sharded over ``ep`` ranks carved out of
 the data-parallel ranks, with all-to-all token dispatch and combine.
 
-Mesh. The run's mesh (``plait.run.parallel.mesh``) is re-read as (pp, dp·cp, tp) and the dp·cp
-ranks of each (pp, tp) position are split into edp × ep, ep innermost (Megatron-Core's order,
-ep carved out of data parallelism): ``ExpertParallel.mesh`` has dimensions ("pp", "edp", "ep",
-"tp"). A rank holds experts [r·E/ep, (r+1)·E/ep) of each MoE layer (r: its ep index); the
-expert weights are DTensors ``Shard(0)`` over the 1-D ep mesh, so the gradient norm sums their
-squares over ep (``plait.run.optim``) and a checkpoint holds each expert's full tensor under its
-plain name (``plait.run.checkpoint.dcp``): it loads under any other ep. Tensor-parallel ranks
-hold the same experts and compute the same tokens (the MoE MLP is replicated over tp; etp > 1 is
-not run). Everything else (attention, router, shared experts, dense MLPs) keeps the dense layout.
+Mesh. The ``edp`` and ``ep`` axes of the run's one mesh (``plait.run.parallel.mesh``): the dp·cp
+ranks of each (pp, tp) position, in the mesh's order, split into edp × ep, ep innermost
+(Megatron-Core's order, ep carved out of data parallelism); no mesh of its own. A rank holds
+experts [r·E/ep, (r+1)·E/ep) of each MoE layer (r: its ep index); the expert weights are
+DTensors ``Shard(0)`` over the 1-D ep mesh, so the gradient norm sums their squares over ep
+(``plait.run.optim``) and a checkpoint holds each expert's full tensor under its plain name
+(``plait.run.checkpoint.dcp``): it loads under any other ep. Tensor-parallel ranks hold the same
+experts and compute the same tokens (the MoE MLP is replicated over tp; etp > 1 is not run). Everything else (attention, router, shared experts, dense MLPs) keeps the dense layout.
 
 Dispatch (``AllToAllDispatcher``): the rows sorted by global expert are sent to the rank holding
 their expert with ``all_to_all_single`` and variable split sizes (the per-expert counts are
@@ -32,14 +31,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from plait.errors import PlaitError
 from plait.run.modules.moe import GroupedExperts, MoEFeedForward
 from plait.run.parallel.mesh import ParallelDims
-
-EXPERT_MESH_DIMS = ("pp", "edp", "ep", "tp")
 
 
 class _AllToAll(torch.autograd.Function):
@@ -88,29 +83,23 @@ class AllToAllDispatcher:
 
 
 class ExpertParallel:
-    """The expert mesh of a run and what expert parallelism does to a model (module docstring)."""
+    """What expert parallelism does to a model, on the run mesh's ep and edp axes (module docstring)."""
 
-    def __init__(self, pdims: ParallelDims, device_type: str):
+    def __init__(self, pdims: ParallelDims):
         layout = pdims.layout
-        self.ep = layout.ep
+        self.pdims = pdims
+        self.ep = pdims.size("ep")
         self.data_parallel = layout.dp * layout.cp  # dp·cp: the ranks whose gradients are averaged
-        if self.data_parallel % self.ep:
-            raise PlaitError(f"ep={self.ep} does not divide dp·cp = {self.data_parallel}: the runtime carves "
-                             "expert parallelism out of the data-parallel ranks")
-        names = pdims.mesh.mesh_dim_names
-        ranks = pdims.mesh.mesh.permute([names.index(n) for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp")])
-        ranks = ranks.reshape(layout.pp, self.data_parallel // self.ep, self.ep, layout.tp)
-        self.mesh = DeviceMesh(device_type, ranks, mesh_dim_names=EXPERT_MESH_DIMS)
-        self.ep_mesh = self.mesh["ep"]
-        self.edp = self.data_parallel // self.ep
+        self.ep_mesh = pdims.axis("ep")
+        self.edp = pdims.size("edp")
         # ZeRO (zero >= 1) over edp > 1 ranks: FSDP2 shards the experts over edp and averages their
         # gradients there (plait.run.parallel.data); else they are replicated and summed here
         self.sharded = layout.zero >= 1 and self.edp > 1
-        self.edp_mesh = self.mesh["edp"] if self.sharded else None
+        self.edp_mesh = pdims.axis("edp") if self.sharded else None
 
     def apply(self, model: nn.Module) -> None:
         """Shard every MoE layer's experts of ``model`` (a model or stage, still on meta) over ep."""
-        group = self.mesh.get_group("ep")
+        group = self.pdims.group("ep")
         for module in model.modules():
             if isinstance(module, MoEFeedForward):
                 module.dispatcher = AllToAllDispatcher(group, self.ep, module.n_experts)
@@ -122,7 +111,7 @@ class ExpertParallel:
     @torch.no_grad()
     def sync_gradients(self, chunks: list[nn.Module]) -> None:
         """Sum the expert gradients over edp and divide by dp·cp (module docstring); after the backward."""
-        group = self.mesh.get_group("edp") if self.edp > 1 and not self.sharded else None
+        group = self.pdims.group("edp") if self.edp > 1 and not self.sharded else None
         # FSDP already averaged over edp: what is left is 1/ep; else the sum over edp, 1/(dp·cp)
         divisor = self.ep if self.sharded else self.data_parallel
         for param in expert_parameters(chunks):

@@ -107,7 +107,7 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         chunks = [build_model(spec)]
     sequence_shard = None
     fp8: list[str] = []
-    experts = ExpertParallel(pdims, device.type) if layout.ep > 1 else None
+    experts = ExpertParallel(pdims) if layout.ep > 1 else None
     # the aux loss's gradient is scaled as each micro-batch's loss: by the step without a pipeline,
     # by the schedule's scale_grads with one
     set_aux_grad_scale(chunks, 1.0 if layout.pp > 1 else 1.0 / n_microbatches)

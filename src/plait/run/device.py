@@ -1,4 +1,7 @@
-"""GPU or CPU: the one decision, for the launcher and the workers alike (torch imported only when asked).
+"""GPU or CPU: the one decision, for the launcher and the ranks alike (torch imported only when asked).
+
+It stands beside ``plait.run.env`` (the rank's environment) so that rank code (the trainer, the
+worker, the profiler's worker) imports nothing from ``plait.run.launcher``.
 
 ``uses_gpu`` is what ``plait train``'s preflight and every worker call to decide between the
 GPU and the CPU; ``rank_device`` is the worker's device from it. ``local_accelerator`` and
