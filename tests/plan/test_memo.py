@@ -84,3 +84,20 @@ def test_an_equal_model_built_again_is_priced_like_the_first():
     layout = next(iter(candidate_layouts(get_model("mixtral-8x7b"), cluster, job)))
     first = estimate_memory(get_model("mixtral-8x7b"), cluster, job, layout)
     assert estimate_memory(fresh("mixtral-8x7b"), cluster, job, layout) == first
+
+
+@pytest.mark.parametrize("name,cluster_name,gpus,job", CASES[:3], ids=[c[0] for c in CASES[:3]])
+def test_each_offload_step_holds_no_more_on_the_gpu(name, cluster_name, gpus, job):
+    # plait.plan.search._with_offload tries the last step first and stops when it does not fit
+    from plait.plan.search import OFFLOAD_STEPS
+
+    model, cluster = get_model(name), get_cluster(cluster_name, gpus)
+    layouts = [lay for lay in sample_layouts(model, cluster, job, 200, random.Random(3)) if lay.ckpt != "none"]
+    assert len(layouts) > 50
+    for layout in layouts:
+        layout = replace(layout, offload=0.0, opt_offload=False)
+        totals = [estimate_memory(model, cluster, job, replace(layout, **changes)).total
+                  for changes in ({},) + OFFLOAD_STEPS]
+        # the same sums in another order: equal up to float64 rounding of a few hundred terms
+        slack = 1e-12 * totals[0]
+        assert all(after <= before + slack for before, after in zip(totals, totals[1:])), (str(layout), totals)

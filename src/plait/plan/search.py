@@ -268,15 +268,26 @@ def rank_with_headroom(plans: list[Plan], headroom: float = DEFAULT_HEADROOM, ne
     return [safe[top]] + safe[:top] + safe[top + 1:] + risky
 
 
+OFFLOAD_STEPS = ({"offload": 0.5}, {"offload": 1.0}, {"offload": 1.0, "opt_offload": True})  # less GPU memory each
+
+
 def _with_offload(model, cluster, job, layout, memory, params, runtime: str = "torch"):
     """Try activation offload (half of a stage's layers, then all: Kwai's α), then optimizer
-    offload, on a checkpointed layout that does not fit; the first that fits."""
-    for changes in ({"offload": 0.5}, {"offload": 1.0}, {"offload": 1.0, "opt_offload": True}):
+    offload, on a checkpointed layout that does not fit; the first that fits, else the last tried.
+
+    Each step holds no more on the GPU than the one before (``tests/plan/test_memo.py`` checks it),
+    so the last is tried first: when it does not fit, neither does any other, and the search is
+    spared the other two estimates of a layout that no offload saves."""
+    last = replace(layout, **OFFLOAD_STEPS[-1])
+    last_memory = estimate_memory(model, cluster, job, last, params, runtime=runtime)
+    if not last_memory.fits:
+        return last, last_memory
+    for changes in OFFLOAD_STEPS[:-1]:
         candidate = replace(layout, **changes)
         candidate_memory = estimate_memory(model, cluster, job, candidate, params, runtime=runtime)
         if candidate_memory.fits:
             return candidate, candidate_memory
-    return candidate, candidate_memory
+    return last, last_memory
 
 
 def nothing_fits_message(model: ModelSpec, cluster: ClusterSpec, result: SearchResult) -> str:
