@@ -36,24 +36,26 @@ class OptimConfig:
     """AdamW with a linear warm-up, then the learning-rate ``schedule`` (``plait.run.optim.lr_at``)
     down to ``floor_lr``."""
 
-    lr: float = setting(3e-4, "--lr", "peak learning rate (default {default})", "optimizer", unset=True)
+    lr: float = setting(3e-4, "--lr", "peak learning rate (default {default})", "optimizer", unset=True, same_run=True)
     min_lr_ratio: float = 0.1  # the decay ends at this fraction of lr (when min_lr is None)
     warmup_steps: int = setting(10, "--warmup-steps", "linear warm-up steps (default: 10%% of steps)", "optimizer",
-                                unset=True)  # optimizer steps of linear warm-up from 0 to lr
-    weight_decay: float = setting(0.1, "--weight-decay", "AdamW weight decay of matrices (default {default})",
-                                  "optimizer", unset=True)  # decoupled weight decay of the matrices, per unit of lr
+                                unset=True, same_run=True)  # optimizer steps of linear warm-up from 0 to lr
+    weight_decay: float = setting(  # AdamW's decoupled weight decay of the matrices, per unit of lr
+        0.1, "--weight-decay", "AdamW weight decay of matrices (default {default})", "optimizer", unset=True,
+        same_run=True)
     beta1: float = 0.9  # AdamW decay rate of the first moment, per step
     beta2: float = 0.95  # AdamW decay rate of the second moment, per step
     eps: float = 1e-8  # AdamW denominator term, in gradient units
     grad_clip: float = setting(1.0, "--grad-clip", "max global gradient norm (default {default}; 0: off)",
-                               "optimizer", unset=True)
+                               "optimizer", unset=True, same_run=True)
     schedule: str = setting("cosine", "--lr-schedule", "after the warm-up: cosine, linear, wsd (warm-up, stable, "
                             "then a linear decay over the last --decay-fraction of the steps) or constant (default "
-                            "{default})", "optimizer", choices=LR_SCHEDULES, unset=True)
+                            "{default})", "optimizer", choices=LR_SCHEDULES, unset=True, same_run=True)
     min_lr: float | None = setting(None, "--min-lr", "learning rate the decay ends at (default {min_lr_ratio:g} × "
-                                   "--lr)", "optimizer")  # absolute; None: min_lr_ratio·lr
-    decay_fraction: float = setting(0.2, "--decay-fraction", "wsd: fraction of the steps that decay (default "
-                                    "{default:g})", "optimizer", unset=True)  # decaying linearly to the floor
+                                   "--lr)", "optimizer", same_run=True)  # absolute; None: min_lr_ratio·lr
+    decay_fraction: float = setting(  # wsd: the last fraction of all steps, decaying linearly to the floor
+        0.2, "--decay-fraction", "wsd: fraction of the steps that decay (default {default:g})", "optimizer",
+        unset=True, same_run=True)
 
     def __post_init__(self) -> None:
         problems = number_problems({"lr": (self.lr, 0, True), "weight_decay": (self.weight_decay, 0, True),
@@ -96,9 +98,9 @@ class TrainJob:
     steps: int = setting(20, "--steps", "optimizer steps in all (default {default}; resumed: the saved run's)",
                          "what", unset=True)  # counted from step 0 (a resumed run may ask for more)
     seed: int = setting(0, "--seed", "seed of weights, data order and dropout (default {default})", "what",
-                        unset=True)
-    data: str = setting("synthetic", "--data", "synthetic, or a token file (plait data prepare)",
-                        "what")  # a token file as an absolute path
+                        unset=True, same_run=True)
+    data: str = setting("synthetic", "--data", "synthetic, or a token file (plait data prepare)", "what",
+                        same_run=True)  # a token file as an absolute path
     data_id: str | None = None  # the token file's fingerprint: "crc32=…,tokens=…,bytes=…" (its header and size)
     init_from: str | None = setting(
         None, "--init-from", "start from the weights of a local Hugging Face model directory (config.json + "

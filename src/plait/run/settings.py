@@ -1,4 +1,4 @@
-"""How a ``plait train`` setting is declared: once, as a field of its config section (no torch, no argparse).
+"""How a ``plait train`` setting is declared: once, as a field of its config section (no torch).
 
 A field declared with ``setting(default, flag, help, group, ...)`` carries its ``Setting`` in its
 metadata, as a ``Layout`` field carries its ``KeySpec`` (``plait.spec.layout_keys``). From the
@@ -43,6 +43,7 @@ class Setting:
     unset: bool = False  # the flag's default is None: "not given" (fresh run: the field's default)
     flag_default: Any = None  # the flag's default when it is not the field's (with ``kind``)
     to_field: Callable[[Any], Any] | None = None  # the flag's value -> the field's value
+    same_run: bool = False  # it defines the run: a resumed run keeps the saved value and refuses another
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS or not self.flag.startswith("--"):
@@ -50,7 +51,7 @@ class Setting:
 
     @property
     def dest(self) -> str:
-        """The flag's argparse dest: the request's field name."""
+        """The flag's dest (its name with underscores): the request's field name."""
         return self.flag[2:].replace("-", "_")
 
 

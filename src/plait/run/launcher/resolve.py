@@ -29,7 +29,7 @@ from plait.run.launcher.preflight import preflight
 from plait.run.launcher.request import TrainRequest
 from plait.run.launcher.target import TrainTarget
 from plait.run.observe.sinks import check_sinks
-from plait.run.settings import section_of, setting_values
+from plait.run.settings import section_of, setting_values, settings_of
 from plait.spec.layout import Layout
 
 
@@ -155,18 +155,16 @@ def checkpoint_options(config: RunConfig, request: TrainRequest, saved: RunConfi
 
 
 def _same_run_flags(request: TrainRequest, saved: RunConfig, implicit: bool) -> dict[str, tuple]:
-    """(given value, saved value) of each flag a resumed run must keep; ``--data`` only for an implicit
-    resume (an explicit ``--resume`` may read the same tokens from another path)."""
-    job, optim = saved.job, saved.optim
+    """(given value, saved value) of each flag a resumed run must keep (its setting says ``same_run``);
+    ``--data`` only for an implicit resume (an explicit ``--resume`` may read the same tokens from another path)."""
+    sections = {section: getattr(saved, name) for name, section in (("job", TrainJob), ("optim", OptimConfig))}
+    out = {d.spec.flag: (getattr(request, d.dest), getattr(sections[d.section], d.name))
+           for d in settings_of(*sections) if d.spec.same_run}
     data = request.data if implicit and request.data != "synthetic" else None
-    if data is not None and job.data != "synthetic" and Path(data).resolve() == Path(job.data).resolve():
-        data = job.data
-    return {"--seed": (request.seed, job.seed), "--lr": (request.lr, optim.lr),
-            "--warmup-steps": (request.warmup_steps, optim.warmup_steps),
-            "--weight-decay": (request.weight_decay, optim.weight_decay),
-            "--grad-clip": (request.grad_clip, optim.grad_clip), "--data": (data, job.data),
-            "--lr-schedule": (request.lr_schedule, optim.schedule), "--min-lr": (request.min_lr, optim.min_lr),
-            "--decay-fraction": (request.decay_fraction, optim.decay_fraction)}
+    if data is not None and saved.job.data != "synthetic" and Path(data).resolve() == Path(saved.job.data).resolve():
+        data = saved.job.data
+    out["--data"] = (data, saved.job.data)
+    return out
 
 
 def resume_config(request: TrainRequest, implicit: bool = False, target: TrainTarget | None = None) -> Resolved:
