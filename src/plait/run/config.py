@@ -4,7 +4,8 @@
 hands that file to every worker. A RunConfig is made of typed sub-configs, each checking its own
 fields: ``TrainJob`` (what is trained), ``OptimConfig``, ``CheckpointConfig``, ``RuntimeConfig``
 (how and where it runs), ``LogConfig`` (what it reports), ``EvalConfig`` (held-out loss) and the
-planner's ``Prediction``. A saved
+planner's ``Prediction``. A field that ``plait train`` sets is declared with ``setting`` (its flag,
+help, job-file table; ``plait.run.settings``): the command line, job files and docs follow. A saved
 plan supplies its model, layout, job and GPU (``plan_parts``); ``plait train --plan`` builds the
 RunConfig from them.
 

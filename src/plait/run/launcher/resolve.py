@@ -1,5 +1,9 @@
 """From a ``TrainRequest`` to a checked run: the RunConfig (fresh, from a plan, or resumed), the
 torchrun placement, the notes to print; then ``start`` launches it (no torch at import).
+
+What to train is read once (``TrainTarget``: the plan file, the layout text); each section is built
+from the request's flags by its declarations (``plait.run.settings.section_of``), with only the
+values that need a rule (the plan's GPU, a resumed run's saved ones) given here.
 """
 
 from __future__ import annotations
