@@ -4,7 +4,8 @@
 hands that file to every worker. A RunConfig is made of typed sub-configs, each checking its own
 fields: ``TrainJob`` (what is trained), ``OptimConfig``, ``CheckpointConfig``, ``RuntimeConfig``
 (how and where it runs), ``LogConfig`` (what it reports), ``EvalConfig`` (held-out loss) and the
-planner's ``Prediction``. A saved
+planner's ``Prediction``. A field that ``plait train`` sets is declared with ``setting`` (its flag,
+help, job-file table; ``plait.run.settings``): the command line, job files and docs follow. A saved
 plan supplies its model, layout, job and GPU (``plan_parts``); ``plait train --plan`` builds the
 RunConfig from them.
 
@@ -15,44 +16,17 @@ plait wrote before the sub-configs (checkpoint manifests and run directories of 
 from __future__ import annotations
 
 import dataclasses
-import math
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
+from plait.run.settings import non_negative_int_problems, number_problems, positive_int_problems, refuse, setting
 from plait.spec.capabilities import async_tp_violations, runtime_violations
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.serialize import dataclass_from_dict, read_json_file
-
-
-def _refuse(problems: list[str]) -> None:
-    """Raise the one-line "invalid run" error when a sub-config found ``problems``."""
-    if problems:
-        raise PlaitError("invalid run: " + "; ".join(problems))
-
-
-def _positive_int_problems(values: dict[str, object]) -> list[str]:
-    return [f"{name}={value!r} must be a positive integer" for name, value in values.items()
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1]
-
-
-def _non_negative_int_problems(values: dict[str, object]) -> list[str]:
-    return [f"{name}={value!r} must be a non-negative integer" for name, value in values.items()
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0]
-
-
-def _number_problems(values: dict[str, tuple[object, float, bool]]) -> list[str]:
-    """Problems of numbers ``{name: (value, lower bound, whether the bound itself is allowed)}``:
-    each must be a finite real number above (or at) its bound."""
-    problems = []
-    for name, (value, low, inclusive) in values.items():
-        finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not finite or value < low or (value == low and not inclusive):
-            problems.append(f"{name}={value!r} must be a finite number {'>=' if inclusive else '>'} {low:g}")
-    return problems
 
 
 LR_SCHEDULES = ("cosine", "linear", "wsd", "constant")  # plait.run.optim.lr_at
@@ -63,23 +37,32 @@ class OptimConfig:
     """AdamW with a linear warm-up, then the learning-rate ``schedule`` (``plait.run.optim.lr_at``)
     down to ``floor_lr``."""
 
-    lr: float = 3e-4  # peak learning rate, reached after the warm-up
+    lr: float = setting(3e-4, "--lr", "peak learning rate (default {default})", "optimizer", unset=True, same_run=True)
     min_lr_ratio: float = 0.1  # the decay ends at this fraction of lr (when min_lr is None)
-    warmup_steps: int = 10  # optimizer steps of linear warm-up from 0 to lr
-    weight_decay: float = 0.1  # AdamW decoupled weight decay of the matrices, per unit of lr
+    warmup_steps: int = setting(10, "--warmup-steps", "linear warm-up steps (default: 10%% of steps)", "optimizer",
+                                unset=True, same_run=True)  # optimizer steps of linear warm-up from 0 to lr
+    weight_decay: float = setting(  # AdamW's decoupled weight decay of the matrices, per unit of lr
+        0.1, "--weight-decay", "AdamW weight decay of matrices (default {default})", "optimizer", unset=True,
+        same_run=True)
     beta1: float = 0.9  # AdamW decay rate of the first moment, per step
     beta2: float = 0.95  # AdamW decay rate of the second moment, per step
     eps: float = 1e-8  # AdamW denominator term, in gradient units
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
-    schedule: str = "cosine"  # after the warm-up: cosine | linear | wsd (warm-up, stable, decay) | constant
-    min_lr: float | None = None  # learning rate the decay ends at (absolute); None: min_lr_ratio·lr
-    decay_fraction: float = 0.2  # wsd: the last fraction of all steps, decaying linearly to the floor
+    grad_clip: float = setting(1.0, "--grad-clip", "max global gradient norm (default {default}; 0: off)",
+                               "optimizer", unset=True, same_run=True)
+    schedule: str = setting("cosine", "--lr-schedule", "after the warm-up: cosine, linear, wsd (warm-up, stable, "
+                            "then a linear decay over the last --decay-fraction of the steps) or constant (default "
+                            "{default})", "optimizer", choices=LR_SCHEDULES, unset=True, same_run=True)
+    min_lr: float | None = setting(None, "--min-lr", "learning rate the decay ends at (default {min_lr_ratio:g} × "
+                                   "--lr)", "optimizer", same_run=True)  # absolute; None: min_lr_ratio·lr
+    decay_fraction: float = setting(  # wsd: the last fraction of all steps, decaying linearly to the floor
+        0.2, "--decay-fraction", "wsd: fraction of the steps that decay (default {default:g})", "optimizer",
+        unset=True, same_run=True)
 
     def __post_init__(self) -> None:
-        problems = _number_problems({"lr": (self.lr, 0, True), "weight_decay": (self.weight_decay, 0, True),
+        problems = number_problems({"lr": (self.lr, 0, True), "weight_decay": (self.weight_decay, 0, True),
                                      "grad_clip": (self.grad_clip, 0, True), "eps": (self.eps, 0, False),
                                      "min_lr_ratio": (self.min_lr_ratio, 0, True)})
-        problems += _non_negative_int_problems({"warmup_steps": self.warmup_steps})
+        problems += non_negative_int_problems({"warmup_steps": self.warmup_steps})
         problems += [f"{name}={value!r} must be in [0, 1)" for name, value in (("beta1", self.beta1),
                                                                              ("beta2", self.beta2))
                      if not isinstance(value, (int, float)) or not 0 <= value < 1]
@@ -91,7 +74,7 @@ class OptimConfig:
             problems.append("min_lr has no effect with lr_schedule=constant (nothing decays); drop it")
         if not 0 < self.decay_fraction <= 1:
             problems.append(f"decay_fraction={self.decay_fraction!r} must be in (0, 1]")
-        _refuse(problems)
+        refuse(problems)
 
     @property
     def floor_lr(self) -> float:
@@ -113,14 +96,20 @@ class TrainJob:
     layout: Layout  # how the ranks split the model and the batch (may change on resume)
     global_batch: int  # sequences per optimizer step
     seq_len: int  # tokens per sequence
-    steps: int = 20  # optimizer steps in all, counted from step 0 (a resumed run may ask for more)
-    seed: int = 0  # seed of the weights, the data order and dropout
-    data: str = "synthetic"  # "synthetic" or a token file written by `plait data prepare` (absolute path)
+    steps: int = setting(20, "--steps", "optimizer steps in all (default {default}; resumed: the saved run's)",
+                         "what", unset=True)  # counted from step 0 (a resumed run may ask for more)
+    seed: int = setting(0, "--seed", "seed of weights, data order and dropout (default {default})", "what",
+                        unset=True, same_run=True)
+    data: str = setting("synthetic", "--data", "synthetic, or a token file (plait data prepare)", "what",
+                        same_run=True)  # a token file as an absolute path
     data_id: str | None = None  # the token file's fingerprint: "crc32=…,tokens=…,bytes=…" (its header and size)
-    init_from: str | None = None  # Hugging Face model directory whose weights start the run (None: random init)
+    init_from: str | None = setting(
+        None, "--init-from", "start from the weights of a local Hugging Face model directory (config.json + "
+        "safetensors, sharded or not) instead of random ones; --model defaults to DIR", "what",
+        metavar="DIR")  # None: random init
 
     def __post_init__(self) -> None:
-        _refuse(_positive_int_problems({"global_batch": self.global_batch, "seq_len": self.seq_len,
+        refuse(positive_int_problems({"global_batch": self.global_batch, "seq_len": self.seq_len,
                                         "steps": self.steps}))
 
     @property
@@ -138,33 +127,51 @@ class TrainJob:
 class CheckpointConfig:
     """Where and how often the run saves its state, and where it starts from (``plait.run.checkpoint``)."""
 
-    dir: str | None = None  # root of step_NNNNNNNN checkpoint directories (None: no checkpoints)
-    every: int = 0  # save every N optimizer steps (0: only on SIGTERM and at the end)
-    keep: int = 3  # newest complete checkpoints kept (0: all)
-    use_async: bool | None = None  # write from a background thread; None: asynchronous on GPU, synchronous on CPU
+    dir: str | None = setting(
+        None, "--checkpoint-dir", "save checkpoints here (step_NNNNNNNN directories, DCP + manifest); when it "
+        "holds checkpoints of the same run, resume from the newest valid one (the same command starts a run and "
+        "resumes it after a requeue)", "checkpoints")  # None: no checkpoints
+    every: int = setting(0, "--checkpoint-every", "save every N steps (default: only on SIGTERM and at the end)",
+                         "checkpoints", unset=True)
+    keep: int = setting(3, "--keep-checkpoints", "keep the newest K complete checkpoints (default {default}; 0: all)",
+                        "checkpoints", unset=True)
+    use_async: bool | None = setting(  # None: asynchronous on GPU, synchronous on CPU
+        None, "--async-checkpoint", "write checkpoints from a background thread (auto: on GPU)", "checkpoints",
+        kind=str, choices=("auto", "on", "off"), flag_default="auto", to_field={"on": True, "off": False}.get)
     resume_from: str | None = None  # a complete checkpoint directory to start from (None: step 0)
 
     def __post_init__(self) -> None:
-        _refuse(_non_negative_int_problems({"checkpoint_every": self.every, "keep_checkpoints": self.keep}))
+        refuse(non_negative_int_problems({"checkpoint_every": self.every, "keep_checkpoints": self.keep}))
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     """How and where the ranks run: device, GPU spec, compilation, timeouts, failure policy."""
 
-    device: str = "auto"  # auto (cuda if available) | cpu | cuda
-    gpu: str | None = None  # GpuSpec preset: the MFU peak and the memory/time prediction
-    compile: bool | None = None  # torch.compile each block (fullgraph); None: on CUDA when the layout allows it
-    compile_backend: str = "inductor"  # torch.compile backend (aot_eager: no code generation, for tests)
-    async_tp: bool = False  # inductor's micro-pipelined TP (CUDA + NCCL, compiled blocks, tp > 1 with sp)
-    timeout_s: float = 600.0  # collective timeout, seconds: ranks stuck waiting for a dead peer give up
-    on_nan: str = "stop"  # non-finite loss or gradient norm: "stop", or "skip" the optimizer step
-    offload_dir: str | None = None  # offload=disk: activations go to a fresh directory in here (None: temp dir)
-    gc_every: int = 50  # Python GC off while training, a collection every N optimizer steps (0: automatic GC)
-    qkv: str = "separate"  # "fused": one Q/K/V projection GEMM (checkpoints keep separate wq/wk/wv keys)
+    device: str = setting("auto", "--device", "default: cuda if present", "where", choices=("auto", "cpu", "cuda"))
+    gpu: str | None = setting(None, "--gpu", "GPU spec for MFU and the memory check (plait clusters); default: from "
+                              "the device name", "where")  # a GpuSpec preset: the MFU peak and the prediction
+    compile: bool | None = setting(  # torch.compile each block (fullgraph)
+        None, "--compile", "torch.compile every block, fullgraph (default: on with CUDA where the layout allows "
+        "it, off on CPU)", "where")
+    compile_backend: str = setting("inductor", "--compile-backend", "torch.compile backend (default {default})",
+                                   "where")  # aot_eager: no code generation, for tests
+    async_tp: bool = setting(False, "--async-tp", "async tensor parallelism: inductor overlaps sp's collectives "
+                             "with the GEMMs (CUDA + NCCL, compiled blocks, tp > 1 with sp)", "where")
+    timeout_s: float = setting(600.0, "--timeout", "collective timeout in seconds: ranks waiting on a dead peer give "
+                               "up (default {default:g})", "where")
+    on_nan: str = setting("stop", "--on-nan", "non-finite loss or gradient norm: stop naming the step, or skip that "
+                          "optimizer step", "checkpoints", choices=("stop", "skip"))
+    offload_dir: str | None = setting(None, "--offload-dir", "offload=disk:α writes activations under this "
+                                      "directory (default: the temp dir)", "where")
+    gc_every: int = setting(50, "--gc-every", "Python's garbage collector off while training, one collection every "
+                            "N steps on every rank (default {default}; 0: the automatic collector)", "where")
+    qkv: str = setting(  # "separate" | "fused"
+        "separate", "--fused-qkv", "Q, K and V projections as one GEMM (checkpoints keep separate wq/wk/wv)", "where",
+        kind=bool, flag_default=False, to_field=lambda fused: "fused" if fused else "separate")
 
     def __post_init__(self) -> None:
-        problems = _non_negative_int_problems({"gc_every": self.gc_every})
+        problems = non_negative_int_problems({"gc_every": self.gc_every})
         if self.device not in ("auto", "cpu", "cuda"):
             problems.append(f"device={self.device!r} must be auto, cpu or cuda")
         if self.timeout_s <= 0:
@@ -175,7 +182,7 @@ class RuntimeConfig:
             problems.append(f"compile={self.compile!r} must be true, false or null (auto: on GPU)")
         if self.qkv not in ("separate", "fused"):
             problems.append(f"qkv={self.qkv!r} must be separate or fused")
-        _refuse(problems)
+        refuse(problems)
 
 
 GPU_LOG_EVERY = 10  # default --log-every on GPU (torchtitan's log_freq)
@@ -185,15 +192,22 @@ GPU_LOG_EVERY = 10  # default --log-every on GPU (torchtitan's log_freq)
 class LogConfig:
     """What the run reports (not part of what defines it: ranks may differ here)."""
 
-    log: str | None = None  # path of the JSONL metrics file rank 0 writes (None: none)
-    log_every: int | None = None  # read loss/grad norm on the host and print every N optimizer steps; None: auto
-    tensorboard: str | None = None  # TensorBoard event directory rank 0 writes scalars to (None: none)
-    wandb_project: str | None = None  # Weights & Biases project rank 0 logs to (None: none; WANDB_MODE=offline works)
-    mlflow_uri: str | None = None  # MLflow tracking URI rank 0 logs to (None: none)
+    log: str | None = setting(None, "--log", "JSONL metrics file: one line per step, then a summary line",
+                              "what")  # rank 0 writes it
+    log_every: int | None = setting(  # None: auto
+        None, "--log-every", "read loss and gradient norm on the host (no device sync on the steps between) and "
+        f"print every N steps (default {GPU_LOG_EVERY} on GPU, 1 on CPU)", "where")
+    tensorboard: str | None = setting(None, "--tensorboard", "also write the metrics as TensorBoard scalars here "
+                                      "(pip install tensorboard)", "evaluation", metavar="DIR")
+    wandb_project: str | None = setting(None, "--wandb-project", "also log the metrics to this Weights & Biases "
+                                        "project (pip install wandb; WANDB_MODE=offline writes locally)",
+                                        "evaluation", metavar="NAME")
+    mlflow_uri: str | None = setting(None, "--mlflow-uri", "also log the metrics to this MLflow tracking URI (pip "
+                                     "install mlflow)", "evaluation", metavar="URI")
 
     def __post_init__(self) -> None:
         if self.log_every is not None:
-            _refuse(_positive_int_problems({"log_every": self.log_every}))
+            refuse(positive_int_problems({"log_every": self.log_every}))
 
     def log_every_on(self, device_type: str) -> int:
         """Steps between the host's reads of loss and gradient norm (and printed lines): ``log_every``,
@@ -213,16 +227,19 @@ class EvalConfig:
     evaluation is a collective), so it is part of what the ranks compare at start-up; a resumed
     run takes the request's values (evaluating does not change the training trajectory)."""
 
-    data: str | None = None  # token file of held-out tokens (None: no evaluation)
-    every: int = 0  # evaluate every N optimizer steps and after the last one; 0: after the last one only
-    steps: int = 10  # global batches (global_batch × seq_len tokens each) per evaluation, the same every time
+    data: str | None = setting(None, "--eval-data", "token file of held-out tokens (plait data prepare): log "
+                               "eval_loss, its mean token loss", "evaluation")  # None: no evaluation
+    every: int = setting(0, "--eval-every", "evaluate every N steps and after the last one (default: after the last "
+                         "one only)", "evaluation")
+    steps: int = setting(10, "--eval-steps", "global batches per evaluation, the same ones each time (default "
+                         "{default})", "evaluation")  # global_batch × seq_len tokens each
 
     def __post_init__(self) -> None:
-        problems = _non_negative_int_problems({"eval_every": self.every})
-        problems += _positive_int_problems({"eval_steps": self.steps})
+        problems = non_negative_int_problems({"eval_every": self.every})
+        problems += positive_int_problems({"eval_steps": self.steps})
         if self.data is None and isinstance(self.every, int) and self.every > 0:
             problems.append(f"eval_every={self.every} needs eval_data (--eval-data TOKENS: a token file)")
-        _refuse(problems)
+        refuse(problems)
 
     def due_after(self, steps_done: int, total_steps: int) -> bool:
         """Whether to evaluate once ``steps_done`` optimizer steps of ``total_steps`` are done."""

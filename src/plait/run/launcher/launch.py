@@ -39,20 +39,29 @@ from plait.run.launcher.outcome import (
     refused,
     write_outcome,
 )
+from plait.run.settings import setting
 
 
 @dataclass(frozen=True)
 class LaunchOptions:
     """torchrun's process placement: processes per node, nodes, rendezvous."""
 
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    rdzv_endpoint: str | None = None  # host:port of the rendezvous (multi-node)
-    rdzv_id: str = "plait"
-    node_rank: int | None = None  # only with the static rendezvous (no endpoint)
-    master_addr: str | None = None
-    master_port: int | None = None
-    max_restarts: int = 0  # torchrun restarts all workers this many times after a failure
+    nproc_per_node: int = setting(1, "--nproc-per-node", "processes (GPUs) per node", "where", aliases=("--nproc",),
+                                  unset=True)  # not given: the layout's world size over the nodes
+    nnodes: int = setting(1, "--nnodes", "nodes (run the same command on each); elastic: MIN:MAX with "
+                          "--rdzv-endpoint", "where", kind=str, flag_default="1")  # the flag: "N" or "MIN:MAX"
+    rdzv_endpoint: str | None = setting(None, "--rdzv-endpoint", "host:port of the rendezvous, for several nodes",
+                                        "where")  # multi-node
+    rdzv_id: str = setting("plait", "--rdzv-id", "job id shared by the nodes of one run (default: derived from the "
+                           "command line and the scheduler's job id, the same on every node of the job)", "where",
+                           unset=True)  # not given: resolve.job_rdzv_id, never a fixed default
+    node_rank: int | None = setting(None, "--node-rank", "this node's rank (static rendezvous, with --master-addr)",
+                                    "where")  # only with the static rendezvous (no endpoint)
+    master_addr: str | None = setting(None, "--master-addr", "address of node 0 (static rendezvous)", "where")
+    master_port: int | None = setting(None, "--master-port", "port on node 0 (static rendezvous; default 29500)",
+                                      "where")
+    max_restarts: int = setting(0, "--max-restarts", "torchrun restarts after a worker dies; each restart resumes "
+                                "from the newest checkpoint", "checkpoints")  # all workers restart, this many times
     min_nnodes: int | None = None  # elastic: torchrun starts once this many nodes joined (up to nnodes)
 
     @property

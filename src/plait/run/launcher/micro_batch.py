@@ -27,12 +27,11 @@ MEMINFO = Path("/proc/meminfo")
 
 
 def mbs_given(layout_text: str | None) -> bool:
-    """Whether a ``--layout`` text writes ``mbs`` (no layout: not given)."""
-    if not layout_text:
-        return False
-    from plait.plan.complete import given_keys
-
-    return "mbs" in given_keys(layout_text)
+    """Whether a ``--layout`` text writes ``mbs`` (no layout: not given): read from its keys, the text
+    not parsed again (``plait.run.launcher.target.TrainTarget`` parsed it)."""
+    keys = (item.split("=", 1)[0].strip().lower().replace("-", "_")
+            for item in (layout_text or "").replace(" ", ",").split(","))
+    return "mbs" in keys
 
 
 def host_available_bytes(path: Path = MEMINFO) -> float | None:

@@ -1,79 +1,60 @@
-"""TrainRequest: what ``plait train`` was asked, as plain typed values (no command-line parsing, no torch).
+"""TrainRequest: what ``plait train`` was asked, generated from the settings' declarations (no torch).
 
-``None`` means "not given": a fresh run then takes the default of the RunConfig sub-config that
-holds the setting (``TrainJob``, ``OptimConfig``, ``CheckpointConfig``), a resumed run the
-checkpoint's saved value. The defaults that are not "not given" are read from the sub-configs
-(``TrainJob``, ``RuntimeConfig``, ``LogConfig``) and ``LaunchOptions``, where they are declared;
+Every ``plait train`` setting is a field of its section, declared once with ``setting``
+(``plait.run.settings``): ``TargetSettings`` (what to train), the RunConfig sections ``TrainJob``,
+``OptimConfig``, ``EvalConfig``, ``LogConfig``, ``CheckpointConfig``, ``RuntimeConfig``, torchrun's
+``LaunchOptions`` and ``TrainControl`` (how ``plait train`` itself proceeds). ``TRAIN_SECTIONS``
+lists them; the parser, the job-file keys, the flag table of docs/training.md and ``TrainRequest``
+(one field per flag, its default the flag's) follow. ``None`` means "not given": a fresh run then
+takes the section's default, a resumed run the checkpoint's saved value.
 ``plait.run.launcher.resolve`` turns a request into the run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
-from plait.run.config import EvalConfig, LogConfig, RuntimeConfig, TrainJob
+from plait.run.config import CheckpointConfig, EvalConfig, LogConfig, OptimConfig, RuntimeConfig, TrainJob
 from plait.run.launcher.launch import LaunchOptions
+from plait.run.launcher.target import TargetSettings
+from plait.run.settings import flags_markdown, setting, settings_of
 
 
 @dataclass(frozen=True)
-class TrainRequest:
-    """One ``plait train`` invocation. Sizes in sequences and tokens; times in seconds."""
+class TrainControl:
+    """How ``plait train`` itself proceeds: processes in all, resume or not, checks, the run directory."""
 
-    # what to train: a saved plan, or model + layout + batch
-    plan: str | None = None  # plan file written by plait plan --save
-    model: str | None = None  # model preset, config.json or model JSON
-    layout: str | None = None  # layout text, e.g. "dp=2,tp=2" (default: dp over all processes)
-    global_batch: int | None = None  # sequences per optimizer step
-    seq_len: int | None = None  # tokens per sequence
-    steps: int | None = None  # optimizer steps in all (None: TrainJob.steps, or the resumed run's)
-    seed: int | None = None  # None: TrainJob.seed (resumed: the saved one)
-    data: str = TrainJob.data  # "synthetic" or a token file
-    init_from: str | None = TrainJob.init_from  # Hugging Face model directory: its weights start the run
-    log: str | None = None  # JSONL metrics file
-    tensorboard: str | None = LogConfig.tensorboard  # TensorBoard event directory
-    wandb_project: str | None = LogConfig.wandb_project  # Weights & Biases project
-    mlflow_uri: str | None = LogConfig.mlflow_uri  # MLflow tracking URI
-    # held-out loss (EvalConfig; a resumed run takes these, not the saved ones)
-    eval_data: str | None = EvalConfig.data  # token file (None: no evaluation)
-    eval_every: int = EvalConfig.every  # evaluate every N steps and after the last (0: after the last only)
-    eval_steps: int = EvalConfig.steps  # global batches per evaluation
-    # optimizer (None: OptimConfig's defaults; warm-up: 10% of the steps)
-    lr: float | None = None
-    warmup_steps: int | None = None
-    weight_decay: float | None = None
-    grad_clip: float | None = None
-    lr_schedule: str | None = None  # None: OptimConfig.schedule (resumed: the saved one)
-    min_lr: float | None = None  # absolute floor of the decay (None: OptimConfig.min_lr_ratio·lr)
-    decay_fraction: float | None = None  # wsd only (None: OptimConfig.decay_fraction)
-    # where to run (torchrun)
-    nproc_per_node: int | None = None  # processes per node (None: the layout's world size over the nodes)
-    gpus: int | None = None  # processes in all (alternative to nproc_per_node)
-    nnodes: str = "1"  # "N", or elastic "MIN:MAX"
-    rdzv_endpoint: str | None = None  # host:port of the rendezvous
-    rdzv_id: str | None = None  # None: derived per job (resolve.job_rdzv_id), never a fixed default
-    node_rank: int | None = None  # static rendezvous
-    master_addr: str | None = None
-    master_port: int | None = None
-    device: str = RuntimeConfig.device  # auto | cpu | cuda
-    gpu: str | None = None  # GPU spec preset (None: from the device name, or the plan's)
-    compile: bool | None = RuntimeConfig.compile  # None: on GPU where the layout allows it
-    compile_backend: str = RuntimeConfig.compile_backend
-    async_tp: bool = RuntimeConfig.async_tp
-    offload_dir: str | None = RuntimeConfig.offload_dir
-    fused_qkv: bool = False  # RuntimeConfig.qkv = "fused": one GEMM for Q, K and V
-    gc_every: int = RuntimeConfig.gc_every  # Python GC every N steps (0: automatic)
-    timeout: float = RuntimeConfig.timeout_s  # collective timeout, seconds
-    allow_oom: bool = False  # run even if the planner predicts out-of-memory
-    log_every: int | None = LogConfig.log_every  # host reads and printed lines every N steps (None: 10 on GPU, 1 on CPU)
-    run_dir: str | None = None  # keep the run's config and error files here (None: a temporary directory)
-    dry_run: bool = False  # check everything, print the torchrun command, do not run
-    # checkpoints, resume, failures
-    checkpoint_dir: str | None = None
-    checkpoint_every: int | None = None  # None: CheckpointConfig.every (resumed: the saved one)
-    keep_checkpoints: int | None = None  # None: CheckpointConfig.keep (resumed: the saved one)
-    async_checkpoint: str = "auto"  # auto (on GPU) | on | off
-    resume: str | None = None  # a checkpoint directory, or a --checkpoint-dir to take the newest valid one
-    fresh: bool = False  # start from step 0; refuse a --checkpoint-dir that holds checkpoints (else: resumed)
-    allow_data_change: bool = False  # resume on a token file other than the checkpoint's (its fingerprint differs)
-    max_restarts: int = LaunchOptions.max_restarts
-    on_nan: str = RuntimeConfig.on_nan  # stop | skip
+    gpus: int | None = setting(None, "--gpus", "processes in all (alternative to --nproc-per-node)", "where")
+    allow_oom: bool = setting(False, "--allow-oom", "run even if the planner predicts out-of-memory", "where")
+    run_dir: str | None = setting(None, "--run-dir", "keep the run's config and error files here (default: a "
+                                  "temporary dir)", "where")
+    dry_run: bool = setting(False, "--dry-run", "check everything, print the torchrun command, do not run", "where")
+    resume: str | None = setting(
+        None, "--resume", "resume from a checkpoint directory, or the newest valid one in a --checkpoint-dir; with "
+        "another --layout or process count (re-planned when the world size changed). New checkpoints go to "
+        "--checkpoint-dir, else beside the resumed one; a DIR without checkpoints starts the run there",
+        "checkpoints", metavar="DIR")
+    fresh: bool = setting(False, "--fresh", "start from step 0 and refuse a --checkpoint-dir that already holds "
+                          "checkpoints", "checkpoints")
+    allow_data_change: bool = setting(
+        False, "--allow-data-change", "resume although the token file at the saved data path is not the one the "
+        "checkpoint was trained on (its CRC-32, token count or size differ)", "checkpoints")
+
+
+# every section holding plait train settings; within a help group, flags follow this order
+TRAIN_SECTIONS = (TargetSettings, TrainJob, OptimConfig, EvalConfig, LogConfig, CheckpointConfig, TrainControl,
+                  LaunchOptions, RuntimeConfig)
+
+TrainRequest = dataclasses.make_dataclass(
+    "TrainRequest", [(d.dest, Any, dataclasses.field(default=d.flag_default)) for d in settings_of(*TRAIN_SECTIONS)],
+    frozen=True)
+TrainRequest.__module__ = __name__
+TrainRequest.__doc__ = ("One ``plait train`` invocation: a field per setting (its flag's dest), its default the "
+                        "flag's. Sizes in sequences and tokens; times in seconds.")
+
+
+def train_flags_markdown() -> str:
+    """The flag table of docs/training.md, generated from the declarations."""
+    return flags_markdown(*TRAIN_SECTIONS)

@@ -1,5 +1,9 @@
 """From a ``TrainRequest`` to a checked run: the RunConfig (fresh, from a plan, or resumed), the
 torchrun placement, the notes to print; then ``start`` launches it (no torch at import).
+
+What to train is read once (``TrainTarget``: the plan file, the layout text); each section is built
+from the request's flags by its declarations (``plait.run.settings.section_of``), with only the
+values that need a rule (the plan's GPU, a resumed run's saved ones) given here.
 """
 
 from __future__ import annotations
@@ -14,20 +18,22 @@ from plait.run.checkpoint import store
 from plait.run.checkpoint.select import data_of
 from plait.run.config import (
     EVAL_SEED,
+    CheckpointConfig,
     EvalConfig,
     LogConfig,
     OptimConfig,
     RunConfig,
     RuntimeConfig,
     TrainJob,
-    plan_parts,
 )
 from plait.run.launcher.checkpoint_dir import take_checkpoint_dir
 from plait.run.launcher.launch import LaunchOptions, job_rdzv_id, launch, print_dry_run, record_refusal
-from plait.run.launcher.micro_batch import complete_run_mbs, keep_saved_mbs, mbs_given
+from plait.run.launcher.micro_batch import complete_run_mbs, keep_saved_mbs
 from plait.run.launcher.preflight import preflight
 from plait.run.launcher.request import TrainRequest
+from plait.run.launcher.target import TrainTarget
 from plait.run.observe.sinks import check_sinks
+from plait.run.settings import section_of, setting_values, settings_of
 from plait.spec.layout import Layout
 
 
@@ -81,66 +87,39 @@ def launch_options(request: TrainRequest, default_world: int | None = None) -> L
     restarts = request.max_restarts or 0
     if restarts < 0:
         raise PlaitError(f"--max-restarts {restarts}: must be >= 0")
-    return LaunchOptions(nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nodes,
-                         rdzv_endpoint=request.rdzv_endpoint, rdzv_id=request.rdzv_id or job_rdzv_id(dataclasses.asdict(request)),
-                         node_rank=request.node_rank,
-                         master_addr=request.master_addr, master_port=request.master_port, max_restarts=restarts)
+    return section_of(request, LaunchOptions, nproc_per_node=nproc, nnodes=nnodes, min_nnodes=min_nodes,
+                      rdzv_id=request.rdzv_id or job_rdzv_id(dataclasses.asdict(request)), max_restarts=restarts)
 
 
-def run_config(request: TrainRequest, options: LaunchOptions) -> RunConfig:
+def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarget | None = None) -> RunConfig:
     """The RunConfig of a fresh run (from the plan, if any; the request's sizes override the plan's job)."""
-    from plait.plan.plan import load_plan
     from plait.spec.models import get_model
 
-    gpu = request.gpu
+    target = target or TrainTarget.read(request)
     init_from = None
     if request.init_from:  # the weights' shapes are checked by the workers, against the model they build
         from plait.run.checkpoint.hf_files import check_model_dir
 
         init_from = str(check_model_dir(request.init_from))
-    if request.plan:
-        model, layout, job, plan_gpu = plan_parts(load_plan(request.plan), request.plan)
-        if request.model and get_model(request.model) != model:
-            raise PlaitError(f"{request.plan} is a plan for model {model.name}, not {request.model}")
-        if request.layout:
-            raise PlaitError("give either --plan or --layout, not both (the plan holds the layout)")
-        global_batch = request.global_batch or job.global_batch
-        seq_len = request.seq_len or job.seq_len
-        gpu = gpu or plan_gpu
-    else:
-        if not (request.model or init_from):
+    model = target.model
+    if target.plan is None:
+        if not (model or init_from):
             raise PlaitError("plait train needs --plan FILE, or --model with --global-batch and --seq-len")
-        model = get_model(request.model or init_from)
-        layout = Layout.parse(request.layout) if request.layout else Layout(dp=options.world_size)
-        if request.global_batch is None or request.seq_len is None:
+        model = model or get_model(init_from)
+        if target.global_batch is None or target.seq_len is None:
             raise PlaitError("plait train --model needs --global-batch and --seq-len")
-        global_batch, seq_len = request.global_batch, request.seq_len
-    steps = request.steps or TrainJob.steps
-    warmup = request.warmup_steps if request.warmup_steps is not None else max(1, steps // 10)
-    defaults = OptimConfig()
-    optim = OptimConfig(lr=_given(request.lr, defaults.lr), warmup_steps=warmup,
-                        weight_decay=_given(request.weight_decay, defaults.weight_decay),
-                        grad_clip=_given(request.grad_clip, defaults.grad_clip),
-                        schedule=_given(request.lr_schedule, defaults.schedule), min_lr=request.min_lr,
-                        decay_fraction=_given(request.decay_fraction, defaults.decay_fraction))
+    job = setting_values(request, TrainJob)  # steps, seed, data and init_from, then checked below
+    warmup = request.warmup_steps if request.warmup_steps is not None else max(1, job["steps"] // 10)
+    optim = section_of(request, OptimConfig, warmup_steps=warmup)
     check_decay_fraction(request, optim)
-    seed = _given(request.seed, TrainJob.seed)
-    data, data_id = data_of(request.data, model, seed, seq_len)  # fail early
+    data, data_id = data_of(job["data"], model, job["seed"], target.seq_len)  # fail early
     config = RunConfig(
-        job=TrainJob(model=model, layout=layout, global_batch=global_batch, seq_len=seq_len, steps=steps, seed=seed,
-                     data=data, data_id=data_id, init_from=init_from),
-        optim=optim,
-        runtime=RuntimeConfig(device=request.device, gpu=gpu, compile=request.compile,
-                              compile_backend=request.compile_backend, async_tp=request.async_tp,
-                              timeout_s=request.timeout,
-                              on_nan=request.on_nan, offload_dir=request.offload_dir,
-                              qkv="fused" if request.fused_qkv else "separate", gc_every=request.gc_every),
-        observe=observe_config(request))
+        job=TrainJob(model=model, layout=target.layout or Layout(dp=options.world_size),
+                     global_batch=target.global_batch, seq_len=target.seq_len,
+                     **{**job, "data": data, "init_from": init_from}, data_id=data_id),
+        optim=optim, runtime=section_of(request, RuntimeConfig, gpu=request.gpu or target.gpu),
+        observe=section_of(request, LogConfig))
     return dataclasses.replace(config, eval=eval_config(request, config.job))
-
-
-def _given(value, default):
-    return default if value is None else value
 
 
 def check_decay_fraction(request: TrainRequest, optim: OptimConfig) -> None:
@@ -150,29 +129,14 @@ def check_decay_fraction(request: TrainRequest, optim: OptimConfig) -> None:
                          f"{optim.schedule}); drop it or pass --lr-schedule wsd")
 
 
-def observe_config(request: TrainRequest) -> LogConfig:
-    """Where rank 0 reports: the JSONL log, the console's pace and the metrics sinks."""
-    return LogConfig(log=request.log, log_every=request.log_every, tensorboard=request.tensorboard,
-                     wandb_project=request.wandb_project, mlflow_uri=request.mlflow_uri)
-
-
 def eval_config(request: TrainRequest, job: TrainJob) -> EvalConfig:
     """The request's held-out loss settings; the eval token file is checked against the model now."""
-    config = EvalConfig(data=request.eval_data, every=request.eval_every, steps=request.eval_steps)
+    config = section_of(request, EvalConfig)
     if config.data is not None:
         from plait.run.data.tokens import open_tokens
 
         open_tokens(config.data, job.model.vocab, EVAL_SEED, seq_len=job.seq_len, model_name=job.model.name)
     return config
-
-
-def _layout_world(request: TrainRequest) -> int | None:
-    """The world size the plan or the layout asks for (the default process count)."""
-    from plait.plan.plan import load_plan
-
-    if request.plan:
-        return plan_parts(load_plan(request.plan), request.plan)[1].world_size
-    return Layout.parse(request.layout).world_size if request.layout else None
 
 
 def checkpoint_options(config: RunConfig, request: TrainRequest, saved: RunConfig | None = None,
@@ -185,7 +149,7 @@ def checkpoint_options(config: RunConfig, request: TrainRequest, saved: RunConfi
     keep = request.keep_checkpoints if request.keep_checkpoints is not None else base.keep
     every = request.checkpoint_every if request.checkpoint_every is not None else base.every
     directory = request.checkpoint_dir or where
-    use_async = {"on": True, "off": False}.get(request.async_checkpoint)
+    use_async = setting_values(request, CheckpointConfig)["use_async"]  # --async-checkpoint auto|on|off
     if directory:
         directory = str(Path(directory).resolve())
     if every and not directory:
@@ -195,29 +159,26 @@ def checkpoint_options(config: RunConfig, request: TrainRequest, saved: RunConfi
 
 
 def _same_run_flags(request: TrainRequest, saved: RunConfig, implicit: bool) -> dict[str, tuple]:
-    """(given value, saved value) of each flag a resumed run must keep; ``--data`` only for an implicit
-    resume (an explicit ``--resume`` may read the same tokens from another path)."""
-    job, optim = saved.job, saved.optim
+    """(given value, saved value) of each flag a resumed run must keep (its setting says ``same_run``);
+    ``--data`` only for an implicit resume (an explicit ``--resume`` may read the same tokens from another path)."""
+    sections = {section: getattr(saved, name) for name, section in (("job", TrainJob), ("optim", OptimConfig))}
+    out = {d.spec.flag: (getattr(request, d.dest), getattr(sections[d.section], d.name))
+           for d in settings_of(*sections) if d.spec.same_run}
     data = request.data if implicit and request.data != "synthetic" else None
-    if data is not None and job.data != "synthetic" and Path(data).resolve() == Path(job.data).resolve():
-        data = job.data
-    return {"--seed": (request.seed, job.seed), "--lr": (request.lr, optim.lr),
-            "--warmup-steps": (request.warmup_steps, optim.warmup_steps),
-            "--weight-decay": (request.weight_decay, optim.weight_decay),
-            "--grad-clip": (request.grad_clip, optim.grad_clip), "--data": (data, job.data),
-            "--lr-schedule": (request.lr_schedule, optim.schedule), "--min-lr": (request.min_lr, optim.min_lr),
-            "--decay-fraction": (request.decay_fraction, optim.decay_fraction)}
+    if data is not None and saved.job.data != "synthetic" and Path(data).resolve() == Path(saved.job.data).resolve():
+        data = saved.job.data
+    out["--data"] = (data, saved.job.data)
+    return out
 
 
-def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
+def resume_config(request: TrainRequest, implicit: bool = False, target: TrainTarget | None = None) -> Resolved:
     """The resumed run: the saved run's trajectory, this request's layout and processes, and notes.
 
     ``implicit``: resuming the newest checkpoint of ``--checkpoint-dir`` without ``--resume`` (a
-    requeue); the request's flags that define the run must then equal the saved values."""
-    from plait.plan.plan import load_plan
+    requeue); the request's flags that define the run must then equal the saved values. ``target``:
+    the request's ``TrainTarget`` (read here, after the checkpoint, when not given)."""
     from plait.run.checkpoint.select import check_given, check_same_data, check_same_run, nothing_to_train, saved_run
     from plait.run.replan import replan
-    from plait.spec.models import get_model
 
     # sizes only here: the workers check every CRC-32 in parallel (and fall back) before loading
     checkpoint, refused = store.resolve(request.resume or request.checkpoint_dir, checksums=False,
@@ -228,31 +189,22 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
     if not store.has_checksum(checkpoint.manifest):
         notes.append(f"{checkpoint.path.name}'s manifest has no checksum (written by an earlier plait): "
                      "its contents are trusted as they are")
-    layout = None
-    if request.plan:
-        if request.layout:
-            raise PlaitError("give either --plan or --layout, not both (the plan holds the layout)")
-        model, layout, job, _ = plan_parts(load_plan(request.plan), request.plan)
-        check_same_run(saved, model, job.global_batch, job.seq_len, path)
-    check_same_run(saved, get_model(request.model) if request.model else None, request.global_batch,
-                   request.seq_len, path)
+    target = target or TrainTarget.read(request)
+    if target.plan_job is not None:
+        check_same_run(saved, target.model, target.plan_job.global_batch, target.plan_job.seq_len, path)
+    check_same_run(saved, target.model if request.model else None, request.global_batch, request.seq_len, path)
     check_given(saved, _same_run_flags(request, saved, implicit), path)
-    if request.layout:
-        layout = Layout.parse(request.layout)
-        if not mbs_given(request.layout):
-            layout = keep_saved_mbs(layout, saved.job.layout, saved.job.global_batch)
+    layout = target.layout
+    if layout is not None and not target.mbs_given:
+        layout = keep_saved_mbs(layout, saved.job.layout, saved.job.global_batch)
     was = saved.job
     options = launch_options(request, layout.world_size if layout else was.layout.world_size)
     job = dataclasses.replace(was, steps=request.steps or was.steps,
                               data=request.data if request.data != "synthetic" else was.data)
     config = dataclasses.replace(
         saved, job=job, checkpoint=dataclasses.replace(saved.checkpoint, resume_from=path),
-        runtime=dataclasses.replace(saved.runtime, device=request.device, gpu=request.gpu, timeout_s=request.timeout,
-                                    compile=request.compile, compile_backend=request.compile_backend,
-                                    async_tp=request.async_tp, on_nan=request.on_nan,
-                                    qkv="fused" if request.fused_qkv else "separate",
-                                    gc_every=request.gc_every),
-        observe=observe_config(request), eval=eval_config(request, job), prediction=None)
+        runtime=section_of(request, RuntimeConfig, offload_dir=request.offload_dir or saved.runtime.offload_dir),
+        observe=section_of(request, LogConfig), eval=eval_config(request, job), prediction=None)
     check_decay_fraction(request, config.optim)
     if job.data != was.data:
         notes.append(f"reading data {job.data} instead of the saved run's {was.data}: the same samples only "
@@ -285,13 +237,14 @@ def resume_config(request: TrainRequest, implicit: bool = False) -> Resolved:
     return Resolved(config, options, tuple(notes), Resumed(checkpoint, tuple(p for p, _ in refused)))
 
 
-def fresh_config(request: TrainRequest) -> Resolved:
+def fresh_config(request: TrainRequest, target: TrainTarget | None = None) -> Resolved:
     """A run from the start; refuses a checkpoint directory that already holds checkpoints (unless elastic:
-    the workers resume from them)."""
-    options = launch_options(request, _layout_world(request))
-    config = checkpoint_options(run_config(request, options), request)
+    the workers resume from them). ``target``: the request's ``TrainTarget`` (read here when not given)."""
+    target = target or TrainTarget.read(request)
+    options = launch_options(request, target.world_size)
+    config = checkpoint_options(run_config(request, options, target), request)
     notes = ()
-    if not request.plan and not mbs_given(request.layout):  # pick the micro-batch, and say which
+    if not target.mbs_given:  # pick the micro-batch, and say which
         config, note = complete_run_mbs(config, options.nproc_per_node)
         notes = (note,)
     directory = config.checkpoint.dir
