@@ -86,10 +86,15 @@ def test_all_to_all_is_itemized_and_overlap_hides_part_of_it():
     assert ep1.ep_comm == 0.0  # ep=1: no all-to-all, and the fixed cost is its own item, not "ep comm"
     assert ep1.moe_overhead == pytest.approx(32 * 4 * DEFAULT_PARAMS.moe_layer_overhead_s)  # 32 layers x 4 micro-batches
     assert none.moe_overhead == ep1.moe_overhead
-    # across nodes the all-to-all costs more than inside one
-    wide = estimate_step(MIXTRAL, CLUSTER, JOB, Layout.parse("tp=8,dp=8,ep=8,zero=1,ckpt=selective,mbs=2,order=dp-tp-cp-pp"))
-    narrow = estimate_step(MIXTRAL, CLUSTER, JOB, Layout.parse("tp=8,dp=8,ep=8,zero=1,ckpt=selective,mbs=2"))
-    assert wide.ep_comm > narrow.ep_comm
+    # across nodes the all-to-all costs more than inside one. plait's runtime takes ep from the dp ranks
+    # (stride tp=8 in the default order: 8 nodes; dp innermost: one node); Megatron-Core takes the tp
+    # ranks first (the default order: one node)
+    dp_inside = Layout.parse("tp=8,dp=8,ep=8,zero=1,ckpt=selective,mbs=2,order=dp-tp-cp-pp")
+    tp_inside = Layout.parse("tp=8,dp=8,ep=8,zero=1,ckpt=selective,mbs=2")
+    assert (estimate_step(MIXTRAL, CLUSTER, JOB, tp_inside).ep_comm
+            > estimate_step(MIXTRAL, CLUSTER, JOB, dp_inside).ep_comm)
+    assert (estimate_step(MIXTRAL, CLUSTER, JOB, dp_inside, runtime="megatron-core").ep_comm
+            > estimate_step(MIXTRAL, CLUSTER, JOB, tp_inside, runtime="megatron-core").ep_comm)
 
 
 def test_mfu_counts_active_parameters():

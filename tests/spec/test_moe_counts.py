@@ -175,6 +175,20 @@ def test_expert_groups_follow_megatron_order():
     assert (wide["etp"].size, wide["ep"].size, wide["ep"].stride, wide["edp"].size) == (2, 8, 2, 4)
 
 
+def test_expert_groups_follow_plaits_runtime_for_torch():
+    # plait.run.parallel.mesh.expert_view: ep from the dp·cp ranks in the layout's order, tp left out
+    from plait.spec.moe.layout import expert_groups
+
+    layout = Layout.parse("tp=2,dp=32,ep=8")  # 64 GPUs, 8 per node, tp innermost
+    megatron, torch_rule = expert_groups(layout, 8), expert_groups(layout, 8, "torch")
+    assert (megatron["ep"].size, megatron["ep"].stride, megatron["ep"].nodes) == (8, 1, 1)  # ranks 0..7
+    assert (torch_rule["ep"].size, torch_rule["ep"].stride, torch_rule["ep"].nodes) == (8, 2, 2)  # 0, 2, .., 14
+    assert (torch_rule["edp"].size, torch_rule["edp"].stride, torch_rule["edp"].nodes) == (4, 16, 4)  # 0, 16, 32, 48
+    assert torch_rule["etp"].size == 1
+    dp_inside = expert_groups(Layout.parse("tp=2,dp=32,ep=8,order=dp-tp-cp-pp"), 8, "torch")
+    assert (dp_inside["ep"].stride, dp_inside["ep"].nodes) == (1, 1)  # dp innermost: ranks 0..7
+
+
 def test_plait_models_lists_total_and_active(capsys, monkeypatch):
     from plait.cli import main
 

@@ -173,7 +173,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     tp_mb, cp_mb = layers * tp_per_layer, layers * cp_per_layer
     offload_mb = offload_microbatch(model, cluster, lay, job.seq_len, layers, times, params, runtime)
     pp_mb = pp_microbatch(cluster, groups["pp"], lay, act_bytes, params)
-    ep_mb, moe_overhead_mb = ep_microbatch(model, cluster, lay, tokens, job.seq_len, layers, n_ckpt, params)
+    ep_mb, moe_overhead_mb = ep_microbatch(model, cluster, lay, tokens, job.seq_len, layers, n_ckpt, params,
+                                            runtime)
     overhead_mb, host_ends = overhead_microbatch(params, lay, layers, n_ckpt)
     body_mb = (kernels_mb + elementwise_mb + recompute_mb + tp_mb + cp_mb + offload_mb + pp_mb + overhead_mb + ep_mb
                + moe_overhead_mb)
@@ -185,7 +186,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     fill_drain = bubble(lay, m, average_mb)
     local = max(stage_params(model, lay).values())
     dp_comm = dp_step(model, cluster, groups, lay, m, layers, times, local, recompute_mb, recompute_per_layer, n_ckpt,
-                      head_mb, params)
+                      head_mb, params, runtime)
     optimizer, offload_step = optimizer_step(model, cluster, lay, local, layers, params)
 
     step = (m * slowest_mb + fill_drain + dp_comm + optimizer + offload_step + params.step_overhead_s)

@@ -148,9 +148,11 @@ def remote_nodes_per_token(moe, nodes: int) -> float:
     return hit * (nodes - 1) / nodes
 
 
-def expert_a2a(model, cluster: ClusterSpec, layout: Layout, seq_len: int, params: CostParams) -> float:
-    """One dispatch (or one combine) of one MoE layer and micro-batch, seconds (module docstring)."""
-    groups = expert_groups(layout, cluster.gpus_per_node)
+def expert_a2a(model, cluster: ClusterSpec, layout: Layout, seq_len: int, params: CostParams,
+               runtime: str = "torch") -> float:
+    """One dispatch (or one combine) of one MoE layer and micro-batch, seconds (module docstring);
+    ``runtime``: whose expert groups (``plait.spec.moe.layout.expert_groups``)."""
+    groups = expert_groups(layout, cluster.gpus_per_node, runtime)
     load = params.moe_load_imbalance
     t_r, routed = routed_tokens(model, layout, seq_len, load=load)
     element = cluster.gpu.element_bytes
@@ -163,9 +165,9 @@ def expert_a2a(model, cluster: ClusterSpec, layout: Layout, seq_len: int, params
 
 
 def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, seq_len: int,
-                   params: CostParams) -> tuple[float, float]:
+                   params: CostParams, runtime: str = "torch") -> tuple[float, float]:
     """(forward, backward) exposed all-to-all seconds of one MoE layer and micro-batch."""
-    a2a = expert_a2a(model, cluster, layout, seq_len, params)
+    a2a = expert_a2a(model, cluster, layout, seq_len, params, runtime)
     if a2a <= 0.0:
         return 0.0, 0.0
     _, shared, experts = moe_mlp_times(model, cluster.gpu, params, layout, tokens, seq_len)
@@ -185,11 +187,12 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
     return out[0], out[1]
 
 
-def expert_dp_comm(model, cluster: ClusterSpec, layout: Layout, layers: int, params: CostParams) -> float:
+def expert_dp_comm(model, cluster: ClusterSpec, layout: Layout, layers: int, params: CostParams,
+                   runtime: str = "torch") -> float:
     """Routed experts' gradient reduction of one step over the expert-data-parallel group (before
     overlap): all-reduce (ZeRO 0), else reduce-scatter and the all-gather of the updated weights."""
     params_local = stage_expert_params(model, layout, layers)
-    group = expert_groups(layout, cluster.gpus_per_node)["edp"]
+    group = expert_groups(layout, cluster.gpus_per_node, runtime)["edp"]
     if params_local == 0.0 or expert_data_parallel(layout) <= 1:
         return 0.0
     grads = params.grad_reduce_bytes * params_local

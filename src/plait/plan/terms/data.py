@@ -44,9 +44,11 @@ def zero3_stages(model: ModelSpec, lay: Layout, layers: int, times: LayerTimes, 
 
 def dp_step(model: ModelSpec, cluster: ClusterSpec, groups: dict[str, GroupPlacement], lay: Layout,
             micro_batches: int, layers: int, times: LayerTimes, local_params: float, recompute_mb: float,
-            recompute_layer: float, n_ckpt: int, head_mb: float, params: CostParams) -> float:
+            recompute_layer: float, n_ckpt: int, head_mb: float, params: CostParams,
+            runtime: str = "torch") -> float:
     """Exposed data-parallel seconds per step on the stage with the most parameters (``local_params``),
-    dense and experts; collectives hide behind up to ``dp_overlap`` of the pass they overlap."""
+    dense and experts; collectives hide behind up to ``dp_overlap`` of the pass they overlap.
+    ``runtime``: whose expert groups (``plait.spec.moe.layout.expert_groups``)."""
     m, element = micro_batches, cluster.gpu.element_bytes
     grad_bytes = local_params * params.grad_reduce_bytes
     bwd_window = layers * times.bwd + recompute_mb
@@ -69,11 +71,11 @@ def dp_step(model: ModelSpec, cluster: ClusterSpec, groups: dict[str, GroupPlace
             dp_comm += gradient_reductions(lay, m) * replicas
     if model.moe is not None and expert_data_parallel(lay) > 1:  # routed experts: over the expert-dp ranks
         if lay.zero == 3:  # gathered layer by layer, as the dense weights
-            edp = expert_groups(lay, cluster.gpus_per_node)["edp"]
+            edp = expert_groups(lay, cluster.gpus_per_node, runtime)["edp"]
             experts = stage_expert_params(model, lay, layers)
             backward = times.bwd + n_ckpt * recompute_layer / max(1, layers)
             units = [Unit(experts / max(1, layers), times.fwd, backward, lay.reshard)] * max(1, layers)
             dp_comm += zero3_exposed(cluster, edp, units, m, params)
         else:
-            dp_comm += exposed(expert_dp_comm(model, cluster, lay, layers, params), bwd_window, params)
+            dp_comm += exposed(expert_dp_comm(model, cluster, lay, layers, params, runtime), bwd_window, params)
     return dp_comm

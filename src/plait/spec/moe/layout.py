@@ -21,11 +21,12 @@ def expert_data_parallel(layout: Layout) -> int:
     return max(1, layout.tp * layout.cp * layout.dp // (layout.ep * layout.etp))
 
 
-def _non_pp_ranks(layout: Layout) -> list[int]:
-    """Global ranks of the tp·cp·dp ranks of pipeline stage 0, in Megatron's order (tp innermost)."""
+def _non_pp_ranks(layout: Layout, dims: tuple[str, ...] = _NON_PP) -> list[int]:
+    """Global ranks of the ``dims`` ranks of pipeline stage 0 (rank 0's group), the first of ``dims``
+    innermost: Megatron's order (tp, cp, dp) by default."""
     strides = rank_strides(layout)
     ranks = [0]
-    for dim in _NON_PP:
+    for dim in dims:
         ranks = [r + k * strides[dim] for k in range(getattr(layout, dim)) for r in ranks]
     return ranks
 
@@ -37,11 +38,20 @@ def _placement(ranks: list[int], gpus_per_node: int) -> GroupPlacement:
     return GroupPlacement(size, stride, nodes, max(1, size // nodes))
 
 
-def expert_groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
+def expert_groups(layout: Layout, gpus_per_node: int, runtime: str = "megatron") -> dict[str, GroupPlacement]:
     """Placement of the group holding rank 0 for ``ep`` (the all-to-all), ``etp`` and ``edp``
-    (the routed experts' gradient reduction)."""
-    ranks = _non_pp_ranks(layout)
+    (the routed experts' gradient reduction).
+
+    Megatron-Core (``runtime`` megatron or megatron-core) re-divides the tp·cp·dp ranks, tp innermost,
+    into etp × ep × edp, so with etp=1 an ep group takes the tp ranks first. plait's runtime
+    (``torch``: ``plait.run.parallel.mesh.expert_view``) builds ep from the dp·cp ranks alone, in the
+    order ``layout.order`` gives them, ep innermost; its experts are not split (etp=1)."""
     ep, etp = layout.ep, layout.etp
+    if runtime == "torch":
+        ranks = _non_pp_ranks(layout, tuple(d for d in layout.order.split("-") if d in ("cp", "dp")))
+        return {"etp": _placement(ranks[:1], gpus_per_node), "ep": _placement(ranks[:ep], gpus_per_node),
+                "edp": _placement(ranks[0::ep], gpus_per_node)}
+    ranks = _non_pp_ranks(layout)
     return {
         "etp": _placement(ranks[:etp], gpus_per_node),
         "ep": _placement(ranks[0:ep * etp:etp], gpus_per_node),
