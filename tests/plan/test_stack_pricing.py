@@ -153,7 +153,7 @@ def test_megatron_keeps_fp8_linear_inputs_and_one_swiglu_output():
 
 def test_the_h100_layouts_megatron_bridge_ran_are_predicted_to_fit():
     """NVIDIA ran these on 80 GB H100s (Megatron-Bridge 25.09-26.06, Llama 3 70B / 3.1 405B, fp8)."""
-    from plait.measure.published import SHIPPED_RUNS, predict_row, read_runs
+    from plait.measure.validate.runs import SHIPPED_RUNS, predict_row, read_runs
 
     rows = [r for r in read_runs(SHIPPED_RUNS[1]) if r["id"].startswith("mbridge-") and "-h100-" in r["id"]]
     assert len(rows) >= 6
@@ -235,8 +235,8 @@ def test_send_recv_hides_only_in_the_interleaved_schedule():
 
 
 def test_validate_keeps_what_a_calibration_measured():
-    from plait.measure.published import SHIPPED_RUNS, read_runs
-    from plait.measure.published_specs import row_specs
+    from plait.measure.validate.runs import SHIPPED_RUNS, read_runs
+    from plait.measure.validate.specs import row_specs
 
     row = next(r for r in read_runs(SHIPPED_RUNS[1]) if r["id"] == "mbridge-2602-h100-llama3-70b-fp8")
     measured = dataclasses.replace(DEFAULT_PARAMS, tp_comm_overlap=0.3)

@@ -28,7 +28,8 @@ import tolerances
 import torch
 
 from plait.cli import main
-from plait.run.checkpoint import hf_files, store
+from plait.run.checkpoint import store
+from plait.run.checkpoint.hf import files as hf_files
 from plait.spec.hf_config import model_from_hf_config
 
 RTOL = tolerances.run_rtol(hf_models.VOCAB, hf_models.LAYERS)

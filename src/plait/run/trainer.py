@@ -192,7 +192,7 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     parts = setup.parts
     start_step, events = resume(setup, env)
     if start_step == 0 and config.job.init_from:  # a resumed run starts from its checkpoint instead
-        from plait.run.checkpoint.hf_import import init_from_hf
+        from plait.run.checkpoint.hf.load import init_from_hf
 
         events.append(init_from_hf(config.job, parts, device))
     checkpointer = make_checkpointer(setup)

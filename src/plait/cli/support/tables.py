@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from plait.measure.published import RunResult
+from plait.measure.validate.runs import RunResult
 from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.sweep.stats import top1_text
 from plait.plan.plan import Plan
@@ -112,7 +112,7 @@ def explain(console: Console, plan: Plan) -> None:
 
 
 def confidence_note(console: Console) -> None:
-    from plait.measure.published import shipped_accuracy
+    from plait.measure.validate.runs import shipped_accuracy
 
     record = shipped_accuracy()
     if record is None:

@@ -163,7 +163,7 @@ def timeline_section(plan: Plan | None, why: str, path: Path) -> Section:
 
 
 def validation_section(runs_path: str) -> Section:
-    from plait.measure.published import error_summary, predict_runs
+    from plait.measure.validate.runs import error_summary, predict_runs
 
     summary = error_summary(predict_runs(runs_path))
     body = []

@@ -28,7 +28,7 @@ from typing import Callable
 from plait.errors import PlaitError
 from plait.measure.validate.cells import (arch_of, not_sharded, offloaded_layers, precision_of, recompute_of,
                                           zero_stage_of)
-from plait.measure.published_moe import (MoERowError, is_moe_row, moe_given, moe_gpu_type, nvlink_domain,
+from plait.measure.validate.moe import (MoERowError, is_moe_row, moe_given, moe_gpu_type, nvlink_domain,
                                          moe_model_for_row)
 from plait.plan.activations import BF16, layer_items
 from plait.plan.complete import complete
@@ -214,7 +214,7 @@ def _required(row: dict, notes: list[str]) -> tuple[int, int, int]:
 def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) -> RowSpecs:
     """The planner's inputs for one row, completing what the source omits (each completion noted)."""
     seq_len, n_gpus, gbs = _required(row, notes)
-    if is_moe_row(row):  # mixture of experts: plait.measure.published_moe
+    if is_moe_row(row):  # mixture of experts: plait.measure.validate.moe
         try:
             model = moe_model_for_row(row, seq_len, notes)
         except MoERowError as exc:
