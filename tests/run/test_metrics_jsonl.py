@@ -11,7 +11,7 @@ from plait.measure.report.train_log import read_train_log
 from plait.measure.sweep.run_one import read_summary
 from plait.measure.sweep.timing import step_times_of_log
 from plait.run.metrics import RunSummary, StepRecord
-from plait.run.observe.jsonl import FORMAT, HEADER, VERSION, JsonlLog, last_summary, read_log
+from plait.run.observe.jsonl import HEADER, JsonlLog, last_summary, read_log
 
 STEPS = [StepRecord(step=i, loss=3.0 - i / 4, lr=1e-3, grad_norm=0.5, step_time_s=0.25 + i / 8,
                     tokens_per_s=1024.0, mfu=None) for i in range(3)]
@@ -31,7 +31,7 @@ def write_run(path, summary: bool = True) -> list[dict]:
 def test_a_written_log_reads_back_record_for_record_after_its_format_line(tmp_path):
     path = tmp_path / "run.jsonl"
     records = write_run(path)
-    assert json.loads(path.read_text().splitlines()[0]) == {"format": FORMAT, "version": VERSION} == HEADER
+    assert json.loads(path.read_text().splitlines()[0]) == {"format": "plait-metrics/1"} == HEADER
     assert read_log(path) == records
     assert last_summary(read_log(path)) == read_summary(path) == SUMMARY.to_dict()
     assert step_times_of_log(path) == [record.step_time_s for record in STEPS]
@@ -68,8 +68,8 @@ def test_appending_writes_no_second_format_line(tmp_path):
     assert read_log(path)[-1]["event"] == "replayed" and read_log(path)[-1]["lines"] == [STEPS[2].to_dict()]
 
 
-def test_a_log_of_a_newer_version_is_refused_in_one_line(tmp_path):
+def test_a_log_of_a_later_version_is_refused_in_one_line(tmp_path):
     path = tmp_path / "new.jsonl"
-    path.write_text(json.dumps({"format": FORMAT, "version": VERSION + 1}) + "\n")
-    with pytest.raises(PlaitError, match=f"version {VERSION + 1}"):
+    path.write_text(json.dumps({"format": "plait-metrics/2"}) + "\n" + json.dumps(STEPS[0].to_dict()) + "\n")
+    with pytest.raises(PlaitError, match="format 'plait-metrics/2', expected 'plait-metrics/1'"):
         read_log(path)

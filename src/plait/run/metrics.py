@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from plait.progress import ProgressBar
 from plait.spec.model import ModelSpec
+from plait.spec.units import GIB, MIB
 
 
 def mfu(model: ModelSpec, seq_len: int, tokens_per_s: float, n_gpus: int, peak_flops: float | None) -> float | None:
@@ -83,16 +84,16 @@ class RunSummary:
             ratio = self.step_time_s / self.predicted_step_time_s
             parts[0] += f" vs {self.predicted_step_time_s:.3f} s predicted ({ratio:.2f}×)"
         if self.peak_memory_bytes is not None:
-            text = f"peak allocated {self.peak_memory_bytes / 2**30:.2f} GiB measured"
+            text = f"peak allocated {self.peak_memory_bytes / GIB:.2f} GiB measured"
             if self.predicted_memory_bytes:
-                text += (f" vs {self.predicted_memory_bytes / 2**30:.2f} GiB predicted "
+                text += (f" vs {self.predicted_memory_bytes / GIB:.2f} GiB predicted "
                          f"({self.peak_memory_bytes / self.predicted_memory_bytes:.2f}×)")
             parts.append(text)
         elif self.peak_tensor_bytes is not None:
-            parts.append(f"peak tensor memory {self.peak_tensor_bytes / 2**20:.1f} MiB counted "
-                         f"(host RSS {self.peak_host_rss_bytes / 2**30:.2f} GiB)")
+            parts.append(f"peak tensor memory {self.peak_tensor_bytes / MIB:.1f} MiB counted "
+                         f"(host RSS {self.peak_host_rss_bytes / GIB:.2f} GiB)")
         else:
-            parts.append(f"peak host RSS {self.peak_host_rss_bytes / 2**30:.2f} GiB (CPU run: no GPU prediction)")
+            parts.append(f"peak host RSS {self.peak_host_rss_bytes / GIB:.2f} GiB (CPU run: no GPU prediction)")
         mfu_text = f"MFU {100 * self.mfu:.1f}%" if self.mfu is not None else "MFU n/a (no GPU peak)"
         return "; ".join(parts) + f"; {self.tokens_per_s:,.0f} tokens/s; {mfu_text}"
 
@@ -117,7 +118,7 @@ def status_text(record: StepRecord, memory_bytes: float | None = None) -> str:
     if record.mfu is not None:
         parts.append(f"mfu {100 * record.mfu:.1f}%")
     if memory_bytes is not None:
-        parts.append(f"mem {memory_bytes / 2**30:.2f} GiB")
+        parts.append(f"mem {memory_bytes / GIB:.2f} GiB")
     return " | ".join(parts)
 
 

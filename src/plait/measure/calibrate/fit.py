@@ -32,8 +32,8 @@ from pathlib import Path
 from plait.errors import PlaitError
 from plait.measure.calibrate.cases import FitCase
 from plait.measure.calibrate.families import families_from_sources, leave_one_family_out
-from plait.measure.validate.specs import row_specs
 from plait.measure.validate.runs import predict_row, read_runs
+from plait.measure.validate.specs import row_specs
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 
 

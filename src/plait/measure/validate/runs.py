@@ -30,9 +30,10 @@ from plait.measure.validate.specs import (IncompleteRow, UnsupportedRow, num, ro
 from plait.plan.cost import estimate_step
 from plait.plan.memory import estimate_memory
 from plait.plan.params import DEFAULT_PARAMS, CostParams
-from plait.spec.hardware import GIB, ClusterSpec, GpuSpec
+from plait.spec.hardware import ClusterSpec, GpuSpec
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
+from plait.spec.units import GIB
 
 __all__ = ["IncompleteRow", "UnsupportedRow", "RunResult", "build_specs", "predict_row", "predict_runs",
            "read_runs", "row_problem", "error_summary", "accuracy_record", "shipped_accuracy"]

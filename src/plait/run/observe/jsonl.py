@@ -2,8 +2,9 @@
 
 One JSON object per line (rank 0 writes them):
 
-* the format line, first in a file the run creates: ``{"format": "plait-metrics", "version": 1}``
-  (``HEADER``); logs written before it existed have none and read the same;
+* the format line, first in a file the run creates: ``{"format": "plait-metrics/1"}`` (``HEADER``;
+  named as plait's other files are: ``plait-plan/1``, ``plait-calibration/1``); logs written before
+  it existed have none and read the same;
 * step records (``plait.run.metrics.StepRecord.to_dict``): ``step`` (optimizer steps counted from 1),
   ``loss``, ``lr``, ``grad_norm``, ``step_time_s`` (seconds), ``tokens_per_s``, ``mfu`` (0..1 or
   null), ``time`` (Unix seconds), and ``"profiled": true`` on a step run under the memory profiler;
@@ -26,14 +27,13 @@ from pathlib import Path
 from plait.atomic import atomic_output
 from plait.errors import PlaitError
 
-FORMAT = "plait-metrics"
-VERSION = 1
-HEADER = {"format": FORMAT, "version": VERSION}
+FORMAT = "plait-metrics/1"
+HEADER = {"format": FORMAT}
 
 
 def is_header(record: dict) -> bool:
     """Whether ``record`` is a format line (of any format or version)."""
-    return "format" in record and "version" in record and "step" not in record and "event" not in record
+    return "format" in record and not any(key in record for key in ("step", "event", "summary"))
 
 
 def is_summary(record: dict) -> bool:
@@ -48,15 +48,15 @@ def step_of(record: dict) -> int | None:
 
 
 def _check_header(record: dict, path: Path) -> None:
-    if record.get("format") != FORMAT or not isinstance(record.get("version"), int) or record["version"] > VERSION:
-        raise PlaitError(f"{path}: a {record.get('format')} log, version {record.get('version')}; this plait "
-                         f"reads {FORMAT} logs up to version {VERSION}")
+    if record["format"] != FORMAT:
+        raise PlaitError(f"{path}: not a plait metrics log this plait reads (format {record['format']!r}, "
+                         f"expected {FORMAT!r})")
 
 
 def read_log(path: str | Path) -> list[dict]:
     """The records of a metrics JSONL file, in file order, without the format line; lines that are not
     a JSON object are skipped. OSError and UnicodeDecodeError propagate (callers word them); a format
-    line of another format or a newer version is a PlaitError."""
+    line of another format (or a later version) is a PlaitError."""
     path = Path(path)
     records = []
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -80,7 +80,8 @@ def last_summary(records: list[dict]) -> dict | None:
 
 class JsonlLog:
     """Appends one JSON object per line; a no-op without a path. A file it creates (or finds empty)
-    starts with the format line (``HEADER``).
+    starts with the format line (``HEADER``), written with the first record (so that a write error,
+    a full disk, comes from ``write`` as every other one does).
 
     ``resume_step`` (a resumed run appending, ``steps done`` at its start): the lines of the steps
     after it - written before a kill, and about to be re-run - move out of the way, into one
@@ -91,21 +92,23 @@ class JsonlLog:
     def __init__(self, path: str | None, append: bool = False, resume_step: int | None = None):
         self.handle = None
         self.path = path
+        self.header_due = False
         if path:
             try:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 replayed = _set_aside_replayed(Path(path), resume_step) if append and resume_step is not None else []
                 self.handle = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
-                fresh = self.handle.tell() == 0 if self.handle.seekable() else not append
+                self.header_due = self.handle.tell() == 0 if self.handle.seekable() else not append
             except OSError as exc:
                 raise PlaitError(f"cannot open the metrics log {path} ({exc.strerror or exc})") from None
-            if fresh:
-                self.write(HEADER)
             if replayed:
                 self.write({"event": "replayed", "after_step": resume_step, "lines": replayed, "time": time.time()})
 
     def write(self, record: dict) -> None:
         if self.handle:
+            if self.header_due:
+                self.header_due = False
+                self.handle.write(json.dumps(HEADER) + "\n")
             self.handle.write(json.dumps(record) + "\n")
             self.handle.flush()
 
