@@ -216,6 +216,24 @@ def test_a_cpu_profile_gets_the_exact_ring(tmp_path, capsys):
     assert Layout.parse(json.loads(capsys.readouterr().out)[0]["layout_string"]).cp_impl == "torch"
 
 
+def test_plan_reads_the_calibration_file_once(tmp_path, capsys, monkeypatch):
+    import json
+
+    from plait.plan import calibration as calibration_module
+
+    calibration = tmp_path / "cal.json"
+    calibration.write_text(json.dumps({"format": "plait-calibration/1", "params": {},
+                                       "gpu_overrides": {"attention_efficiency": 0.3}}), encoding="utf-8")
+    reads = []
+    real = calibration_module.read_calibration
+    monkeypatch.setattr(calibration_module, "read_calibration", lambda path: reads.append(path) or real(path))
+    assert main(["plan", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                 "--seq-len", "512", "--layout", "dp=8", "--stack", "megatron-core", "--calibration",
+                 str(calibration), "--json"]) == 0
+    assert reads == [str(calibration)]
+    capsys.readouterr()
+
+
 def test_transformer_engines_memory_is_megatron_cores_only():
     from plait.plan.activations import layer_items
 
