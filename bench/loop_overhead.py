@@ -58,7 +58,8 @@ except ImportError:  # running from a checkout that is not pip-installed
 from plait.run.config import OptimConfig, RunConfig, RuntimeConfig, TrainJob, LogConfig
 from plait.run.faults import FaultPlan
 from plait.run.launcher.micro_batch import choose_mbs
-from plait.run.metrics import Display, JsonlLog
+from plait.run.metrics import Display
+from plait.run.observe.jsonl import JsonlLog
 from plait.run.model import build_model, init_weights
 from plait.run.trainer import build_setup, train
 from plait.spec.layout import JobSpec, Layout

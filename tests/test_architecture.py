@@ -136,7 +136,7 @@ TORCH_FREE_AT_IMPORT = ("plait.cli", "plait.run.config", "plait.run.env", "plait
                         "plait.run.launcher.resolve", "plait.run.launcher.checkpoint_dir", "plait.run.launcher.launch",
                         "plait.run.launcher.preflight",
                         "plait.run.device", "plait.run.launcher.outcome", "plait.run.checkpoint.store",
-                        "plait.run.checkpoint.select", "plait.run.checkpoint.hf_files", "plait.measure.published",
+                        "plait.run.checkpoint.select", "plait.run.checkpoint.hf.files", "plait.measure.validate.runs",
                         "plait.measure.sweep.loop",
                         "plait.measure.report.build")
 

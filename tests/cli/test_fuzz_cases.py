@@ -10,7 +10,7 @@ import pytest
 
 from plait.cli import main
 from plait.errors import PlaitError
-from plait.run.checkpoint.hf_files import parse_size
+from plait.run.checkpoint.hf.files import parse_size
 from plait.spec.hf_config import model_from_hf_dict
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

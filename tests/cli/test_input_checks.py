@@ -14,7 +14,7 @@ from fuzz_inputs import CLUSTER, HF_CONFIG, RUN_HEADER, RUN_ROWS
 
 from plait.cli import main
 from plait.errors import PlaitError
-from plait.measure.published import predict_runs
+from plait.measure.validate.runs import predict_runs
 from plait.spec.hardware import CLUSTERS, GPUS, ClusterSpec, GpuSpec, get_cluster
 from plait.spec.hf_config import model_from_hf_config
 from plait.spec.layout import JobSpec, Layout

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from plait.cli import main
+from plait.run.observe.jsonl import HEADER
 
 pytest.importorskip("torch")
 
@@ -51,7 +52,8 @@ def test_train_on_the_sample_corpus_loss_falls(corpus, tmp_path):
                  "--log", str(log), "--device", "cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = read_jsonl(log)
-    steps, summary = lines[:-1], lines[-1]
+    assert lines[0] == HEADER
+    steps, summary = lines[1:-1], lines[-1]
     assert [line["step"] for line in steps] == list(range(1, 41))  # counted from 1, as the console does
     assert all("loss" in line and line["loss"] > 0 for line in steps)
     first, last = steps[0]["loss"], min(line["loss"] for line in steps[-5:])

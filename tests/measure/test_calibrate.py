@@ -24,7 +24,7 @@ from plait.measure.calibrate.fit import (
     parse_param_names,
     usable_cases,
 )
-from plait.measure.published import predict_row, read_runs
+from plait.measure.validate.runs import predict_row, read_runs
 from plait.plan.calibration import read_calibration
 from plait.plan.params import DEFAULT_PARAMS
 

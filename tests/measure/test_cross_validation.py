@@ -14,11 +14,11 @@ import pytest
 from plait.cli import main
 from plait.measure import validate as validate_package
 from plait.measure.calibrate import fit as fit_module
-from plait.measure.published import PUBLISHED_DIR, SHIPPED_RUNS, shipped_accuracy
-from plait.measure.published_moe import nvlink_domain
-from plait.measure.published_specs import stack_of
 from plait.measure.validate import cross
 from plait.measure.validate.cells import not_sharded, offloaded_layers, precision_of, zero_stage_of
+from plait.measure.validate.moe import nvlink_domain
+from plait.measure.validate.runs import PUBLISHED_DIR, SHIPPED_RUNS, shipped_accuracy
+from plait.measure.validate.specs import stack_of
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 

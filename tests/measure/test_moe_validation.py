@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from plait.measure.published import error_summary, predict_runs, read_runs
-from plait.measure.published_moe import megatron_flops_per_token, moe_given
+from plait.measure.validate.moe import megatron_flops_per_token, moe_given
+from plait.measure.validate.runs import error_summary, predict_runs, read_runs
 from plait.spec.models import MODELS
 
 RUNS = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_moe_runs.csv"

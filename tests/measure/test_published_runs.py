@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from plait.measure.published import predict_row, predict_runs, read_runs
-from plait.measure.published import error_summary
+from plait.measure.validate.runs import predict_row, predict_runs, read_runs
+from plait.measure.validate.runs import error_summary
 from plait.spec.layout import Layout
 
 RUNS = Path(__file__).resolve().parents[3] / "shared" / "data" / "published_runs_calibration.csv"

@@ -153,7 +153,7 @@ def test_megatron_keeps_fp8_linear_inputs_and_one_swiglu_output():
 
 def test_the_h100_layouts_megatron_bridge_ran_are_predicted_to_fit():
     """NVIDIA ran these on 80 GB H100s (Megatron-Bridge 25.09-26.06, Llama 3 70B / 3.1 405B, fp8)."""
-    from plait.measure.published import SHIPPED_RUNS, predict_row, read_runs
+    from plait.measure.validate.runs import SHIPPED_RUNS, predict_row, read_runs
 
     rows = [r for r in read_runs(SHIPPED_RUNS[1]) if r["id"].startswith("mbridge-") and "-h100-" in r["id"]]
     assert len(rows) >= 6
@@ -216,6 +216,24 @@ def test_a_cpu_profile_gets_the_exact_ring(tmp_path, capsys):
     assert Layout.parse(json.loads(capsys.readouterr().out)[0]["layout_string"]).cp_impl == "torch"
 
 
+def test_plan_reads_the_calibration_file_once(tmp_path, capsys, monkeypatch):
+    import json
+
+    from plait.plan import calibration as calibration_module
+
+    calibration = tmp_path / "cal.json"
+    calibration.write_text(json.dumps({"format": "plait-calibration/1", "params": {},
+                                       "gpu_overrides": {"attention_efficiency": 0.3}}), encoding="utf-8")
+    reads = []
+    real = calibration_module.read_calibration
+    monkeypatch.setattr(calibration_module, "read_calibration", lambda path: reads.append(path) or real(path))
+    assert main(["plan", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                 "--seq-len", "512", "--layout", "dp=8", "--stack", "megatron-core", "--calibration",
+                 str(calibration), "--json"]) == 0
+    assert reads == [str(calibration)]
+    capsys.readouterr()
+
+
 def test_transformer_engines_memory_is_megatron_cores_only():
     from plait.plan.activations import layer_items
 
@@ -235,8 +253,8 @@ def test_send_recv_hides_only_in_the_interleaved_schedule():
 
 
 def test_validate_keeps_what_a_calibration_measured():
-    from plait.measure.published import SHIPPED_RUNS, read_runs
-    from plait.measure.published_specs import row_specs
+    from plait.measure.validate.runs import SHIPPED_RUNS, read_runs
+    from plait.measure.validate.specs import row_specs
 
     row = next(r for r in read_runs(SHIPPED_RUNS[1]) if r["id"] == "mbridge-2602-h100-llama3-70b-fp8")
     measured = dataclasses.replace(DEFAULT_PARAMS, tp_comm_overlap=0.3)

@@ -29,8 +29,8 @@ import tolerances
 import torch
 import torch.nn.functional as F
 
-from plait.run.checkpoint.hf_export import export_checkpoint
-from plait.run.checkpoint.hf_import import load_hf_weights
+from plait.run.checkpoint.hf.export import export_checkpoint
+from plait.run.checkpoint.hf.load import load_hf_weights
 from plait.run.model import apply_kernels
 from plait.spec.hf_config import model_from_hf_config
 

@@ -1,5 +1,5 @@
-"""Hugging Face weights into plait (``plait.run.checkpoint.hf_import``), in one process, and the
-name tables' conversions (``hf_map``).
+"""Hugging Face weights into plait (``plait.run.checkpoint.hf.load``), in one process, and the
+name tables' conversions (``plait.run.checkpoint.hf.map``).
 
 A random tiny LlamaForCausalLM / GPT2LMHeadModel saved by transformers, imported into plait's
 model, must give transformers' loss on the same batch. The two compute the same sums in other
@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from plait.errors import PlaitError
-from plait.run.checkpoint import hf_files, hf_map
-from plait.run.checkpoint.hf_import import check_checkpoint, load_hf_weights
+from plait.run.checkpoint.hf import files as hf_files
+from plait.run.checkpoint.hf import map as hf_map
+from plait.run.checkpoint.hf.load import check_checkpoint, load_hf_weights
 from plait.spec.hf_config import model_from_hf_config
 
 RTOL = tolerances.run_rtol(hf_models.VOCAB, hf_models.LAYERS)

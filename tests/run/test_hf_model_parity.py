@@ -3,8 +3,8 @@
 norms, sliding windows on all or every other layer, soft-capping, Phi-3's fused projections), with
 transformers' weights copied in, give transformers' logits (fp32, single process).
 
-The weights are converted in memory by the import's own name tables (``plait.run.checkpoint.hf_map``,
-through ``hf_import.plait_state_from_hf``); rotary embeddings: HF rotates (x[j], x[j + d/2]) pairs,
+The weights are converted in memory by the import's own name tables (``plait.run.checkpoint.hf.map``,
+through ``plait.run.checkpoint.hf.load.plait_state_from_hf``); rotary embeddings: HF rotates (x[j], x[j + d/2]) pairs,
 plait (x[2j], x[2j+1]), so the rows of Q and K (and the q/k norm weights) are permuted per head."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from plait.run.checkpoint.hf_import import plait_state_from_hf  # noqa: E402
+from plait.run.checkpoint.hf.load import plait_state_from_hf  # noqa: E402
 from plait.run.model import apply_kernels, build_model, init_weights  # noqa: E402
 from plait.spec.hf_config import model_from_hf_dict  # noqa: E402
 

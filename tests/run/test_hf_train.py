@@ -28,7 +28,9 @@ import tolerances
 import torch
 
 from plait.cli import main
-from plait.run.checkpoint import hf_files, store
+from plait.run.checkpoint import store
+from plait.run.checkpoint.hf import files as hf_files
+from plait.run.observe.jsonl import HEADER
 from plait.spec.hf_config import model_from_hf_config
 
 RTOL = tolerances.run_rtol(hf_models.VOCAB, hf_models.LAYERS)
@@ -49,7 +51,7 @@ def train_then_export(tmp_path, capsys, source, layout: str, nproc: int, max_sha
           "--global-batch", str(GLOBAL_BATCH), "--seq-len", str(SEQ), "--steps", str(STEPS), "--seed", str(SEED),
           "--lr", "1e-2", "--device", "cpu", "--checkpoint-dir", str(checkpoints), "--log", str(log))
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert lines[0]["event"] == "init_from" and lines[0]["directory"] == str(source.resolve())
+    assert lines[0] == HEADER and lines[1]["event"] == "init_from" and lines[1]["directory"] == str(source.resolve())
     records = [line for line in lines if "loss" in line and "summary" not in line]
     assert len(records) == STEPS
     capsys.readouterr()

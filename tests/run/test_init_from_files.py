@@ -18,7 +18,7 @@ import torch
 
 from plait.cli import main
 from plait.errors import PlaitError
-from plait.run.checkpoint.hf_import import load_hf_weights
+from plait.run.checkpoint.hf.load import load_hf_weights
 from plait.spec.hf_config import model_from_hf_config
 
 DRY = ["--global-batch", "4", "--seq-len", "16", "--device", "cpu", "--dry-run"]

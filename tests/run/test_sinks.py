@@ -13,7 +13,8 @@ import pytest
 from plait.cli import main
 from plait.errors import PlaitError
 from plait.run.config import LogConfig, RunConfig, TrainJob
-from plait.run.metrics import JsonlLog, StepRecord, status_text
+from plait.run.metrics import StepRecord, status_text
+from plait.run.observe.jsonl import HEADER, JsonlLog
 from plait.run.observe.sinks import MetricsLog, check_sinks, open_sinks, run_params, scalars_of
 from plait.spec.layout import Layout
 from plait.spec.models import get_model
@@ -50,7 +51,8 @@ def test_step_and_eval_lines_reach_the_sinks_as_scalars(tmp_path):
                           (4, {"eval_loss": 2.25, "eval_tokens": 512.0, "eval_s": 0.125})]
     assert sink.closed
     lines = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
-    assert len(lines) == 4 and lines[1] == STEP_LINE  # the JSONL file keeps every line whole
+    # the JSONL file keeps every line whole, after its format line
+    assert len(lines) == 5 and lines[0] == HEADER and lines[2] == STEP_LINE
 
 
 def test_events_and_summaries_have_no_scalars():

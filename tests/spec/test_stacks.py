@@ -10,7 +10,7 @@ import pytest
 from plait.errors import PlaitError
 from plait.plan.params import DEFAULT_PARAMS, params_for_stack
 from plait.spec.hardware import GPUS
-from plait.spec.stack import STACK_PARAMS, generation_of, get_stack, read_stack, stack_names
+from plait.spec.stack import STACK_PARAMS, generation_of, get_stack, left_out_defaults, read_stack, stack_names
 
 REQUIRED = {"plait", "megatron-core", "torchtitan", "deepspeed"}
 
@@ -95,3 +95,13 @@ def test_only_the_built_in_file_is_plaits_own_stack(tmp_path):
     path = tmp_path / "plait.toml"
     path.write_text('name = "plait"\nsummary = "my copy"\n', encoding="utf-8")
     assert not get_stack(str(path)).is_plait  # a user's file named plait does not run in plait train
+
+
+def test_a_stacks_defaults_fill_only_the_knobs_left_out_and_not_moot():
+    core = get_stack("megatron-core")  # zero=1, ckpt=none, sp=true, cp_impl=p2p
+    assert left_out_defaults(core, given=()) == {"zero": 1, "ckpt": "none", "ckpt_layers": 0, "sp": True,
+                                                 "cp_impl": "p2p"}
+    assert left_out_defaults(core, given=("zero", "ckpt"), moot=("sp", "cp_impl")) == {}
+    assert left_out_defaults(core, given={"zero": 3}, moot=("cp_impl",)) == {"ckpt": "none", "ckpt_layers": 0,
+                                                                              "sp": True}
+    assert left_out_defaults(get_stack("plait"), given=("cp_impl",)) == {}

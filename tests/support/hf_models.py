@@ -67,7 +67,7 @@ def plait_model(spec, checkpoint: Path | None = None):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
-    from plait.run.checkpoint.hf_import import unique_parameters
+    from plait.run.checkpoint.hf.load import unique_parameters
     from plait.run.model import build_model, init_weights
 
     model = build_model(spec, "cpu")
@@ -142,7 +142,7 @@ def save_checkpoint(model, spec, root: Path, step: int = 1) -> Path:
     from torch.distributed.checkpoint import FileSystemWriter
 
     from plait.run.checkpoint import store
-    from plait.run.checkpoint.hf_import import unique_parameters
+    from plait.run.checkpoint.hf.load import unique_parameters
     from plait.run.config import RunConfig, TrainJob
     from plait.spec.layout import Layout
 

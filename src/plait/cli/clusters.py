@@ -16,7 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from rich.table import Table
 
-    from plait.spec.hardware import CLUSTERS, GIB
+    from plait.spec.hardware import CLUSTERS
+    from plait.spec.units import GIB
 
     table = Table(title="Cluster presets (per GPU; bandwidths per direction)", title_justify="left")
     for column in ("name", "gpu", "GPUs/node", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GiB", "HBM TB/s",

@@ -6,7 +6,7 @@ HELP = "write a checkpoint as a Hugging Face model (config.json + safetensors)"
 
 
 def add_arguments(parser) -> None:
-    from plait.run.checkpoint.hf_files import EXPORT_DTYPES, ExportOptions
+    from plait.run.checkpoint.hf.files import EXPORT_DTYPES, ExportOptions
 
     defaults = ExportOptions()
     parser.add_argument("--checkpoint", required=True, metavar="CKPT",
@@ -21,11 +21,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from plait.run.checkpoint.hf_export import export_checkpoint
-    from plait.run.checkpoint.hf_files import ExportOptions, parse_size
+    from plait.run.checkpoint.hf.export import export_checkpoint
+    from plait.run.checkpoint.hf.files import ExportOptions, parse_size
+    from plait.spec.units import MIB
 
     options = ExportOptions(dtype=args.dtype, max_shard_bytes=parse_size(args.max_shard_size))
     done = export_checkpoint(args.checkpoint, args.to, options)
     print(f"plait export: {done.checkpoint} (step {done.step}) -> {done.directory}: {done.tensors} tensors, "
-          f"{done.bytes / 2**20:.1f} MiB in {', '.join(done.files)}")
+          f"{done.bytes / MIB:.1f} MiB in {', '.join(done.files)}")
     return 0

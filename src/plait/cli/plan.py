@@ -6,10 +6,19 @@ import argparse
 import dataclasses
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from plait.cli.support.common import console, cost_params
 from plait.cli.jobfile.read import add_config_flags
 from plait.errors import PlaitError
+from plait.spec.units import GIB
+
+if TYPE_CHECKING:  # the planner is imported inside the functions: plait --help stays quick
+    from plait.plan.params import CostParams
+    from plait.spec.hardware import ClusterSpec
+    from plait.spec.layout import JobSpec
+    from plait.spec.model import ModelSpec
+    from plait.spec.stack import Stack
 
 HELP = "rank layouts by predicted throughput, or evaluate one"
 
@@ -54,15 +63,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """What ``plait plan`` was asked, read and checked before any search."""
+
+    model: ModelSpec
+    cluster: ClusterSpec  # with the calibration's and the stack's GPU numbers
+    job: JobSpec
+    params: CostParams
+    stack: Stack
+    headroom: float  # fraction of GPU memory kept free
+    tokens: float | None  # --tokens, or None
+
+
+@dataclasses.dataclass
+class _Result:
+    """The plans to show (best first) and the words around them."""
+
+    plans: list
+    title: str
+    stats: str = ""  # the search's numbers, dim
+    completed: str = ""  # what was completed or assumed
+
+
 def run(args) -> int:
-    from plait.cli.support import tables as report
-    from plait.plan.plan import evaluate
-    from plait.plan.search import SearchConstraints, require_plans, search
+    request = _request(args)
+    if args.complete and args.layout is None:
+        raise PlaitError("--complete completes a partial --layout; give one, e.g. --layout \"dp=8\" --complete")
+    if args.layout is not None and args.complete:
+        result = _completed(args, request)
+    elif args.layout is not None:
+        result = _given(args, request)
+    else:
+        result = _ranked(args, request)
+    if not request.stack.is_plait:  # plait train's rules say nothing about another stack's layouts
+        result.plans = [dataclasses.replace(p, runtime_violations=()) for p in result.plans]
+        if args.layout is not None:
+            result.title += f", priced for {request.stack.name}"
+    best = result.plans[0]
+    _save_and_plot(args, request, best)
+    if args.json:
+        return _print_json(args, result)
+    _print_tables(args, request, result)
+    return 0 if best.fits else 1
+
+
+def _request(args) -> _Request:
+    """The model, cluster, job, cost parameters and stack of ``args``, the flags checked in the order
+    the errors are reported (a wrong --plot suffix first, before anything is computed)."""
     from plait.spec.hardware import get_cluster
-    from plait.spec.layout import JobSpec, Layout
+    from plait.spec.layout import JobSpec
     from plait.spec.models import get_model
 
-    if args.plot:  # a wrong suffix is refused before the search, not after --save has written
+    if args.plot:
         from plait.measure.report.plan_plots import picture_format
 
         picture_format(args.plot)
@@ -72,9 +125,13 @@ def run(args) -> int:
         raise PlaitError(f"--gpus {args.gpus}: need at least one GPU")
     cluster = cluster.with_gpus(args.gpus if args.gpus is not None else cluster.gpus_per_node)
     job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
-    params, cluster = cost_params(args.calibration, cluster)
-    stack, params, cluster = _for_stack(args, params, cluster)
-    runtime, own = stack.runtime, stack.is_plait  # another stack's layouts are priced for that software
+    calibration = None
+    if args.calibration:
+        from plait.plan.calibration import read_calibration
+
+        calibration = read_calibration(args.calibration)  # read once: its parameters and its GPU's
+    params, cluster = cost_params(calibration, cluster)
+    stack, params, cluster = _for_stack(args.stack, calibration, params, cluster)
     tokens = None
     if args.tokens is not None:
         from plait.spec.units import parse_token_count
@@ -83,108 +140,142 @@ def run(args) -> int:
             tokens = parse_token_count(args.tokens)
         except ValueError as exc:
             raise PlaitError(f"--tokens: {exc}") from None
-    out = console()
-    headroom = args.memory_headroom
-    if not 0 <= headroom < 1:
-        raise PlaitError(f"--memory-headroom {headroom}: give a fraction of GPU memory in [0, 1), e.g. 0.05")
-    completed = ""
-    if args.complete and args.layout is None:
-        raise PlaitError("--complete completes a partial --layout; give one, e.g. --layout \"dp=8\" --complete")
-    if args.layout is not None and args.complete:
-        from plait.plan.complete import complete, given_keys
+    if not 0 <= args.memory_headroom < 1:
+        raise PlaitError(f"--memory-headroom {args.memory_headroom}: give a fraction of GPU memory in [0, 1), "
+                         "e.g. 0.05")
+    return _Request(model, cluster, job, params, stack, args.memory_headroom, tokens)
 
-        completion = complete(model, cluster, job, given_keys(args.layout), params, headroom=headroom,
-                              max_mbs=args.max_mbs, runtime=runtime, cp_impls=stack.cp_impls)
-        plans = [evaluate(model, cluster, job, completion.layout, params, runtime)]
-        completed = completion.note() or "completed: nothing (every searched knob was given)"
-        title = f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name}: given layout, completed"
-        stats = f"searched {completion.evaluated:,} layouts with the given keys"
-    elif args.layout is not None:
-        layout, completed = _stack_defaults(args.layout, stack, model, cluster, job, params)
-        plans = [evaluate(model, cluster, job, layout, params, runtime)]
-        title = f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name}: given layout"
-        stats = ""
-    else:
-        if args.top < 1:
-            raise PlaitError("--top must be at least 1")
-        constraints = SearchConstraints(
-            fixed=Layout.parse_fixed(args.fix), max_pp=args.max_pp, max_mbs=args.max_mbs,
-            schedules=(args.schedule,) if args.schedule else SearchConstraints().schedules,
-            allow_offload=not args.no_offload)
-        if args.schedule:
-            Layout(schedule=args.schedule)  # validates the name
-        if own and not args.any_runtime:
-            _refuse_unrunnable_model(model, job)
-        result = search(model, cluster, job, constraints, params, runnable=own and not args.any_runtime,
-                        headroom=headroom, runtime=runtime, cp_impls=stack.cp_impls)
-        plans = require_plans(model, cluster, job, result, constraints)
-        which = ("fitting layouts" if args.any_runtime else "fitting layouts that plait train runs") if own else \
-            f"fitting layouts, priced for {stack.name} ({stack.summary})"
-        title = (f"{model.name} on {cluster.n_gpus} x {cluster.gpu.name} ({cluster.name}), global batch "
-                 f"{job.global_batch} x {job.seq_len}: top {min(args.top, len(plans))} of {len(plans)} {which}")
-        stats = (f"searched {result.evaluated:,} layouts in {result.seconds:.2f} s "
-                 f"({result.layouts_per_second:,.0f}/s); {result.rejected_oom:,} do not fit")
-        hidden = 0 if args.any_runtime or not own else result.unrunnable_ahead(1)
-        if hidden:
-            stats += (f"; {hidden:,} faster fitting layout(s) that plait train does not run yet are not ranked "
-                      "(--any-runtime shows them)")
-        if constraints.fixed:
-            completed = _searched_note(plans[0].layout, dict(constraints.fixed))
-    if not own:  # plait train's rules say nothing about another stack's layouts
-        plans = [dataclasses.replace(p, runtime_violations=()) for p in plans]
-        if args.layout is not None:
-            title += f", priced for {stack.name}"
-    best = plans[0]
+
+def _heading(request: _Request) -> str:
+    return f"{request.model.name} on {request.cluster.n_gpus} x {request.cluster.gpu.name}"
+
+
+def _completed(args, request: _Request) -> _Result:
+    """``--layout ... --complete``: the keys given kept, the others searched."""
+    from plait.plan.complete import complete, given_keys
+    from plait.plan.plan import evaluate
+
+    r = request
+    completion = complete(r.model, r.cluster, r.job, given_keys(args.layout), r.params, headroom=r.headroom,
+                          max_mbs=args.max_mbs, runtime=r.stack.runtime, cp_impls=r.stack.cp_impls)
+    return _Result([evaluate(r.model, r.cluster, r.job, completion.layout, r.params, r.stack.runtime)],
+                   f"{_heading(r)}: given layout, completed",
+                   f"searched {completion.evaluated:,} layouts with the given keys",
+                   completion.note() or "completed: nothing (every searched knob was given)")
+
+
+def _given(args, request: _Request) -> _Result:
+    """``--layout``: that layout, with the stack's defaults for the keys it leaves out."""
+    from plait.plan.plan import evaluate
+
+    r = request
+    layout, assumed = _stack_defaults(args.layout, r)
+    return _Result([evaluate(r.model, r.cluster, r.job, layout, r.params, r.stack.runtime)],
+                   f"{_heading(r)}: given layout", completed=assumed)
+
+
+def _ranked(args, request: _Request) -> _Result:
+    """No ``--layout``: search, and rank the layouts that fit."""
+    from plait.plan.search import SearchConstraints, require_plans, search
+    from plait.spec.layout import Layout
+
+    r, own = request, request.stack.is_plait
+    if args.top < 1:
+        raise PlaitError("--top must be at least 1")
+    constraints = SearchConstraints(
+        fixed=Layout.parse_fixed(args.fix), max_pp=args.max_pp, max_mbs=args.max_mbs,
+        schedules=(args.schedule,) if args.schedule else SearchConstraints().schedules,
+        allow_offload=not args.no_offload)
+    if args.schedule:
+        Layout(schedule=args.schedule)  # validates the name
+    if own and not args.any_runtime:
+        _refuse_unrunnable_model(r.model, r.job)
+    found = search(r.model, r.cluster, r.job, constraints, r.params, runnable=own and not args.any_runtime,
+                   headroom=r.headroom, runtime=r.stack.runtime, cp_impls=r.stack.cp_impls)
+    plans = require_plans(r.model, r.cluster, r.job, found, constraints)
+    which = ("fitting layouts" if args.any_runtime else "fitting layouts that plait train runs") if own else \
+        f"fitting layouts, priced for {r.stack.name} ({r.stack.summary})"
+    title = (f"{_heading(r)} ({r.cluster.name}), global batch {r.job.global_batch} x {r.job.seq_len}: "
+             f"top {min(args.top, len(plans))} of {len(plans)} {which}")
+    stats = (f"searched {found.evaluated:,} layouts in {found.seconds:.2f} s "
+             f"({found.layouts_per_second:,.0f}/s); {found.rejected_oom:,} do not fit")
+    hidden = 0 if args.any_runtime or not own else found.unrunnable_ahead(1)
+    if hidden:
+        stats += (f"; {hidden:,} faster fitting layout(s) that plait train does not run yet are not ranked "
+                  "(--any-runtime shows them)")
+    completed = _searched_note(plans[0].layout, dict(constraints.fixed)) if constraints.fixed else ""
+    return _Result(plans, title, stats, completed)
+
+
+def _save_and_plot(args, request: _Request, best) -> None:
+    """``--save`` (refused for a layout plait train would not run) and ``--plot``."""
     if args.save:
-        if not own:
-            raise PlaitError(f"not saving: --stack {stack.name} prices the layout for that software, and plait train "
-                             "runs plait's own (plan again without --stack, or with --stack plait, to save)")
+        if not request.stack.is_plait:
+            raise PlaitError(f"not saving: --stack {request.stack.name} prices the layout for that software, and "
+                             "plait train runs plait's own (plan again without --stack, or with --stack plait, to save)")
         if not best.runnable and not args.any_runtime:
             raise PlaitError(f"not saving layout {best.layout}: plait train does not run it yet ("
                              + "; ".join(v.message for v in best.runtime_violations)
                              + "); pass --any-runtime to save it anyway")
         best.save(args.save)
     if args.plot:
-        _plot(best, params, args.plot)
+        _plot(best, request.params, args.plot)
         if args.json:
             print(f"wrote the plan's picture to {args.plot}", file=sys.stderr)
-    if args.json:  # stdout stays one JSON document; what was completed goes to stderr
-        print(json.dumps([p.to_dict() for p in plans[: args.top]], indent=2))
-        if completed:
-            print(completed, file=sys.stderr)
-        return 0
-    out.print(report.model_line(model, job.seq_len))
-    out.print(report.plans_table(plans[: args.top], title, headroom))
-    if stats:
-        out.print(f"[dim]{stats}[/dim]")
-    why_first = _why_first(plans[: args.top], headroom) if args.layout is None else ""
+
+
+def _print_json(args, result: _Result) -> int:
+    """stdout stays one JSON document; what was completed goes to stderr."""
+    print(json.dumps([p.to_dict() for p in result.plans[: args.top]], indent=2))
+    if result.completed:
+        print(result.completed, file=sys.stderr)
+    return 0
+
+
+def _print_tables(args, request: _Request, result: _Result) -> None:
+    """The model line, the plans table and the notes under it."""
+    from plait.cli.support import tables
+
+    out, headroom, shown = console(), request.headroom, result.plans[: args.top]
+    best = result.plans[0]
+    out.print(tables.model_line(request.model, request.job.seq_len))
+    out.print(tables.plans_table(shown, result.title, headroom))
+    if result.stats:
+        out.print(f"[dim]{result.stats}[/dim]")
+    why_first = _why_first(shown, headroom) if args.layout is None else ""
     if why_first:
         out.print(f"[dim]{why_first}[/dim]")
-    if completed:
-        out.print(completed)
-    if tokens is not None:
-        out.print(report.training_time_line(best, tokens))
+    if result.completed:
+        out.print(result.completed)
+    if request.tokens is not None:
+        out.print(tables.training_time_line(best, request.tokens))
     if best.fits and _is_risky(best, headroom):
         out.print(f"[yellow]risky: {best.layout} leaves less than the {100 * headroom:.0f}% memory headroom "
                   "(fragmentation, NCCL buffers, unfused-kernel temporaries are not all in the formula)"
                   + ("; no layout fits with the headroom" if args.layout is None or args.complete else "")
                   + "[/yellow]")
-    unrunnable = [p for p in plans[: args.top] if not p.runnable]
+    _print_notes(args, out, best, shown)
+
+
+def _print_notes(args, out, best, shown) -> None:
+    """What plait train does not run, the itemized plan, what does not fit, and what was written."""
+    from plait.cli.support import tables
+
+    unrunnable = [p for p in shown if not p.runnable]
     if unrunnable:
         out.print("* plait train does not run this layout yet: "
                   + "; ".join(sorted({v.message for p in unrunnable for v in p.runtime_violations})))
     if args.explain or args.layout is not None:
-        report.explain(out, best)
+        tables.explain(out, best)
     if not best.fits:
-        over = (best.memory.total - best.memory.capacity) / 2**30
+        over = (best.memory.total - best.memory.capacity) / GIB
         out.print(f"[red]does not fit: {over:.1f} GiB over; try ckpt=full, zero=3, larger tp/pp, "
                   "or offload=cpu:1[/red]")
-    report.confidence_note(out)
+    tables.confidence_note(out)
     if args.save:
         out.print(f"saved the plan to {args.save}")
     if args.plot:
         out.print(f"wrote the plan's picture to {args.plot}")
-    return 0 if best.fits else 1
 
 
 def _refuse_unrunnable_model(model, job) -> None:
@@ -213,51 +304,51 @@ def _why_first(plans, headroom: float) -> str:
     if is_risky(fastest.memory, headroom):
         return (f"#1 ranks above a {slower:.1f}% faster layout that leaves less than the {100 * headroom:.0f}% "
                 "memory headroom (--memory-headroom)")
-    freed = (best.memory.headroom - fastest.memory.headroom) / 2**30
+    freed = (best.memory.headroom - fastest.memory.headroom) / GIB
     return (f"#1 is {slower:.1f}% slower than the fastest shown but keeps {freed:.1f} GiB more free memory: "
             "among layouts within 1% of the fastest, the roomiest ranks first")
 
 
-def _for_stack(args, params, cluster):
-    """(the stack, the cost parameters with its numbers, the cluster with its kernel rates); what a
-    calibration measured (its cost parameters, its GPU's attention efficiency) wins over the stack's."""
+def _for_stack(name: str, calibration, params, cluster):
+    """(the stack, the cost parameters with its numbers, the cluster with its kernel rates); what
+    ``calibration`` (read from --calibration, or None) measured (its cost parameters, its GPU's attention
+    efficiency) wins over the stack's."""
     from plait.plan.params import measured_fields, params_for_stack
     from plait.spec.stack import get_stack
 
-    stack = get_stack(args.stack)
+    stack = get_stack(name)
     params = params_for_stack(stack, params, keep=measured_fields(params))
-    measured_gpu = ()
-    if args.calibration:
-        from plait.plan.calibration import read_calibration
-
-        measured_gpu = dict(read_calibration(args.calibration).gpu_overrides)
+    measured_gpu = dict(calibration.gpu_overrides) if calibration is not None else ()
     if "attention_efficiency" not in measured_gpu:
         cluster = dataclasses.replace(cluster, gpu=stack.gpu(cluster.gpu))
     return stack, params, cluster
 
 
-def _stack_defaults(text: str, stack, model, cluster, job, params):
+def _stack_defaults(text: str, request: _Request):
     """(the ``--layout`` with the stack's defaults for the keys it leaves out, a note of what was assumed).
     A context-parallel kernel left out is the stack's own (its default, else the fastest of its
     ``cp_impls``) on a GPU, and the exact ring on a CPU (a profile's 4-byte compute dtype)."""
     from plait.plan.complete import given_keys
     from plait.plan.context.choice import fastest_cp_impl
     from plait.spec.layout import Layout
+    from plait.spec.stack import left_out_defaults
 
+    r = request
     layout, given = Layout.parse(text), given_keys(text)
-    defaults = dict(stack.default_values())
+    moot = [k for k, matters in (("cp_impl", layout.cp > 1), ("sp", layout.tp > 1),
+                                 ("zero", layout.dp * layout.cp > 1)) if not matters]
+    defaults = left_out_defaults(r.stack, given, moot)
     if layout.cp > 1 and "cp_impl" not in given:
-        if cluster.gpu.element_bytes >= 4:
+        if r.cluster.gpu.element_bytes >= 4:
             defaults["cp_impl"] = "ring"
         elif "cp_impl" not in defaults:
-            defaults["cp_impl"] = fastest_cp_impl(model, cluster, job, layout, params, stack.cp_impls)
-    relevant = {"cp_impl": layout.cp > 1, "sp": layout.tp > 1, "zero": layout.dp * layout.cp > 1, "ckpt": True}
-    assumed = {k: v for k, v in defaults.items() if k not in given and relevant.get(k, True) and getattr(layout, k) != v}
+            defaults["cp_impl"] = fastest_cp_impl(r.model, r.cluster, r.job, layout, r.params, r.stack.cp_impls)
+    assumed = {k: v for k, v in defaults.items() if getattr(layout, k) != v}
     if not assumed:
         return layout, ""
-    changes = dict(assumed, **({"ckpt_layers": 0} if "ckpt" in assumed else {}))
-    note = ", ".join(f"{k}={v}" for k, v in assumed.items())
-    return dataclasses.replace(layout, **changes), f"assumed (the {stack.name} stack's defaults for keys not given): {note}"
+    note = ", ".join(f"{k}={v}" for k, v in assumed.items() if k != "ckpt_layers")
+    return dataclasses.replace(layout, **assumed), \
+        f"assumed (the {r.stack.name} stack's defaults for keys not given): {note}"
 
 
 def _plot(plan, params, path: str) -> None:
@@ -280,5 +371,13 @@ def _searched_note(layout, fixed: dict) -> str:
 
     knobs = [k for k in COMPLETABLE if k not in fixed and not (k == "sp" and layout.tp == 1)
              and not (k in ("vpp", "schedule") and layout.pp == 1)]
-    values = [f"{k}={layout.ckpt + (f':{layout.ckpt_layers}' if layout.ckpt_layers else '') if k == 'ckpt' else int(getattr(layout, k)) if isinstance(getattr(layout, k), bool) else getattr(layout, k)}" for k in knobs]
+    values = [f"{k}={_knob_value(layout, k)}" for k in knobs]
     return "completed by search (#1): " + ", ".join(values) + " — fastest that fits" if values else ""
+
+
+def _knob_value(layout, key: str):
+    """A knob as the note writes it: ``ckpt`` with its layer count (``full:4``), a flag as 0 or 1."""
+    if key == "ckpt":
+        return layout.ckpt + (f":{layout.ckpt_layers}" if layout.ckpt_layers else "")
+    value = getattr(layout, key)
+    return int(value) if isinstance(value, bool) else value

@@ -106,8 +106,8 @@ def _spec(args) -> SweepSpec:
     n = args.nproc_per_node
     cluster = cluster_for_gpu(gpu, n, n) if gpu else get_cluster(args.cluster)
     cluster = dataclasses.replace(cluster.with_gpus(n), gpus_per_node=n)
-    params, cluster = cost_params(args.calibration, cluster)  # a CPU profile's overrides describe the CPU
     calibration_file = read_calibration(args.calibration) if args.calibration else None
+    params, cluster = cost_params(calibration_file, cluster)  # a CPU profile's overrides describe the CPU
     cpu_calibration = calibration_file is not None and calibration_file.cpu_profile
     threads = _threads(args)  # None: GPU runs
     repeats = default_repeats(threads is not None) if args.repeats is None else args.repeats

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from plait.cli.support import tables as report
-    from plait.measure.published import SHIPPED_RUNS, error_summary, predict_runs
+    from plait.measure.validate.runs import SHIPPED_RUNS, error_summary, predict_runs
 
     runs = args.runs or [str(p) for p in SHIPPED_RUNS]
     if args.cross_validate:

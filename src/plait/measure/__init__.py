@@ -1,7 +1,6 @@
 """Measuring the planner against reality; one folder per command, all above ``plait.run``.
 
-  published.py  predict published training runs (``shared/data`` CSV) and compare: ``plait validate``
-  published_specs.py  one CSV row -> specs, completing what the source omits (noted)
+  validate/     ``plait validate``: predict published training runs (``shared/data`` CSV) and compare
   profile/      ``plait profile``: micro-benchmark this machine, write a calibration file
   calibrate/    ``plait calibrate fit``: fit cost-model parameters to published or swept runs
   sweep/        ``plait sweep``: run layouts through ``plait train``, predicted vs measured in a CSV

@@ -56,7 +56,7 @@ class CostParams:
         reduce-scatters reach at most, whatever the links allow; 0: no such cap (the links' bus
         bandwidth, ``plait.plan.comm``: FSDP2's one collective per block does reach it). An
         implementation that gathers parameter by parameter with a host sync after each
-        (DeepSpeed 0.3, 2021) runs far below its links: see ``plait.measure.published_specs``.
+        (DeepSpeed 0.3, 2021) runs far below its links: see ``plait.measure.validate.specs``.
     moe_load_imbalance: routed tokens of the most loaded expert-parallel rank over the mean (>= 1;
         1.0: balanced, as force-balanced benchmarks run; routers trained with an auxiliary loss
         stay within about 1.1-1.3): scales the expert GEMMs and the all-to-all (``plait.plan.moe.timing``).

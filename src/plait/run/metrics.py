@@ -1,5 +1,6 @@
-"""Step metrics: tokens/s, MFU, memory; the JSONL log and the rank-0 console display (the other
-metrics sinks: ``plait.run.observe.sinks``).
+"""Step metrics: tokens/s, MFU, memory; the records of the JSONL log (written and read by
+``plait.run.observe.jsonl``; the other metrics sinks: ``plait.run.observe.sinks``) and the rank-0
+console display.
 
 MFU has one definition in plait: model FLOPs (``ModelSpec.model_flops_per_token``: 6·N per
 token plus the causal attention term, no recomputation) times tokens per second, over the
@@ -9,16 +10,12 @@ known spec, MFU is reported as null rather than guessed.
 
 from __future__ import annotations
 
-import json
 import statistics
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from plait.atomic import atomic_output
-from plait.errors import PlaitError
 from plait.progress import ProgressBar
 from plait.spec.model import ModelSpec
+from plait.spec.units import GIB, MIB
 
 
 def mfu(model: ModelSpec, seq_len: int, tokens_per_s: float, n_gpus: int, peak_flops: float | None) -> float | None:
@@ -87,16 +84,16 @@ class RunSummary:
             ratio = self.step_time_s / self.predicted_step_time_s
             parts[0] += f" vs {self.predicted_step_time_s:.3f} s predicted ({ratio:.2f}×)"
         if self.peak_memory_bytes is not None:
-            text = f"peak allocated {self.peak_memory_bytes / 2**30:.2f} GiB measured"
+            text = f"peak allocated {self.peak_memory_bytes / GIB:.2f} GiB measured"
             if self.predicted_memory_bytes:
-                text += (f" vs {self.predicted_memory_bytes / 2**30:.2f} GiB predicted "
+                text += (f" vs {self.predicted_memory_bytes / GIB:.2f} GiB predicted "
                          f"({self.peak_memory_bytes / self.predicted_memory_bytes:.2f}×)")
             parts.append(text)
         elif self.peak_tensor_bytes is not None:
-            parts.append(f"peak tensor memory {self.peak_tensor_bytes / 2**20:.1f} MiB counted "
-                         f"(host RSS {self.peak_host_rss_bytes / 2**30:.2f} GiB)")
+            parts.append(f"peak tensor memory {self.peak_tensor_bytes / MIB:.1f} MiB counted "
+                         f"(host RSS {self.peak_host_rss_bytes / GIB:.2f} GiB)")
         else:
-            parts.append(f"peak host RSS {self.peak_host_rss_bytes / 2**30:.2f} GiB (CPU run: no GPU prediction)")
+            parts.append(f"peak host RSS {self.peak_host_rss_bytes / GIB:.2f} GiB (CPU run: no GPU prediction)")
         mfu_text = f"MFU {100 * self.mfu:.1f}%" if self.mfu is not None else "MFU n/a (no GPU peak)"
         return "; ".join(parts) + f"; {self.tokens_per_s:,.0f} tokens/s; {mfu_text}"
 
@@ -113,66 +110,6 @@ def median_step_time(records: list[StepRecord]) -> float:
     return statistics.median(r.step_time_s for r in steady_state(records))
 
 
-class JsonlLog:
-    """Appends one JSON object per line; a no-op without a path.
-
-    ``resume_step`` (a resumed run appending, ``steps done`` at its start): the lines of the steps
-    after it - written before a kill, and about to be re-run - move out of the way, into one
-    ``{"event": "replayed", "after_step": N, "lines": [...]}`` line, so that every step appears once
-    and nothing written before is lost (a line cut short by the kill is kept as ``{"raw": text}``).
-    """
-
-    def __init__(self, path: str | None, append: bool = False, resume_step: int | None = None):
-        self.handle = None
-        self.path = path
-        if path:
-            try:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                replayed = _set_aside_replayed(Path(path), resume_step) if append and resume_step is not None else []
-                self.handle = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
-            except OSError as exc:
-                raise PlaitError(f"cannot open the metrics log {path} ({exc.strerror or exc})") from None
-            if replayed:
-                self.write({"event": "replayed", "after_step": resume_step, "lines": replayed, "time": time.time()})
-
-    def write(self, record: dict) -> None:
-        if self.handle:
-            self.handle.write(json.dumps(record) + "\n")
-            self.handle.flush()
-
-    def close(self) -> None:
-        if self.handle:
-            self.handle.close()
-            self.handle = None
-
-
-def _set_aside_replayed(path: Path, resume_step: int) -> list[dict]:
-    """Rewrite the regular file ``path`` without the lines of steps after ``resume_step`` (and a last
-    line cut short); returns them. Anything else (a device, a FIFO, no file) is left alone."""
-    if not path.is_file():
-        return []
-    kept, replayed = [], []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
-    for number, line in enumerate(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            if number == len(lines) - 1 and not line.endswith("\n"):
-                replayed.append({"raw": line})  # cut short by the kill: the next line would join it
-            else:
-                kept.append(line)
-            continue
-        step = record.get("step") if isinstance(record, dict) and not record.get("summary") else None
-        if isinstance(step, int) and not isinstance(step, bool) and step > resume_step:
-            replayed.append(record)
-        else:
-            kept.append(line)
-    if replayed:
-        with atomic_output(path, "w", encoding="utf-8") as handle:  # keeps the file's mode
-            handle.write("".join(kept))
-    return replayed
-
-
 def status_text(record: StepRecord, memory_bytes: float | None = None) -> str:
     """A step's console status: loss, learning rate, gradient norm, tokens/s, step time, MFU (GPU
     runs with a known peak) and ``memory_bytes`` (the peak so far, GiB) when given."""
@@ -181,7 +118,7 @@ def status_text(record: StepRecord, memory_bytes: float | None = None) -> str:
     if record.mfu is not None:
         parts.append(f"mfu {100 * record.mfu:.1f}%")
     if memory_bytes is not None:
-        parts.append(f"mem {memory_bytes / 2**30:.2f} GiB")
+        parts.append(f"mem {memory_bytes / GIB:.2f} GiB")
     return " | ".join(parts)
 
 

@@ -13,8 +13,8 @@ import dataclasses
 
 from plait.errors import PlaitError
 from plait.run.config import RunConfig
-from plait.spec.hardware import GIB, cluster_for_gpu
-from plait.spec.units import DEFAULT_GPU
+from plait.spec.hardware import cluster_for_gpu
+from plait.spec.units import DEFAULT_GPU, GIB
 
 
 def replan(config: RunConfig, world_size: int, gpus_per_node: int) -> tuple[RunConfig, str]:

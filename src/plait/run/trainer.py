@@ -35,7 +35,6 @@ from plait.run.faults import FaultPlan
 from plait.run.device import rank_device
 from plait.run.metrics import (
     Display,
-    JsonlLog,
     RunSummary,
     StepRecord,
     median_step_time,
@@ -45,6 +44,7 @@ from plait.run.metrics import (
 from plait.run.memory.counted import TensorMemoryCounter
 from plait.run.memory.host_gc import ScheduledGC
 from plait.run.observe.evaluate import Evaluator
+from plait.run.observe.jsonl import JsonlLog
 from plait.run.observe.sinks import MetricsLog, open_sinks
 from plait.run.optim import build_optimizer, place_step_counters
 from plait.run.parallel.mesh import ParallelDims, build_parallel_dims
@@ -192,7 +192,7 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     parts = setup.parts
     start_step, events = resume(setup, env)
     if start_step == 0 and config.job.init_from:  # a resumed run starts from its checkpoint instead
-        from plait.run.checkpoint.hf_import import init_from_hf
+        from plait.run.checkpoint.hf.load import init_from_hf
 
         events.append(init_from_hf(config.job, parts, device))
     checkpointer = make_checkpointer(setup)

@@ -288,7 +288,7 @@ CLUSTERS: dict[str, ClusterSpec] = {
         ClusterSpec("pcie-a100", GPUS["a100-80g-pcie"], 8, 32 * GB, 25 * GB, host_link_bandwidth=25 * GB),
         ClusterSpec("pcie-h100", GPUS["h100-pcie"], 8, 64 * GB, 50 * GB, host_link_bandwidth=50 * GB),
         ClusterSpec("pcie-h100-nvl", GPUS["h100-nvl"], 8, 64 * GB, 50 * GB, host_link_bandwidth=50 * GB),
-        # GB200 NVL72: one NVLink5 domain per rack, of which jobs use 64 GPUs (plait.measure.published_moe.
+        # GB200 NVL72: one NVLink5 domain per rack, of which jobs use 64 GPUs (plait.measure.validate.moe.
         # nvlink_domain reads published GB200 runs the same way), one 400 Gb/s NIC per GPU.
         # host link: NVLink-C2C between each Grace CPU and its two Blackwell GPUs, 900 GB/s bidirectional
         # per superchip (GB200 NVL72 datasheet): 225 GB/s per GPU and direction, not PCIe

@@ -114,6 +114,22 @@ def generation_of(gpu_name: str) -> str | None:
     return next((g for g, names in GENERATIONS.items() if gpu_name in names), None)
 
 
+def left_out_defaults(stack: Stack, given, moot=()) -> dict[str, object]:
+    """{knob: value}: ``stack``'s defaults (its ``[defaults]`` table, in the file's order) for the layout
+    knobs a run leaves out: not in ``given`` (the knobs the run states) nor in ``moot`` (knobs its degrees
+    make meaningless or that the caller decides itself). A ``ckpt`` default comes with ``ckpt_layers=0``:
+    the stack's recompute policy covers every layer. The one place ``plait plan --layout`` and
+    ``plait validate`` take a stack's defaults from."""
+    out: dict[str, object] = {}
+    for knob, value in stack.default_values().items():
+        if knob in given or knob in moot:
+            continue
+        out[knob] = value
+        if knob == "ckpt":
+            out["ckpt_layers"] = 0
+    return out
+
+
 def stack_names() -> list[str]:
     """The built-in stacks, sorted."""
     return sorted(p.stem for p in STACKS_DIR.glob("*.toml"))

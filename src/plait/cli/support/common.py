@@ -4,6 +4,7 @@ the one place where a user error becomes one line on stderr and an exit status."
 from __future__ import annotations
 
 import errno
+import os
 import sys
 from collections.abc import Callable
 
@@ -25,15 +26,17 @@ def warn(text: str) -> None:
     print(f"plait: warning: {text}", file=sys.stderr)
 
 
-def cost_params(path: str | None, cluster=None):
-    """(CostParams, cluster with GPU overrides applied) from a calibration file, else defaults;
-    the overrides' warnings go to stderr."""
+def cost_params(calibration, cluster=None):
+    """(CostParams, cluster with GPU overrides applied) from a calibration, else defaults; the overrides'
+    warnings go to stderr. ``calibration``: a file's path, one already read
+    (``plait.plan.calibration.read_calibration``: a command that needs more of it reads it once), or None."""
     from plait.plan.calibration import read_calibration
     from plait.plan.params import DEFAULT_PARAMS
 
-    if not path:
+    if not calibration:
         return DEFAULT_PARAMS, cluster
-    calibration = read_calibration(path)  # checks every field; GPU and link overrides included
+    if isinstance(calibration, (str, os.PathLike)):
+        calibration = read_calibration(calibration)  # checks every field; GPU and link overrides included
     if cluster is not None:
         cluster, warnings = calibration.apply(cluster)
         params = calibration.params

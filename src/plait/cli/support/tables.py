@@ -5,12 +5,12 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from plait.measure.published import RunResult
 from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.sweep.stats import top1_text
+from plait.measure.validate.runs import RunResult
 from plait.plan.plan import Plan
-from plait.spec.hardware import GIB
 from plait.spec.model import ModelSpec
+from plait.spec.units import GIB
 
 
 def _ms(seconds: float) -> str:
@@ -112,7 +112,7 @@ def explain(console: Console, plan: Plan) -> None:
 
 
 def confidence_note(console: Console) -> None:
-    from plait.measure.published import shipped_accuracy
+    from plait.measure.validate.runs import shipped_accuracy
 
     record = shipped_accuracy()
     if record is None:
@@ -187,8 +187,8 @@ def sweep_table(rows: list[SweepRow]) -> Table:
             r.layout + (" +compile" if r.compile else ""), r.status,
             "pred OOM" if r.predicted_fits is False else _num(r.planner_rank, "d"),
             _num(r.predicted_step_time_s, ".4f"), _num(r.measured_step_time_s, ".4f"), _pct(r.step_time_error),
-            _num(r.predicted_memory_bytes and r.predicted_memory_bytes / 2**30, ".2f"),
-            (_num(r.measured_memory_bytes / 2**30, ".2f") + kind) if r.measured_memory_bytes is not None else "",
+            _num(r.predicted_memory_bytes and r.predicted_memory_bytes / GIB, ".2f"),
+            (_num(r.measured_memory_bytes / GIB, ".2f") + kind) if r.measured_memory_bytes is not None else "",
             _pct(r.predicted_mfu).lstrip("+"), _pct(r.measured_mfu).lstrip("+"), _num(r.tokens_per_s, ",.0f"),
             (r.reason[:70] + "...") if len(r.reason) > 73 else r.reason)
     return table

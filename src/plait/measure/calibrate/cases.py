@@ -14,7 +14,7 @@ class FitCase:
 
     id: str
     source: str
-    specs: tuple  # (ModelSpec, ClusterSpec, JobSpec, Layout), as plait.measure.published.build_specs returns them
+    specs: tuple  # (ModelSpec, ClusterSpec, JobSpec, Layout), as plait.measure.validate.runs.build_specs returns them
     reported_mfu: float
     runtime: str = "torch"  # whose kernels ran it (plait.plan.cost.estimate_step)
     software: tuple = ()  # (CostParams field, value) pairs the run's software fixes; never fitted

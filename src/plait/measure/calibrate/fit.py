@@ -3,7 +3,7 @@
 The runs are rows of the published-runs CSV schema (``shared/data/README.md``): each row gives a
 model, a layout and a reported throughput; or rows of a ``plait sweep`` CSV (measured step time per
 layout, ``plait.measure.calibrate.from_sweep``). For a candidate set of parameters every usable row is
-predicted (``plait.measure.published.predict_row``) and compared on one basis: the relative MFU
+predicted (``plait.measure.validate.runs.predict_row``) and compared on one basis: the relative MFU
 error |predicted MFU / measured MFU - 1|, or the relative step-time error
 |predicted step time / measured step time - 1| (same tokens per step, so the step-time ratio is
 the inverse of the MFU ratio: |measured MFU / predicted MFU - 1|). The objective is the median
@@ -32,8 +32,8 @@ from pathlib import Path
 from plait.errors import PlaitError
 from plait.measure.calibrate.cases import FitCase
 from plait.measure.calibrate.families import families_from_sources, leave_one_family_out
-from plait.measure.published_specs import row_specs
-from plait.measure.published import predict_row, read_runs
+from plait.measure.validate.runs import predict_row, read_runs
+from plait.measure.validate.specs import row_specs
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 
 
@@ -129,7 +129,7 @@ def usable_cases(path) -> tuple[list[FitCase], dict[str, int]]:
     CSV or a list of them.
 
     The reported side and the specs do not depend on the cost parameters: they are built once
-    (``plait.measure.published``), and each trial only re-runs ``estimate_step``. The numbers of the
+    (``plait.measure.validate.runs``), and each trial only re-runs ``estimate_step``. The numbers of the
     row's software stack (``plait.spec.stack``) are the case's ``software``: fixed, never fitted.
     """
     paths = [path] if isinstance(path, (str, Path)) else list(path)

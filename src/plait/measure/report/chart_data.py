@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from plait.spec.units import GIB
+from plait.spec.units import GIB, MIB
 
-MIB = 2**20
 CAPACITY_SHOWN_ABOVE = 0.25  # draw the capacity line when the largest bar reaches this fraction of it
 AXIS_MARGIN = 1.1  # the axis ends this factor beyond the largest value drawn
 

@@ -13,6 +13,7 @@ from plait.errors import PlaitError
 from plait.measure.report.chart_data import memory_axis, waterfall_bars
 from plait.plan.memory import OVERHEAD_ITEMS, MemoryBreakdown
 from plait.plan.plan import Plan
+from plait.spec.units import GIB
 
 FORMATS = ("png", "svg", "pdf")
 ITEM_COLORS = ("#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD", "#DD8452", "#937860",
@@ -80,9 +81,9 @@ def draw_stage_memory(ax, stages: list[MemoryBreakdown], gpu_name: str) -> None:
                   fontsize=7 if len(stages) <= 32 else 5)
     ax.set_xlabel(label)
     ax.set_ylabel(f"{axis.unit} per GPU")
-    title = f"Memory per GPU by stage ({gpu_name}, {capacity / 2**30:.0f} GiB)"
+    title = f"Memory per GPU by stage ({gpu_name}, {capacity / GIB:.0f} GiB)"
     if not axis.show_capacity:
-        title += f"\ncapacity {capacity / 2**30:.0f} GiB is off the axis (the largest stage uses " \
+        title += f"\ncapacity {capacity / GIB:.0f} GiB is off the axis (the largest stage uses " \
                  f"{100 * max(s.total for s in stages) / capacity:.1f}%)"
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)

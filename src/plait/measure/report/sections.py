@@ -11,7 +11,8 @@ from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.sweep.stats import top1_text
 from plait.plan.memory import OVERHEAD_ITEMS, allocated_bytes
 from plait.plan.plan import Plan
-from plait.spec.hardware import GIB, ClusterSpec
+from plait.spec.hardware import ClusterSpec
+from plait.spec.units import GIB
 
 
 def _num(value, fmt: str) -> str:
@@ -163,7 +164,7 @@ def timeline_section(plan: Plan | None, why: str, path: Path) -> Section:
 
 
 def validation_section(runs_path: str) -> Section:
-    from plait.measure.published import error_summary, predict_runs
+    from plait.measure.validate.runs import error_summary, predict_runs
 
     summary = error_summary(predict_runs(runs_path))
     body = []

@@ -1,19 +1,20 @@
 """A ``plait train --log`` JSONL file as a loss curve (and eval loss, and learning rate). No torch.
 
-The log holds one object per line: step records (``step``, ``loss``, ``lr``, ...), records with an
-``eval_loss``, events (``event``: resume, checkpoint) and a closing ``summary``. A resumed run
+The log (read by ``plait.run.observe.jsonl.read_log``, which describes its records) holds step
+records (``step``, ``loss``, ``lr``, ...), records with an ``eval_loss``, events (``event``: resume,
+checkpoint) and a closing ``summary``. A resumed run
 appends to the same file and may repeat steps after the checkpoint it went back to: the last
 value logged for a step is the one kept, and the resumes are marked. Steps are drawn as logged.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.run.observe.jsonl import is_summary, read_log, step_of
 
 
 @dataclass
@@ -37,25 +38,19 @@ def read_train_log(path: str | Path) -> TrainCurves:
     """The curves of a train JSONL; one-line PlaitError when the file is missing or has no step."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        records = read_log(path)
     except FileNotFoundError:
         raise PlaitError(f"--train-log {path}: file not found (write it with plait train --log {path})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PlaitError(f"--train-log {path}: cannot read it as text ({exc})") from None
     series: dict[str, dict[int, float]] = {"loss": {}, "eval_loss": {}, "lr": {}}
     curves = TrainCurves()
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a killed run
-        if not isinstance(record, dict):
-            continue
-        if record.get("summary"):
+    for record in records:
+        if is_summary(record):
             curves.summary = record
             continue
-        step = record.get("step")
-        if isinstance(step, bool) or not isinstance(step, int):
+        step = step_of(record)
+        if step is None:
             continue
         if record.get("event") == "resume":
             curves.resumes.append(step)

@@ -15,7 +15,6 @@ train died before writing it) -> failed, with its exit status.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -31,6 +30,7 @@ from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.sweep.timing import LayoutTiming, RunTiming, run_timing
 from plait.run.launcher.outcome import FILE_NAME as OUTCOME_FILE
 from plait.run.launcher.outcome import Outcome, outcome_path, read_outcome
+from plait.run.observe.jsonl import last_summary, read_log
 
 WORKER_MODULE = "plait.run.worker"
 REASON_CHARS = 300  # a CSV reason is one line of at most this many characters
@@ -109,15 +109,7 @@ def read_summary(log_path: Path) -> dict | None:
     """The summary line of a ``plait train --log`` file, or None."""
     if not log_path.is_file():
         return None
-    summary = None
-    for line in log_path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("summary"):
-            summary = record
-    return summary
+    return last_summary(read_log(log_path))
 
 
 def predicted_fields(spec: SweepSpec, case: SweepCase) -> dict:

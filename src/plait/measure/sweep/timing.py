@@ -12,13 +12,13 @@ its place in the ranking is not settled by the measurement (``noisy_flags``).
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.run.observe.jsonl import is_summary, read_log
 
 
 # What a sweep times when --repeats and --min-time are not given. CPU runs (``bench/sweep_noise.py``,
@@ -94,16 +94,11 @@ def step_times_of_log(log_path: Path, with_profiled: bool = False) -> list:
     ``with_profiled``: (seconds, whether the step ran under the memory profiler) pairs instead."""
     steps = []
     try:
-        lines = log_path.read_text(encoding="utf-8").splitlines()
+        records = read_log(log_path)
     except OSError:
         return []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and not record.get("summary") and "step" in record \
-                and isinstance(record.get("step_time_s"), (int, float)):
+    for record in records:
+        if not is_summary(record) and "step" in record and isinstance(record.get("step_time_s"), (int, float)):
             steps.append((record["step"], float(record["step_time_s"]), bool(record.get("profiled"))))
     ordered = sorted(steps, key=lambda item: item[0])
     return [(seconds, profiled) for _, seconds, profiled in ordered] if with_profiled else \

@@ -1,3 +1,10 @@
-"""``plait validate``'s library side: ``cross`` (leave-one-source-out: fit the defaults without a code
-base, predict it) and ``cells`` (how a published row's cells in words are read). The row reader and
-the in-sample comparison are ``plait.measure.published`` and ``published_specs``."""
+"""``plait validate``'s library side: published training runs predicted and compared with what was reported.
+
+  runs.py   read a published-runs CSV, predict each row, compare on one MFU basis (``predict_runs``,
+            ``error_summary``, ``shipped_accuracy``)
+  specs.py  one CSV row -> the planner's inputs (model, cluster, job, layout), completing what the
+            source omits and noting it (``row_specs``)
+  moe.py    the mixture-of-experts rows: the model, the GPU and Megatron-Core's FLOP counter
+  cells.py  how a row's cells in words are read (ZeRO stage, recompute, precision, ...)
+  cross.py  leave-one-source-out: fit the defaults without a code base, predict it
+"""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
-from plait.spec.hardware import GIB
+from plait.spec.units import DEFAULT_GPU, GIB, MIB
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class HostMemory:
 
 def _size(nbytes: float) -> str:
     """GiB with one decimal, or MiB below 1 GiB (a tiny model is not "0.0 GiB")."""
-    return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.1f} MiB"
+    return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB else f"{nbytes / MIB:.1f} MiB"
 
 
 def host_memory(config, processes: int, available: float | None = None) -> HostMemory:
@@ -64,7 +64,7 @@ def host_memory(config, processes: int, available: float | None = None) -> HostM
     from plait.spec.hardware import cluster_for_gpu
 
     job = config.job
-    cluster = cluster_for_gpu("h100-sxm", job.layout.world_size)  # only the memory items are used
+    cluster = cluster_for_gpu(DEFAULT_GPU, job.layout.world_size)  # only the memory items are used
     per_process = cpu_process_bytes(estimate_memory(job.model, cluster, job.job_spec, job.layout))
     return HostMemory(per_process, processes, host_available_bytes() if available is None else available)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.spec.layout import Layout
+from plait.spec.units import DEFAULT_GPU, GIB
 
 HOST_HEADROOM = 0.5  # fraction of MemAvailable left to the OS, the Python heap and autograd temporaries
 MEMINFO = Path("/proc/meminfo")
@@ -55,7 +56,7 @@ def _valid(model, job, layout: Layout) -> bool:
     from plait.spec.hardware import cluster_for_gpu
     from plait.spec.validate import errors_of, validate
 
-    cluster = cluster_for_gpu("h100-sxm", layout.world_size)
+    cluster = cluster_for_gpu(DEFAULT_GPU, layout.world_size)
     return not errors_of(validate(model, cluster, job, layout))
 
 
@@ -69,17 +70,16 @@ def host_mbs(model, job, layout: Layout, processes: int, available: float) -> tu
     if per_rank < 1:
         return 1, f"the global batch {job.global_batch} is smaller than dp={layout.dp}"
     budget = available * (1 - HOST_HEADROOM)
-    cluster = cluster_for_gpu("h100-sxm", layout.world_size)  # only the memory items are used
+    cluster = cluster_for_gpu(DEFAULT_GPU, layout.world_size)  # only the memory items are used
     for mbs in sorted(divisors(per_rank), reverse=True):
         candidate = dataclasses.replace(layout, mbs=mbs)
         if not _valid(model, job, candidate):
             continue
         need = processes * cpu_process_bytes(estimate_memory(model, cluster, job, candidate))
         if need <= budget or mbs == 1:
-            gib = 2**30
             return mbs, (f"the largest micro-batch dividing the per-rank batch {per_rank} whose predicted "
-                         f"memory ({need / gib:.1f} GiB for {processes} processes) fits in "
-                         f"{1 - HOST_HEADROOM:.0%} of the host's {available / gib:.1f} GiB available"
+                         f"memory ({need / GIB:.1f} GiB for {processes} processes) fits in "
+                         f"{1 - HOST_HEADROOM:.0%} of the host's {available / GIB:.1f} GiB available"
                          + ("" if need <= budget else " (even mbs=1 does not; it runs anyway)"))
     return 1, "no micro-batch size is valid for this layout"
 

@@ -12,8 +12,8 @@ from plait.errors import PlaitError
 from plait.run.config import Prediction, RunConfig
 from plait.run.device import gpu_from_device_name, local_accelerator, uses_gpu
 from plait.run.launcher.launch import LaunchOptions
-from plait.spec.hardware import GIB, ClusterSpec, cluster_for_gpu, get_gpu
-from plait.spec.units import DEFAULT_GPU
+from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_gpu
+from plait.spec.units import DEFAULT_GPU, GIB
 from plait.spec.validate import errors_of, validate
 
 

@@ -98,7 +98,7 @@ def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarge
     target = target or TrainTarget.read(request)
     init_from = None
     if request.init_from:  # the weights' shapes are checked by the workers, against the model they build
-        from plait.run.checkpoint.hf_files import check_model_dir
+        from plait.run.checkpoint.hf.files import check_model_dir
 
         init_from = str(check_model_dir(request.init_from))
     model = target.model

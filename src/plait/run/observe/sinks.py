@@ -21,7 +21,7 @@ from typing import Protocol
 
 from plait.errors import PlaitError
 from plait.run.config import LogConfig
-from plait.run.metrics import JsonlLog
+from plait.run.observe.jsonl import JsonlLog
 
 # flag -> (module to import, pip package) of each sink
 SINK_PACKAGES = {"--tensorboard": ("tensorboard", "tensorboard"), "--wandb-project": ("wandb", "wandb"),

@@ -3,8 +3,8 @@
 A family's table is a list of ``Row``s. A row names one tensor of the Hugging Face checkpoint
 (``hf``, with ``{i}`` for the layer index), the plait parameters it holds (``plait``: one, or
 several for a fused Hugging Face tensor such as GPT-2's ``c_attn``) and the ``Codec`` that
-converts between the two. Import (``plait.run.checkpoint.hf_import``) asks for the row of each
-plait parameter a rank holds; export (``plait.run.checkpoint.hf_export``) walks the rows of the
+converts between the two. Import (``plait.run.checkpoint.hf.load``) asks for the row of each
+plait parameter a rank holds; export (``plait.run.checkpoint.hf.export``) walks the rows of the
 whole model. A plait parameter without a row, or a Hugging Face tensor that no row reads, is an
 error naming it: nothing is silently dropped.
 
@@ -278,7 +278,7 @@ def family_of_model_type(model_type: str) -> Family:
             return family
     known = ", ".join(t for family in FAMILIES for t in family.model_types)
     raise PlaitError(f"Hugging Face model_type {model_type!r} has no weight-name table in plait "
-                     f"(plait.run.checkpoint.hf_map; tables for: {known})")
+                     f"(plait.run.checkpoint.hf.map; tables for: {known})")
 
 
 _LAYER = re.compile(r"^layers\.(\d+)\.")
@@ -303,7 +303,7 @@ def row_for(family: Family, name: str) -> tuple[Row, int, str | None]:
     found = rows_by_plait(family).get(pattern)
     if found is None:
         raise PlaitError(f"plait parameter {name} has no Hugging Face name in the {family.name} table "
-                         "(add a row to plait.run.checkpoint.hf_map)")
+                         "(add a row to plait.run.checkpoint.hf.map)")
     return found[0], found[1], layer
 
 

@@ -28,7 +28,7 @@ from typing import Callable
 from plait.errors import PlaitError
 from plait.measure.validate.cells import (arch_of, not_sharded, offloaded_layers, precision_of, recompute_of,
                                           zero_stage_of)
-from plait.measure.published_moe import (MoERowError, is_moe_row, moe_given, moe_gpu_type, nvlink_domain,
+from plait.measure.validate.moe import (MoERowError, is_moe_row, moe_given, moe_gpu_type, nvlink_domain,
                                          moe_model_for_row)
 from plait.plan.activations import BF16, layer_items
 from plait.plan.complete import complete
@@ -38,7 +38,7 @@ from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_gpu
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.models import MODELS
-from plait.spec.stack import DEFAULT_STACK, Stack, generation_of, get_stack
+from plait.spec.stack import DEFAULT_STACK, Stack, generation_of, get_stack, left_out_defaults
 from plait.spec.validate import errors_of, stage_layers, validate
 
 COUNT_COLUMNS = ("n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "vocab", "seq_len", "n_gpus", "tp",
@@ -214,7 +214,7 @@ def _required(row: dict, notes: list[str]) -> tuple[int, int, int]:
 def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) -> RowSpecs:
     """The planner's inputs for one row, completing what the source omits (each completion noted)."""
     seq_len, n_gpus, gbs = _required(row, notes)
-    if is_moe_row(row):  # mixture of experts: plait.measure.published_moe
+    if is_moe_row(row):  # mixture of experts: plait.measure.validate.moe
         try:
             model = moe_model_for_row(row, seq_len, notes)
         except MoERowError as exc:
@@ -341,11 +341,11 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str], sta
     if offloaded:
         given["offload"] = min(1.0, offloaded / model.n_layers)
         notes.append(f"activation offload of {offloaded} layers (notes): offload=cpu:{given['offload']:.3g}")
-    for knob in ("zero", "ckpt", "sp"):  # what the stack does where the row is silent
-        if knob in defaults and knob not in given and not (knob == "sp" and "tp" not in given):
-            given[knob] = defaults[knob]
-            if knob == "ckpt":
-                given["ckpt_layers"] = 0
-                given["_stack_ckpt"] = True
-            notes.append(f"completed: {knob}={defaults[knob]} (the {stack.name} stack's default)")
+    # what the stack does where the row is silent; cp_impl is decided above, sp without a stated tp is searched
+    taken = left_out_defaults(stack, given, moot=("cp_impl", *(() if "tp" in given else ("sp",))))
+    given.update(taken)
+    if "ckpt" in taken:
+        given["_stack_ckpt"] = True
+    notes.extend(f"completed: {knob}={value} (the {stack.name} stack's default)"
+                 for knob, value in taken.items() if knob != "ckpt_layers")
     return given

@@ -25,10 +25,11 @@ import torch
 
 from plait.atomic import honour_umask
 from plait.errors import PlaitError
-from plait.run.checkpoint import hf_files, store
-from plait.run.checkpoint.hf_files import ExportOptions
-from plait.run.checkpoint.hf_import import row_instances, unique_parameters
-from plait.run.checkpoint.hf_map import family_of_model_type
+from plait.run.checkpoint import store
+from plait.run.checkpoint.hf import files as hf_files
+from plait.run.checkpoint.hf.files import ExportOptions
+from plait.run.checkpoint.hf.load import row_instances, unique_parameters
+from plait.run.checkpoint.hf.map import family_of_model_type
 from plait.run.checkpoint.safe_reader import SafeFileSystemReader, read_metadata_file
 from plait.run.model import build_model
 from plait.spec.hf.writer import hf_config_of

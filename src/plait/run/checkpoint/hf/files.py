@@ -36,7 +36,7 @@ EXPORT_DTYPES = ("float32", "bfloat16", "float16")  # float32 first: plait's mas
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """How ``plait export`` writes the weights (``plait.run.checkpoint.hf_export``)."""
+    """How ``plait export`` writes the weights (``plait.run.checkpoint.hf.export``)."""
 
     dtype: str = "float32"  # one of EXPORT_DTYPES
     max_shard_bytes: int = 5 * 10**9  # bytes per safetensors file at most (a larger tensor gets one of its own)

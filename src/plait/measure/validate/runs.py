@@ -7,7 +7,7 @@ time), else TFLOP/s/GPU divided by the source's own FLOPs per token (Narayanan e
 Eq. 3, which counts the recompute forward and the full attention square), else MFU/HFU times the
 peak over the source's FLOPs per token (torchtitan 6N + 12·L·h·s; Korthikanti et al. Eq. 7).
 
-Inputs the source omits are completed, never refused (``plait.measure.published_specs``): data
+Inputs the source omits are completed, never refused (``plait.measure.validate.specs``): data
 fields get documented defaults per architecture, layout knobs are searched (the fastest layout that
 fits), and each completion is written in the row's notes (``completed: mbs=1, zero=1, ... — fastest
 that fits``). Only a row without model dimensions, GPU type, GPU count, global batch or sequence
@@ -24,15 +24,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.measure.published_moe import megatron_flops_per_token
-from plait.measure.published_specs import (IncompleteRow, UnsupportedRow, num, row_problem,
+from plait.measure.validate.moe import megatron_flops_per_token
+from plait.measure.validate.specs import (IncompleteRow, UnsupportedRow, num, row_problem,
                                            row_specs)
 from plait.plan.cost import estimate_step
 from plait.plan.memory import estimate_memory
 from plait.plan.params import DEFAULT_PARAMS, CostParams
-from plait.spec.hardware import GIB, ClusterSpec, GpuSpec
+from plait.spec.hardware import ClusterSpec, GpuSpec
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
+from plait.spec.units import GIB
 
 __all__ = ["IncompleteRow", "UnsupportedRow", "RunResult", "build_specs", "predict_row", "predict_runs",
            "read_runs", "row_problem", "error_summary", "accuracy_record", "shipped_accuracy"]
@@ -91,7 +92,7 @@ def _source_flops_per_token(row: dict, model: ModelSpec, seq_len: int) -> tuple[
     """FLOPs per token behind a source's TFLOP/s or MFU figures."""
     source = row["source"].lower()
     l, h, v, s = model.n_layers, model.hidden, model.vocab, seq_len
-    if model.moe is not None:  # the MoE sources' TFLOP/s are Megatron-Core's counter (plait.measure.published_moe)
+    if model.moe is not None:  # the MoE sources' TFLOP/s are Megatron-Core's counter (plait.measure.validate.moe)
         return megatron_flops_per_token(model, s), "Megatron-Core MoE counter (active experts, causal s/2)"
     if "narayanan" in source:
         return 96 * l * h * h * (1 + s / (6 * h) + v / (16 * l * h)), "Megatron Eq.3 (recompute, full square)"
@@ -218,7 +219,7 @@ def error_summary(results: list[RunResult]) -> dict:
             "overall": stats(errors), "per_source": {s: stats(v) for s, v in sorted(by_source.items())}}
 
 
-ACCURACY_FILE = Path(__file__).resolve().parents[1] / "data" / "validation.json"
+ACCURACY_FILE = Path(__file__).resolve().parents[2] / "data" / "validation.json"
 # The published runs plait ships (facts with sources: plait/data/published/README.md and SOURCES_2.md):
 # the calibration set, dense and mixture-of-experts, both batches; ``plait validate`` checks them by default.
 PUBLISHED_DIR = ACCURACY_FILE.parent / "published"

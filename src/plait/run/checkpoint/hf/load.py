@@ -6,7 +6,7 @@ its config.json (``plait.spec.hf_config``) has the model's numerics (rotary base
 epsilon and placement, activation, soft-caps, sliding window...), every plait parameter has its
 Hugging Face tensor with the shape the model needs, every Hugging Face tensor has a place in the
 model - and refuses with the first problem by name. Then each rank reads, from the memory-mapped safetensors files, the full tensors of the parameters it holds (a
-pipeline stage only its own layers'), converts them (``plait.run.checkpoint.hf_map``) and keeps
+pipeline stage only its own layers'), converts them (``plait.run.checkpoint.hf.map``) and keeps
 its shard, as ``plait.run.model.init_weights`` does with random values: no communication.
 The optimizer starts fresh (AdamW state zero at step 0).
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from plait.errors import PlaitError
-from plait.run.checkpoint.hf_files import CONFIG, TensorEntry, read_config, tensor_table
-from plait.run.checkpoint.hf_map import Family, Row, concrete, family_of_model_type, row_for
+from plait.run.checkpoint.hf.files import CONFIG, TensorEntry, read_config, tensor_table
+from plait.run.checkpoint.hf.map import Family, Row, concrete, family_of_model_type, row_for
 from plait.run.model import build_model, canonical_name
 from plait.run.modules.layers import ROPE_SCALINGS
 from plait.spec.hf_config import model_from_hf_dict

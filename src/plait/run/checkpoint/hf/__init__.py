@@ -1,0 +1,10 @@
+"""The Hugging Face interchange: a local model directory's weights into a run, a checkpoint out to one.
+
+  files.py   the directory's files without torch: config.json, safetensors headers, shards and
+             their index, ``check_model_dir`` (the launcher's check), ``ExportOptions``
+  map.py     which Hugging Face tensor holds which plait parameter, one table of rows per family,
+             and the codecs that convert between the two (a new family adds rows here)
+  load.py    ``plait train --init-from DIR``: each rank checks the checkpoint against its model and
+             fills the parameters it holds (``init_from_hf``, ``load_hf_weights``)
+  export.py  ``plait export``: a plait (DCP) checkpoint as a Hugging Face model directory
+"""
