@@ -15,4 +15,5 @@
   plan.py         Plan (a priced layout) and evaluate
   search.py       the layout search
   complete.py     a partial layout -> the fastest that fits, completed knobs named
+  memo.py         planner functions cached by the layout fields they read
 """

@@ -1,3 +1,9 @@
-"""Training state on disk: the checkpoint format (store, no torch), saving and loading with
-torch.distributed.checkpoint (dcp), and which checkpoint a run resumes from (select); ``hf/``
-is the Hugging Face interchange (``--init-from`` and ``plait export``)."""
+"""Training state on disk.
+
+  store.py        the checkpoint format: manifest, checksums, atomic directories (no torch)
+  dcp.py          saving and loading with torch.distributed.checkpoint
+  safe_reader.py  DCP metadata read with a restricted unpickler (no arbitrary classes)
+  select.py       which checkpoint a run resumes from
+  lock.py         one live run per checkpoint directory (token, workers, takeover)
+  hf/             the Hugging Face interchange (--init-from and plait export)
+"""

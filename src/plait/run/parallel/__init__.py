@@ -1,2 +1,12 @@
-"""Parallelism applied to a plain model, one module per dimension: mesh (the rank grid), tensor, data
-(DDP/FSDP2/HSDP), pipeline, context/ (context parallel attention); parallelize applies them in order."""
+"""Parallelism applied to a plain model, one module per dimension.
+
+  mesh.py         ParallelDims: the one mesh, its dense axes and the expert views (ep, edp)
+  parallelize.py  applies the others in the documented order
+  tensor.py       tensor and sequence parallelism (DTensor)
+  expert.py       expert parallelism: the experts' all-to-all over the ep axis
+  data.py         DDP, FSDP2 and hybrid sharding
+  pipeline.py     torch.distributed.pipelining stages and schedules
+  compile.py      per-block torch.compile (and async TP)
+  float8.py       precision=fp8/mxfp8 linears through torchao
+  context/        context-parallel attention
+"""
