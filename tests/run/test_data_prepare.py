@@ -232,9 +232,25 @@ def test_tokenizer_errors(tmp_path, monkeypatch):
     (tmp_path / "bad.json").write_text("{}")
     assert "not a tokenizer.json" in error_of(prepare, [corpus], out, tokenizer=str(tmp_path / "bad.json"))
     monkeypatch.setitem(__import__("sys").modules, "tiktoken", None)  # as if not installed
-    assert "pip install tiktoken" in error_of(prepare, [corpus], out, tokenizer="tiktoken:gpt2")
+    message = error_of(prepare, [corpus], out, tokenizer="tiktoken:gpt2")
+    assert "pip install tiktoken" in message and ".[data]" not in message  # the data extra lacks tiktoken
     monkeypatch.setitem(__import__("sys").modules, "tokenizers", None)
-    assert "pip install tokenizers" in error_of(prepare, [corpus], out, tokenizer=str(tmp_path / "bad.json"))
+    message = error_of(prepare, [corpus], out, tokenizer=str(tmp_path / "bad.json"))
+    assert "pip install tokenizers" in message and "'.[data]'" in message
+
+
+def test_the_data_extra_is_what_the_messages_say():
+    """A missing package's message names ``.[data]`` only for the packages pyproject's data extra installs."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    from plait.run.data.tokenizer_libs import DATA_EXTRA
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    extra = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["optional-dependencies"]["data"]
+    installed = {requirement.split(">")[0].split("=")[0].split("<")[0].strip() for requirement in extra}
+    assert installed == set(DATA_EXTRA)
+    assert "tiktoken" not in installed
 
 
 def test_tiktoken_encodings_through_the_library_interface(tmp_path, monkeypatch):

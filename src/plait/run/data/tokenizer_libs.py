@@ -26,9 +26,14 @@ TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # beside tokenizer.json; may name eos_token
 
 
+# the packages that pyproject.toml's ``data`` extra installs (tests/run/test_data_prepare.py checks it):
+# tiktoken is not one of them (it downloads its encodings; installed by hand)
+DATA_EXTRA = ("tokenizers", "pyarrow")
+
+
 def _missing(package: str) -> PlaitError:
-    return PlaitError(f"this tokenizer needs the {package} package: pip install {package} "
-                      "(or pip install -e '.[data]')")
+    extra = " (or pip install -e '.[data]')" if package in DATA_EXTRA else ""
+    return PlaitError(f"this tokenizer needs the {package} package: pip install {package}{extra}")
 
 
 def _configured_eos(folder: Path) -> str | None:
