@@ -40,7 +40,6 @@ torchao is optional (the ``cpu`` and ``gpu`` extras install it); without it the 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import torch
@@ -53,38 +52,44 @@ FP8_MIN_CAPABILITY = (8, 9)  # CUDA compute capability with fp8 tensor cores (Ad
 MX_BLOCK = 32  # mxfp8: one power-of-2 (e8m0) scale per 32 consecutive elements of the reduction dimension
 MX_MIN_CAPABILITY = (10, 0)  # MX tensor cores (Blackwell: B200)
 # What importing torchao logs on a machine without its CUDA kernels (harmless: float8 training
-# uses torch._scaled_mm, not these libraries), and a torch deprecation notice it triggers.
-IMPORT_NOISE = {"torchao": "Failed to load", "torch.utils._pytree": "Enum subclass"}
+# uses torch._scaled_mm, not these libraries): "Failed to load <...>/torchao/_C....so: ..." on the
+# ``torchao`` logger, and a torch deprecation notice for each enum torchao registers with pytree
+# ("<enum 'KernelPreference'> is an Enum subclass and is now natively supported ...") on
+# ``torch.utils._pytree``. torchao imports some of its modules lazily, after plait's import, so the
+# filters stay on once installed; each drops those records only, every other one still shows.
+TORCHAO_LOGGER, PYTREE_LOGGER = "torchao", "torch.utils._pytree"
+ENUM_NOTICE = "is an Enum subclass and is now natively supported"
 
 
-class _DropMessages(logging.Filter):
-    """A logger filter that drops the records whose message contains ``fragment``."""
-
-    def __init__(self, fragment: str):
-        super().__init__()
-        self.fragment = fragment
+class _TorchaoImportNoise(logging.Filter):
+    """Drops torchao's own "Failed to load" of its ``_C*.so`` libraries and torch's Enum notice for
+    torchao's enums; passes every other record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.fragment not in record.getMessage()
+        if record.name == TORCHAO_LOGGER:
+            message = record.getMessage()
+            return not (message.startswith("Failed to load ") and "torchao" in message and ".so" in message)
+        if record.name == PYTREE_LOGGER and ENUM_NOTICE in str(record.msg):
+            cls = record.args[0] if isinstance(record.args, tuple) and record.args else None
+            return not getattr(cls, "__module__", "").startswith("torchao")
+        return True
 
 
-@contextlib.contextmanager
-def quiet_import():
-    """While active, drop torchao's import-time warnings (``IMPORT_NOISE``), nothing else."""
-    filters = [(logging.getLogger(name), _DropMessages(fragment)) for name, fragment in IMPORT_NOISE.items()]
-    for logger, drop in filters:
-        logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        for logger, drop in filters:
-            logger.removeFilter(drop)
+_FILTER = _TorchaoImportNoise()
+
+
+def quiet_torchao() -> None:
+    """Install the filter of torchao's import noise (idempotent): call before importing torchao."""
+    for name in (TORCHAO_LOGGER, PYTREE_LOGGER):
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
 
 
 def import_float8():
     """The ``torchao.float8`` module, imported without its CPU-machine warnings."""
-    with quiet_import():
-        import torchao.float8
+    quiet_torchao()
+    import torchao.float8
     return torchao.float8
 
 
@@ -116,8 +121,8 @@ def convert_to_float8(model: nn.Module, device: torch.device, tp: int, precision
     converted = [name for name, module in model.named_modules() if converts(name, module, tp, precision)]
     chosen = set(converted)
     if precision == "mxfp8":
-        with quiet_import():
-            from torchao.quantization import quantize_
+        quiet_torchao()
+        from torchao.quantization import quantize_
         quantize_(model, mxfp8_config(device), filter_fn=lambda module, name: name in chosen)
     else:
         import_float8().convert_to_float8_training(model, config=float8_config(device),
@@ -134,9 +139,9 @@ def mxfp8_config(device: torch.device):
     which routes ``linear``/``mm`` to MXFP8 GEMMs. Not with tensor parallelism (the wrapper does
     not survive DTensor sharding: rule ``runtime-mxfp8-tp``).
     """
-    with quiet_import():
-        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
-        from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+    quiet_torchao()
+    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
+    from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < MX_MIN_CAPABILITY:
         raise PlaitError(f"precision=mxfp8 needs MX tensor cores (compute capability 10.0, B200); "
                          f"{torch.cuda.get_device_name(device)} has none; use precision=fp8")
