@@ -214,6 +214,24 @@ def test_cpu_profile_sizes_are_capped_for_any_model():
         assert config["compute_wait_s"] > config["timeout_s"]  # the other ranks outwait rank 0's compute
 
 
+def test_the_profile_says_what_it_will_measure_not_how_long():
+    """``plait profile`` prints counts of what it runs (no time is promised): one per GEMM and attention
+    shape, collective size and op, and per short training run (each layout's layer counts, plain's
+    extra micro-batch run, every round)."""
+    from plait.measure.profile.cpu_fit import HOST_LAYERS
+    from plait.measure.profile.machine import workload
+
+    config = profile_config(get_model("tiny"), 256, Where("cpu", 2), quick=True, timeout_s=60)
+    runs = (len(HOST_LAYERS) * len(config["host_overhead_layouts"]) + 1) * config["host_rounds"]
+    text = workload(config)
+    assert (f"{len(config['gemm'])} GEMM and {len(config['attention'])} attention shapes" in text
+            and f"{len(config['collective_sizes'])} sizes of each of {len(OPS)} collectives" in text
+            and f"{runs} short training runs of {config['host_steps']} steps" in text)
+    gpu = profile_config(get_model("tiny"), 256, Where("cuda", 2, 1, "h100-sxm"), quick=True, timeout_s=60)
+    assert "training runs" not in workload(gpu)  # no host-overhead runs on a GPU
+    assert "second" not in text and "minute" not in config["limits"]
+
+
 def test_planned_shapes_and_groups():
     model = get_model("llama3-8b")
     config = profile_config(model, 8192, Where("cuda", 8, 2, "h100-sxm"), quick=False, timeout_s=60)

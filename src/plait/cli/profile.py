@@ -25,8 +25,8 @@ def add_arguments(profile: argparse.ArgumentParser) -> None:
     profile.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda if present")
     profile.add_argument("--gpu", help="GPU preset of this machine when its device name is not unambiguous")
     profile.add_argument("--quick", action="store_true",
-                         help="few, small sizes (seconds; for tests and a first look); on a CPU every size is "
-                              "capped anyway (about a minute)")
+                         help="fewer, smaller sizes and shorter training runs (for tests and a first look); on "
+                              "a CPU every size is capped anyway (the command prints what it will measure)")
     profile.add_argument("--timeout", type=float, default=300.0,
                          help="collective timeout in seconds (the other ranks wait longer for rank 0's compute "
                               "benchmarks)")
@@ -39,6 +39,7 @@ def run(args) -> int:
         profile_config,
         resolve_where,
         run_workers,
+        workload,
     )
     from plait.spec.models import get_model
 
@@ -57,6 +58,7 @@ def run(args) -> int:
           f"{model.name} at seq_len {seq_len}{' (quick)' if args.quick else ''}", flush=True)
     if config["limits"]:
         print(config["limits"], flush=True)
+    print(workload(config), flush=True)
     with tempfile.TemporaryDirectory(prefix="plait-profile-") as directory:
         raw = run_workers(config, where, Path(directory), args.rdzv_endpoint, args.rdzv_id)
     if not raw:

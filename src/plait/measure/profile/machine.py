@@ -44,8 +44,9 @@ class Where:
     device_name: str | None = None
 
 
-# On a CPU every size is capped so that ``plait profile`` finishes in about a minute on two cores
-# (one GEMM or attention call <= this many FLOPs; ~20 GFLOP/s per process): a CPU profile tests
+# On a CPU every size is capped to keep ``plait profile`` short (one GEMM or attention call <= this
+# many FLOPs; ~20 GFLOP/s per process; how long it takes is not promised: ``workload`` says what it
+# runs, and its short training runs take most of a CPU profile's minutes): a CPU profile tests
 # the pipeline and describes the CPU, it does not need the planned model's full-size shapes.
 CPU_MAX_FLOPS = 2.5e9
 CPU_QUICK_MAX_FLOPS = 2.5e8
@@ -182,7 +183,7 @@ def profile_config(model: ModelSpec, seq_len: int, where: Where, quick: bool, ti
         longest = max(a["seq_len"] for a in attention)
         limits = (f"CPU: sizes capped at {cap / 1e9:.3g} GFLOP per call (GEMMs at {min(g['m'] for g in gemm)}.."
                   f"{max(g['m'] for g in gemm)} tokens, attention up to s={longest} of the planned {seq_len}) "
-                  "so that the profile takes about a minute")
+                  "to keep the profile short")
     # GEMMs and all-reduces at once (runtime_cost.overlap): each side some tens of milliseconds
     overlap = ({"gemm_size": 8192, "reduce_bytes": 64 * MIB, "repeats": 8} if gpu else
                {"gemm_size": 512, "reduce_bytes": 1 * MIB, "repeats": 8})
@@ -207,6 +208,22 @@ def profile_config(model: ModelSpec, seq_len: int, where: Where, quick: bool, ti
         "memory_bytes": memory, "host_link_bytes": (64 if quick else 256) * MIB if gpu else 0,
         "collective_ops": list(OPS), "collective_sizes": sizes, "collective_groups": scope_groups(where),
     }
+
+
+def workload(config: dict) -> str:
+    """What the workers of ``config`` will run, in words (counts, not a time: how long each takes is
+    what is being measured)."""
+    from plait.measure.profile.cpu_fit import HOST_LAYERS
+
+    parts = [f"{len(config['gemm'])} GEMM and {len(config['attention'])} attention shapes "
+             f"(each timed for at least {config['min_time_s'] * 1e3:.3g} ms)",
+             f"{len(config['collective_sizes'])} sizes of each of {len(config['collective_ops'])} collectives"]
+    layouts = config.get("host_overhead_layouts")
+    if layouts:
+        runs = sum(len(HOST_LAYERS) + (mechanism == "plain") for mechanism in layouts) * config["host_rounds"]
+        parts.append(f"{runs} short training runs of {config['host_steps']} steps (the host overhead; most of "
+                     "the time on a CPU)")
+    return "it measures " + ", ".join(parts)
 
 
 def compute_flops(config: dict) -> float:
