@@ -18,6 +18,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-shard-size", default=f"{defaults.max_shard_bytes // 10**9}GB",
                         help="larger weights are split into model-0000k-of-0000n.safetensors files of at most "
                              f"this size (default {defaults.max_shard_bytes // 10**9}GB)")
+    parser.add_argument("--tokenizer", metavar="PATH",
+                        help="copy this tokenizer (a tokenizer.json, or a directory of tokenizer files) into the "
+                             "export (default: the --init-from directory's, else the one the run's token file "
+                             "names when plait can write it: the byte tokenizer)")
 
 
 def run(args) -> int:
@@ -25,8 +29,10 @@ def run(args) -> int:
     from plait.run.checkpoint.hf.files import ExportOptions, parse_size
     from plait.spec.units import MIB
 
-    options = ExportOptions(dtype=args.dtype, max_shard_bytes=parse_size(args.max_shard_size))
+    options = ExportOptions(dtype=args.dtype, max_shard_bytes=parse_size(args.max_shard_size), tokenizer=args.tokenizer)
     done = export_checkpoint(args.checkpoint, args.to, options)
     print(f"plait export: {done.checkpoint} (step {done.step}) -> {done.directory}: {done.tensors} tensors, "
           f"{done.bytes / MIB:.1f} MiB in {', '.join(done.files)}")
+    if done.note:
+        print(f"plait export: {done.note}")
     return 0

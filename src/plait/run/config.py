@@ -107,6 +107,9 @@ class TrainJob:
         None, "--init-from", "start from the weights of a local Hugging Face model directory (config.json + "
         "safetensors, sharded or not) instead of random ones; --model defaults to DIR", "what",
         metavar="DIR")  # None: random init
+    # bos/eos/pad_token_id of the model's Hugging Face config.json (--model config.json or --init-from), as
+    # the config has them: plait export writes them (None: the model is a preset or a plait model JSON)
+    token_ids: dict | None = None
 
     def __post_init__(self) -> None:
         refuse(positive_int_problems({"global_batch": self.global_batch, "seq_len": self.seq_len,

@@ -36,7 +36,7 @@ def _missing(package: str) -> PlaitError:
     return PlaitError(f"this tokenizer needs the {package} package: pip install {package}{extra}")
 
 
-def _configured_eos(folder: Path) -> str | None:
+def configured_eos(folder: Path) -> str | None:
     """The ``eos_token`` named by tokenizer_config.json or special_tokens_map.json in ``folder``, if any."""
     for name in CONFIG_FILES:
         path = folder / name
@@ -83,7 +83,7 @@ class HFTokenizer:
         self.eot_id = self._find_eos(file.parent, vocab)
 
     def _find_eos(self, folder: Path, vocab: dict[str, int]) -> int | None:
-        named = _configured_eos(folder)
+        named = configured_eos(folder)
         if named is not None and named in vocab:
             return vocab[named]
         for token in EOS_CANDIDATES:

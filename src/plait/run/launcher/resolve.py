@@ -15,6 +15,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
+from plait.run.checkpoint.hf.tokenizer import hf_token_ids
 from plait.run.checkpoint.select import data_of
 from plait.run.config import (
     EVAL_SEED,
@@ -116,7 +117,8 @@ def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarge
     config = RunConfig(
         job=TrainJob(model=model, layout=target.layout or Layout(dp=options.world_size),
                      global_batch=target.global_batch, seq_len=target.seq_len,
-                     **{**job, "data": data, "init_from": init_from}, data_id=data_id),
+                     **{**job, "data": data, "init_from": init_from}, data_id=data_id,
+                     token_ids=hf_token_ids(init_from) if init_from else hf_token_ids(request.model)),
         optim=optim, runtime=section_of(request, RuntimeConfig, gpu=request.gpu or target.gpu),
         observe=section_of(request, LogConfig))
     return dataclasses.replace(config, eval=eval_config(request, config.job))

@@ -7,8 +7,8 @@ The weights are read and written one shard at a time: at most ``max_shard_bytes`
 the largest tensor) are in memory. The output is ``config.json`` (of the spec's family:
 ``plait.spec.hf.writer``; token ids from the ``--init-from`` directory's config) and
 ``model.safetensors``, or ``model-0000k-of-0000n.safetensors`` shards with their
-``model.safetensors.index.json``; with the tokenizer files of the ``--init-from`` directory the
-run started from, when it had them. Everything is written into a temporary directory beside the
+``model.safetensors.index.json``; the tokenizer files, the special token ids and
+``generation_config.json`` (``plait.run.checkpoint.hf.tokenizer`` says where each comes from). Everything is written into a temporary directory beside the
 target and renamed to it at the end: a failed export leaves nothing behind.
 """
 
@@ -30,13 +30,12 @@ from plait.run.checkpoint.hf import files as hf_files
 from plait.run.checkpoint.hf.files import ExportOptions
 from plait.run.checkpoint.hf.load import row_instances, unique_parameters
 from plait.run.checkpoint.hf.map import family_of_model_type
+from plait.run.checkpoint.hf.tokenizer import token_ids, write_generation_config, write_tokenizer
 from plait.run.checkpoint.safe_reader import SafeFileSystemReader, read_metadata_file
 from plait.run.model import build_model
 from plait.spec.hf.writer import hf_config_of
 
 DTYPES = {name: getattr(torch, name) for name in hf_files.EXPORT_DTYPES}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "generation_config.json")
 
 
 @dataclass(frozen=True)
@@ -49,6 +48,7 @@ class Exported:
     files: tuple[str, ...]
     tensors: int
     bytes: int
+    note: str | None = None  # one line: why no tokenizer files were written
 
 
 def find_checkpoint(target: str | Path) -> store.Checkpoint:
@@ -143,9 +143,11 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
         if len(files) > 1:
             total = sum(size for _, size in sizes)
             (temporary / hf_files.INDEX).write_text(hf_files.index_json(weight_map, total, spec.total_params()))
-        config.update(_token_ids(saved.job))
+        tokenizer = write_tokenizer(saved.job, temporary, options.tokenizer)
+        ids = token_ids(saved.job, tokenizer.token_ids)
+        config.update(ids)
         (temporary / hf_files.CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        copied = _copy_tokenizer(saved.job, temporary)
+        copied = [*tokenizer.files, write_generation_config(saved.job, temporary, ids)]
         if target.exists():
             target.rmdir()  # empty (checked): the rename takes its place
         os.rename(temporary, target)
@@ -157,29 +159,4 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
         raise
     return Exported(directory=target, checkpoint=found.path, step=found.step,
                     files=tuple([hf_files.CONFIG, *files, *([hf_files.INDEX] if len(files) > 1 else []), *copied]),
-                    tensors=len(rows), bytes=sum(size for _, size in sizes))
-
-
-def _token_ids(job) -> dict:
-    """bos/eos/pad token ids of the run's ``--init-from`` config (when it still has one): the tokenizer's."""
-    source = Path(job.init_from) / hf_files.CONFIG if job.init_from else None
-    if source is None or not source.is_file():
-        return {}
-    try:
-        config = hf_files.read_config(source.parent)
-    except PlaitError:
-        return {}
-    return {key: config[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id") if key in config}
-
-
-def _copy_tokenizer(job, directory: Path) -> list[str]:
-    """Copy the tokenizer files of the run's ``--init-from`` directory (when it still has them)."""
-    source = job.init_from
-    if not source or not Path(source).is_dir():
-        return []
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (Path(source) / name).is_file():
-            shutil.copyfile(Path(source) / name, directory / name)
-            copied.append(name)
-    return copied
+                    tensors=len(rows), bytes=sum(size for _, size in sizes), note=tokenizer.note)

@@ -40,6 +40,7 @@ class ExportOptions:
 
     dtype: str = "float32"  # one of EXPORT_DTYPES
     max_shard_bytes: int = 5 * 10**9  # bytes per safetensors file at most (a larger tensor gets one of its own)
+    tokenizer: str | None = None  # a tokenizer.json or a directory of tokenizer files to copy (default: the run's)
 
 
 @dataclass(frozen=True)
