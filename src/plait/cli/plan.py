@@ -7,7 +7,7 @@ import dataclasses
 import json
 import sys
 
-from plait.cli.support.common import console, cost_params
+from plait.cli.support.common import console, cost_params, warn
 from plait.cli.jobfile.read import add_config_flags
 from plait.errors import PlaitError
 
@@ -61,6 +61,7 @@ def run(args) -> int:
     from plait.spec.hardware import get_cluster
     from plait.spec.layout import JobSpec, Layout
     from plait.spec.models import get_model
+    from plait.spec.validate import past_positions_warning
 
     if args.plot:  # a wrong suffix is refused before the search, not after --save has written
         from plait.measure.report.plan_plots import picture_format
@@ -72,6 +73,8 @@ def run(args) -> int:
         raise PlaitError(f"--gpus {args.gpus}: need at least one GPU")
     cluster = cluster.with_gpus(args.gpus if args.gpus is not None else cluster.gpus_per_node)
     job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
+    if past_positions_warning(model, job.seq_len):  # a RoPE model past max_position_embeddings: one line
+        warn(past_positions_warning(model, job.seq_len))
     params, cluster = cost_params(args.calibration, cluster)
     stack, params, cluster = _for_stack(args, params, cluster)
     runtime, own = stack.runtime, stack.is_plait  # another stack's layouts are priced for that software
