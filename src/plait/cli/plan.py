@@ -73,8 +73,6 @@ def run(args) -> int:
         raise PlaitError(f"--gpus {args.gpus}: need at least one GPU")
     cluster = cluster.with_gpus(args.gpus if args.gpus is not None else cluster.gpus_per_node)
     job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
-    if past_positions_warning(model, job.seq_len):  # a RoPE model past max_position_embeddings: one line
-        warn(past_positions_warning(model, job.seq_len))
     params, cluster = cost_params(args.calibration, cluster)
     stack, params, cluster = _for_stack(args, params, cluster)
     runtime, own = stack.runtime, stack.is_plait  # another stack's layouts are priced for that software
@@ -151,6 +149,8 @@ def run(args) -> int:
         _plot(best, params, args.plot)
         if args.json:
             print(f"wrote the plan's picture to {args.plot}", file=sys.stderr)
+    if past_positions_warning(model, job.seq_len):  # a RoPE model past max_position_embeddings: one line
+        warn(past_positions_warning(model, job.seq_len))
     if args.json:  # stdout stays one JSON document; what was completed goes to stderr
         print(json.dumps([p.to_dict() for p in plans[: args.top]], indent=2))
         if completed:
