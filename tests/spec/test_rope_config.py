@@ -14,6 +14,7 @@ from plait.errors import PlaitError
 from plait.spec.capabilities import RUNTIME_ROPE_SCALINGS, model_blockers, runtime_violations
 from plait.spec.hardware import get_cluster
 from plait.spec.hf.families import ROPE_TYPES
+from plait.spec.hf.writer import config_for, differences
 from plait.spec.hf_config import model_from_hf_config
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
@@ -59,6 +60,8 @@ def test_rope_scaling_dicts_are_read(tmp_path, config, expected):
     spec = read(tmp_path, {**BASE, **config})
     assert dict(spec.rope_scaling) == expected
     assert ModelSpec.from_dict(spec.to_dict()) == spec  # the plan file records it
+    for family in ("llama", "phi3"):  # plait export's config.json reads back the same (Phi-3: its top-level key)
+        assert differences(spec, config_for(spec, family), family) == []
     if HAVE_TRANSFORMERS:
         assert read(tmp_path, {**BASE, **config}, "transformers") == spec
 
