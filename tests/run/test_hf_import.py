@@ -142,10 +142,12 @@ def edit_config(directory, **changes):
 
 
 def test_numerics_the_runtime_does_not_build_are_refused(tmp_path):
+    plain = hf_models.save(hf_models.llama(), tmp_path / "plain")
     directory = edit_config(hf_models.save(hf_models.llama(), tmp_path / "llama"),
                             rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
-    with pytest.raises(PlaitError, match=r"rope_scaling type 'yarn' \(plait's runtime applies linear, llama3\)"):
-        check_checkpoint(directory, model_from_hf_config(directory))
+    check_checkpoint(directory, model_from_hf_config(directory))  # the runtime applies yarn
+    with pytest.raises(PlaitError, match=r"rope_scaling=\(\('factor', 4\.0\), .*'yarn'\)\) \(model .* has \(\)\)"):
+        check_checkpoint(directory, model_from_hf_config(plain))  # a model without it computes otherwise
     directory = edit_config(hf_models.save(hf_models.gpt2(), tmp_path / "gpt2"), scale_attn_weights=False)
     with pytest.raises(PlaitError, match=r"scale_attn_weights=False \(plait's runtime runs True\)"):
         check_checkpoint(directory, model_from_hf_config(directory))

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from plait.cli.support.common import console, cost_params
+from plait.cli.support.common import console, cost_params, warn
 from plait.cli.jobfile.read import add_config_flags
 from plait.errors import PlaitError
 from plait.spec.units import GIB
@@ -102,10 +102,20 @@ def run(args) -> int:
             result.title += f", priced for {request.stack.name}"
     best = result.plans[0]
     _save_and_plot(args, request, best)
+    _warn_past_positions(request)
     if args.json:
         return _print_json(args, result)
     _print_tables(args, request, result)
     return 0 if best.fits else 1
+
+
+def _warn_past_positions(request: _Request) -> None:
+    """A RoPE model past its config's max_position_embeddings: one line on stderr, never a refusal."""
+    from plait.spec.validate import past_positions_warning
+
+    message = past_positions_warning(request.model, request.job.seq_len)
+    if message:
+        warn(message)
 
 
 def _request(args) -> _Request:

@@ -14,8 +14,13 @@ Q, K and V are separate linear layers so that column-parallel sharding splits wh
 runs them as one GEMM over the three weights concatenated (``qkv_projection``).
 With context parallelism (``plait.run.parallel.context.ring``) each block's ``Attention.kernel`` is a
 cp kernel and the caller passes ``forward(tokens, positions)``: the global positions of the tokens
-of each sequence the rank holds, at which RoPE angles and learned positions are taken. The model
-itself knows nothing of how sequences are split.
+of each sequence the rank holds, at which RoPE angles and learned positions are taken; the cp code
+sets ``Transformer.sequence_parts`` (the ranks sharing a sequence), so that the model knows the whole
+sequence's length, and nothing else of how sequences are split.
+
+RoPE tables (``Transformer.rope_for``) cover max(seq_len, max_position_embeddings) positions for the
+sequence length trained: a RoPE model trains past its config's max_position_embeddings, and the
+scalings that depend on the sequence length (dynamic, longrope) get their tables for it.
 
 The model is built on the meta device (``build_model``), parallelized, moved to its device with
 ``to_empty`` and only then initialized (``init_weights``): every parameter is drawn from a
@@ -46,6 +51,7 @@ from plait.run.modules.layers import (
     core_attention,
     eager_attention,
     make_norm,
+    rope_depends_on_length,
     rope_tables,
 )
 from plait.run.modules.moe import MoEFeedForward
@@ -227,6 +233,22 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, "meta", spec.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.rope_seq_len = spec.max_seq_len  # the sequence length (tokens) the RoPE tables were built for
+        self.sequence_parts = 1  # ranks holding a share of each sequence (context parallelism sets it)
+
+    def rope_for(self, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (cos, sin) tables for sequences of ``seq`` tokens: the buffers, rebuilt (on their device)
+        when ``seq`` has more positions than they do, or the scaling depends on the length (dynamic,
+        longrope: ``plait.run.modules.layers.rope_tables`` for ``seq_len=seq``). A run trains one
+        length, so they are rebuilt at most once; learned positions (gpt) have no tables to extend."""
+        spec = self.spec
+        stale = seq > self.rope_cos.shape[0] or rope_depends_on_length(spec.rope_scaling)
+        if seq != self.rope_seq_len and stale and not spec.learned_positions:
+            self.rope_cos, self.rope_sin = rope_tables(
+                spec.head_dim, max(seq, spec.max_seq_len), self.rope_cos.device, spec.rope_theta, spec.rope_scaling,
+                seq_len=seq, max_positions=spec.max_seq_len)
+            self.rope_seq_len = seq
+        return self.rope_cos, self.rope_sin
 
     def tie_embeddings(self) -> None:
         """Share the LM head's weight with the token embedding (tied models holding both, else no-op).
@@ -252,7 +274,7 @@ class Transformer(nn.Module):
         global positions (int64, (seq,)) of the tokens of each sequence, when they are not 0..seq-1
         (a context-parallel rank's share of the sequence)."""
         h = self.embed(x, positions) if self.tok_embeddings is not None else x
-        cos, sin = self.rope_cos, self.rope_sin
+        cos, sin = self.rope_for(x.shape[1] * self.sequence_parts)
         if positions is not None:
             cos, sin = cos[positions], sin[positions]
         for layer in self.layers.values():
@@ -322,10 +344,12 @@ def init_weights(model: nn.Module, spec: ModelSpec, seed: int, device: torch.dev
             param.to_local().copy_(local)
         else:
             param.copy_(full)
-    cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, device, spec.rope_theta, spec.rope_scaling)
+    cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, device, spec.rope_theta, spec.rope_scaling,
+                           max_positions=spec.max_seq_len)
     for module in model.modules():
         if isinstance(module, MoEFeedForward):
             module.reset_buffers()
         if isinstance(module, Transformer):
             module.rope_cos = cos
             module.rope_sin = sin
+            module.rope_seq_len = spec.max_seq_len

@@ -31,8 +31,13 @@ presets read and write unchanged):
     start at 0); ``embed_scale`` (Gemma: embeddings times sqrt(hidden)); ``attn_scale`` (the
     score scale; 0 is 1/sqrt(head_dim)); ``rope_theta``, ``norm_eps``. None of these change
     parameters, FLOPs or saved activations.
-  * ``rope_scaling``: recorded as (key, value) pairs; changes no parameters, FLOPs or memory (it
-    only stretches the rotary frequencies). The runtime applies ``linear`` and ``llama3``.
+  * ``rope_scaling``: recorded as (key, value) pairs (``plait.spec.hf.families.hf_rope_scaling``'s
+    form, checked by ``rope_scaling_problems``); changes no parameters, FLOPs or memory (it only
+    stretches the rotary frequencies). The runtime applies every type: default, linear, dynamic,
+    llama3, yarn, longrope (``plait.run.modules.layers.rope_tables``).
+  * ``max_seq_len`` is the config's ``max_position_embeddings``: a hard limit only for learned
+    positions (``learned_positions``, arch=gpt); a RoPE model trains at any length, past it with a
+    warning (``plait.spec.validate.past_positions_warning``).
   * ``family``: the Hugging Face ``model_type`` the spec was read from (its weight names).
   * ``sinks`` (GPT-OSS): one learned sink logit per head, a softmax column no value goes with:
     n_heads parameters per layer; its FLOPs (one more score per query) and memory are negligible
@@ -62,6 +67,7 @@ import json
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
+from plait.spec.hf.families import rope_scaling_problems
 from plait.spec.moe import counts as moe_counts
 from plait.spec.moe.parts import MLASpec, MoESpec, coerce_parts
 from plait.spec.serialize import dataclass_from_dict, parse_json
@@ -87,7 +93,7 @@ class ModelSpec:
     n_heads: int
     n_kv_heads: int
     vocab: int
-    max_seq_len: int = 2048  # rows of the learned position table (gpt); RoPE context (llama)
+    max_seq_len: int = 2048  # rows of the learned position table (gpt); config's RoPE context, not a limit (llama)
     tied_embeddings: bool = False  # LM head shares the token-embedding matrix
     dropout: bool = False  # dropout layers present (their 1-byte masks are saved activations)
     # ---- features of Hugging Face models (module docstring); defaults are the plain architectures
@@ -176,10 +182,13 @@ class ModelSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 problems.append(f"{field}={value!r} must be a finite number > 0")
         if self.arch == "gpt":
-            llama_only = [f for f, default in (("qk_norm", "none"), ("norm_position", "pre"), ("norm_offset", False))
-                          if getattr(self, f) != default]
+            llama_only = [f for f, default in (("qk_norm", "none"), ("norm_position", "pre"), ("norm_offset", False),
+                                               ("rope_scaling", ())) if getattr(self, f) != default]
             if llama_only:
-                problems.append(f"{', '.join(llama_only)} apply to arch=llama (RMSNorm) only")
+                problems.append(f"{', '.join(llama_only)} apply to arch=llama (RMSNorm, RoPE) only")
+        elif isinstance(self.rope_scaling, tuple) and isinstance(self.head_dim, int):
+            rotary = self.mla.qk_rope_head_dim if isinstance(self.mla, MLASpec) else self.head_dim
+            problems += rope_scaling_problems(dict(self.rope_scaling), rotary)
         return problems
 
     # ----------------------------------------------------------------- shapes
@@ -192,6 +201,12 @@ class ModelSpec:
     def kv_hidden(self) -> int:
         """Width of the K (and of the V) projection: n_kv_heads · head_dim."""
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def learned_positions(self) -> bool:
+        """Positions are a learned table of ``max_seq_len`` rows (gpt): no sequence may be longer.
+        RoPE (llama) rotates by the position and runs at any length."""
+        return self.arch == "gpt"
 
     @property
     def gated(self) -> bool:

@@ -33,8 +33,14 @@ IGNORED = ("name", "family")  # fields that a round trip may change
 
 
 def _rope(spec: ModelSpec) -> dict:
-    params = {"rope_type": "default", **dict(spec.rope_scaling), "rope_theta": spec.rope_theta}
-    return {"rope_theta": spec.rope_theta, "rope_parameters": params}
+    """rope_theta and rope_parameters; the original context also at the top level, where Phi-3 reads
+    it first (its config class defaults it to 4096, over the dict's: ``hf_rope_scaling``)."""
+    scaling = dict(spec.rope_scaling)
+    params = {"rope_type": "default", **scaling, "rope_theta": spec.rope_theta}
+    out = {"rope_theta": spec.rope_theta, "rope_parameters": params}
+    if "original_max_position_embeddings" in scaling:
+        out["original_max_position_embeddings"] = scaling["original_max_position_embeddings"]
+    return out
 
 
 def _layer_types(spec: ModelSpec) -> list[str]:

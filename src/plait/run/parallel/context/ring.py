@@ -225,4 +225,5 @@ def apply_context_parallel(model, cp_mesh: DeviceMesh, impl: str = "ring") -> Se
     kernel = cp_kernel(impl, cp_mesh)
     for block in model.layers.values():
         block.attention.kernel = kernel
+    model.sequence_parts = cp_mesh.size()  # RoPE tables for the whole sequence (Transformer.rope_for)
     return sequence_shard_of(cp_mesh.get_group())
