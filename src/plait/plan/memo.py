@@ -17,19 +17,22 @@ and seconds.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 
 from plait.spec.layout import Layout
 
 MAX_ENTRIES = 1 << 16  # per function; a full cache is emptied and refilled (search-sized working sets)
 _CACHES: list[dict] = []
-_BY_VALUE = (int, float, str, bool, type(None))
+_BY_VALUE = frozenset((int, float, str, bool, type(None)))
 
 
 def by_layout_fields(*fields: str) -> Callable:
     """Decorator: cache ``fn(*args, **kwargs)`` under the ``fields`` of its ``Layout`` arguments, the
     value of its number/text arguments and the identity of the others. A ``dict`` result is copied on
     the way out, so a caller may change its copy."""
+    read = operator.attrgetter(*fields) if len(fields) > 1 else \
+        (lambda layout: getattr(layout, fields[0])) if fields else (lambda layout: ())
 
     def wrap(fn: Callable) -> Callable:
         cache: dict = {}
@@ -37,13 +40,14 @@ def by_layout_fields(*fields: str) -> Callable:
 
         @functools.wraps(fn)
         def cached(*args, **kwargs):
-            held = []  # arguments keyed by identity, kept alive by the entry
+            held = []  # arguments keyed by identity: the entry keeps them alive, so no other takes their id
             key = []
             for value in args:
-                if isinstance(value, _BY_VALUE):
+                kind = type(value)
+                if kind in _BY_VALUE:
                     key.append(value)
-                elif isinstance(value, Layout):
-                    key.append(tuple([getattr(value, name) for name in fields]))
+                elif kind is Layout:
+                    key.append(read(value))
                 else:
                     key.append(id(value))
                     held.append(value)
@@ -51,12 +55,12 @@ def by_layout_fields(*fields: str) -> Callable:
                 key.append(tuple(kwargs.items()))
             key = tuple(key)
             entry = cache.get(key)
-            if entry is None or any(a is not b for a, b in zip(entry[0], held)):
+            if entry is None:
                 if len(cache) >= MAX_ENTRIES:
                     cache.clear()
                 entry = cache[key] = (held, fn(*args, **kwargs))
             value = entry[1]
-            return dict(value) if isinstance(value, dict) else value
+            return dict(value) if type(value) is dict else value
 
         cached.uncached = fn
         return cached
