@@ -88,3 +88,20 @@ def test_a_calibration_for_the_plans_gpu_reprices_it_labelled(tmp_path, capsys):
     assert f"| step time | {duration(repriced)} |" in md and f"| step time saved in the plan file | {duration(saved)} |" in md
     assert "re-priced with the sweep's calibration" in md and "for a100-80g" in md
     assert "is for CPU" not in md
+
+
+def test_an_unreadable_saved_prediction_falls_back_to_the_defaults_and_says_so(tmp_path):
+    from plait.measure.report.plan_pricing import price_saved_plan
+
+    plan = tmp_path / "plan.json"
+    assert main([*PLAN_ARGS, str(plan)]) == 0
+    cal = tmp_path / "cpu.json"
+    cal.write_text(json.dumps(CPU_CALIBRATION))
+    data = json.loads(plan.read_text())
+    default = evaluate(*plan_parts_of(data)).step.step_time
+    for bad in (-1.0, 1e300, "0.1", True, None):  # (NaN: the strict JSON reader refuses the file)
+        data["prediction"]["time_items_s"]["compute"] = bad
+        plan.write_text(json.dumps(data))
+        priced = price_saved_plan(str(plan), read_calibration(cal), str(cal))
+        assert priced.plan.step.step_time == default  # the saved items are not drawn
+        assert "the plan file's prediction is unreadable" in priced.label and "is for CPU" in priced.notes[0]
