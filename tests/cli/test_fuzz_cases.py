@@ -115,3 +115,15 @@ def test_a_layout_order_that_is_not_text_is_one_line():
 
     with pytest.raises(PlaitError, match="order"):
         Layout.from_dict({"dp": 1, "order": {"a": 1}})
+
+
+@pytest.mark.parametrize("name", [{"a": 1}, [1, 2], 7])
+def test_a_model_file_whose_name_is_not_text_is_one_line(tmp_path, capsys, name):
+    # bench/fuzz_cli.py (plan, 10,000 cases, seed 0): the name reached the planner's cache as a key,
+    # "TypeError: unhashable type: 'dict'"
+    model = {"name": name, "arch": "llama", "n_layers": 4, "hidden": 64, "ffn_hidden": 176, "n_heads": 4,
+             "n_kv_heads": 2, "vocab": 512, "max_seq_len": 256, "tied_embeddings": False, "dropout": False}
+    (tmp_path / "model.json").write_text(json.dumps(model))
+    assert main(["plan", "--model", str(tmp_path / "model.json"), "--cluster", "dgx-h100", "--gpus", "2",
+                 "--global-batch", "8", "--seq-len", "64", "--layout", "dp=2"]) == 2
+    assert f"name={name!r} must be a string" in one_line(capsys)

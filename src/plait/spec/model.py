@@ -128,7 +128,7 @@ class ModelSpec:
                 object.__setattr__(self, "rope_scaling", rope_scaling_pairs(dict(self.rope_scaling)))
             except (TypeError, ValueError):
                 raise PlaitError(f"model {self.name!r}: rope_scaling must be an object of settings") from None
-        problems = []
+        problems = [] if isinstance(self.name, str) else [f"name={self.name!r} must be a string"]
         if self.head_dim is None:
             if isinstance(self.hidden, int) and isinstance(self.n_heads, int) and self.n_heads > 0:
                 if self.hidden % self.n_heads:
