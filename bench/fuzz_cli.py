@@ -35,6 +35,7 @@ from fuzz_inputs import CASES as BASE_CASES, ended_well, run_case  # noqa: E402
 from fuzz_more import MORE_CASES  # noqa: E402
 
 CASES = {**BASE_CASES, **MORE_CASES}
+PROGRESS_EVERY = 250  # cases between progress lines on stderr
 
 
 def where(output: str) -> str:
@@ -67,6 +68,7 @@ def fuzz(name: str, examples: int, seed: int, directory: Path, draw_every: int =
     failures: dict[str, tuple[list[str], str]] = {}
     bad = [0]
     drawn = [0]
+    start = time.perf_counter()
 
     @hypothesis.seed(seed)
     @hypothesis.settings(max_examples=examples, deadline=None, database=None, phases=[hypothesis.Phase.generate],
@@ -81,8 +83,12 @@ def fuzz(name: str, examples: int, seed: int, directory: Path, draw_every: int =
         if not ended_well(code, output):
             bad[0] += 1
             failures.setdefault(where(output), (case[0], output))
+        n = sum(codes.values())
+        if n % PROGRESS_EVERY == 0:  # a run stopped early still leaves what it ran
+            print(f"... {name} seed {seed}: {n} cases, exit 0/1/2 {codes[0]}/{codes[1]}/{codes[2]}, {bad[0]} bad "
+                  f"({'; '.join(failures) or 'none'}), {drawn[0]} drawn, {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr, flush=True)
 
-    start = time.perf_counter()
     one()
     return {"name": name, "examples": sum(codes.values()), "codes": dict(codes), "bad": bad[0], "drawn": drawn[0],
             "failures": failures, "seconds": time.perf_counter() - start}
