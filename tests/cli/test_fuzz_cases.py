@@ -127,3 +127,23 @@ def test_a_model_file_whose_name_is_not_text_is_one_line(tmp_path, capsys, name)
     assert main(["plan", "--model", str(tmp_path / "model.json"), "--cluster", "dgx-h100", "--gpus", "2",
                  "--global-batch", "8", "--seq-len", "64", "--layout", "dp=2"]) == 2
     assert f"name={name!r} must be a string" in one_line(capsys)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("sp", [1, 2], "sp=[1, 2] must be true or false (1 or 0)"),
+    ("reshard", {"a": 1}, "reshard={'a': 1} must be true or false (1 or 0)"),
+    ("opt_offload", "yes", "opt_offload='yes' must be true or false (1 or 0)"),
+    ("offload", "0.5", "offload='0.5' must be a fraction between 0 and 1"),
+])
+def test_a_plan_files_layout_switch_that_is_not_a_switch_is_one_line(tmp_path, capsys, key, value, message):
+    # bench/fuzz_cli.py (report, seed 2): a saved plan's "sp": [..] reached the planner's cache key,
+    # "TypeError: unhashable type: 'list'"; a text value was taken as true
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "2", "--global-batch", "8",
+                 "--seq-len", "64", "--layout", "dp=2", "--save", str(plan)]) == 0
+    capsys.readouterr()
+    data = json.loads(plan.read_text())
+    data["layout"][key] = value
+    plan.write_text(json.dumps(data))
+    assert main(["report", "--plan", str(plan), "--out", str(tmp_path / "r")]) == 2
+    assert message in one_line(capsys)
