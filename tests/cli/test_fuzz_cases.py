@@ -147,3 +147,16 @@ def test_a_plan_files_layout_switch_that_is_not_a_switch_is_one_line(tmp_path, c
     plan.write_text(json.dumps(data))
     assert main(["report", "--plan", str(plan), "--out", str(tmp_path / "r")]) == 2
     assert message in one_line(capsys)
+
+
+def test_a_published_run_with_300_million_layers_is_refused_not_built(tmp_path, capsys):
+    # bench/fuzz_cli.py (validate, seed 4): n_layers = 309,778,089 (under the 2^31 size cap) made the
+    # planner build per-layer lists of that length: minutes of CPU and 2.5 GB before the fuzzer's limit
+    header = "id,source,arch,n_layers,hidden,ffn_hidden,n_heads,n_kv_heads,vocab,seq_len,gpu_type,n_gpus,tp,pp,dp," \
+             "mbs,gbs,zero_stage,recompute,reported_mfu,reported_tokens_per_s_per_gpu"
+    row = "r1,Narayanan et al. 2021,gpt,309778089,2304,9216,24,24,51200,2048,a100,32,1,1,32,4,512,1,full,,3000"
+    (tmp_path / "runs.csv").write_text(f"{header}\n{row}\n")
+    out = tmp_path / "predictions.csv"
+    assert main(["validate", "--runs", str(tmp_path / "runs.csv"), "--json", "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["unsupported"] == 1
+    assert "n_layers=309778089 is more than 10,000" in out.read_text()
