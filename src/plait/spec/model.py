@@ -78,7 +78,8 @@ NORM_POSITIONS = ("pre", "post", "sandwich")
 LOCAL_LAYERS = ("all", "even")
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 
-MAX_DIMENSION = 2**31  # largest layer count, width, head count, vocabulary or context a ModelSpec takes
+MAX_DIMENSION = 2**31  # largest width, head count, vocabulary or context a ModelSpec takes
+MAX_LAYERS = 10_000  # largest layer count: the planner builds lists over a stage's layers (as hf_config's cap)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class ModelSpec:
                 object.__setattr__(self, "rope_scaling", rope_scaling_pairs(dict(self.rope_scaling)))
             except (TypeError, ValueError):
                 raise PlaitError(f"model {self.name!r}: rope_scaling must be an object of settings") from None
-        problems = []
+        problems = [] if isinstance(self.name, str) else [f"name={self.name!r} must be a string"]
         if self.head_dim is None:
             if isinstance(self.hidden, int) and isinstance(self.n_heads, int) and self.n_heads > 0:
                 if self.hidden % self.n_heads:
@@ -151,6 +152,8 @@ class ModelSpec:
                 problems.append(f"{field}={value!r} must be a positive integer")
             elif value > MAX_DIMENSION:  # larger sizes overflow the planner's float arithmetic
                 problems.append(f"{field}={value} is more than {MAX_DIMENSION} (2^31)")
+            elif field == "n_layers" and value > MAX_LAYERS:  # a list of 3e8 layers took minutes and 2.5 GB
+                problems.append(f"n_layers={value} is more than {MAX_LAYERS:,}")
         if not problems:
             problems += coerce_parts(self)
         if not problems:
