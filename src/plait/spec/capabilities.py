@@ -31,6 +31,7 @@ RUNTIME_RULES = (
     "runtime-seq-len", "runtime-compile-zero-bubble", "runtime-async-tp-device", "runtime-async-tp-compile",
     "runtime-async-tp-sp", "runtime-attn-softcap", "runtime-qk-norm-tp", "runtime-norm-position-sp",
     "runtime-cp-attention-options", "runtime-logit-softcap-loss", "runtime-rope-scaling", "runtime-moe",
+    "runtime-doc-mask-cp-torch",
 )
 RUNTIME_ROPE_SCALINGS = ("linear", "llama3")  # rope_scaling types plait.run.modules.layers applies
 
@@ -65,6 +66,9 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
     if lay.pp > 1 and model.tied_embeddings:
         out.append(("runtime-tied-embeddings-pp", f"model {model.name} ties its embeddings, which needs the first "
                     "and last pipeline stage on one GPU; use pp=1"))
+    if job.doc_len and lay.cp > 1 and lay.cp_impl == "torch":
+        out.append(("runtime-doc-mask-cp-torch", "document masks (--doc-mask) with cp_impl=torch: PyTorch's ring "
+                    "attention takes no mask; use cp_impl=ring, allgather or ulysses"))
     if job.seq_len > model.max_seq_len:
         out.append(("runtime-seq-len", f"seq_len={job.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"))
     return out + _model_feature_rules(model, lay) + _moe_rules(model, lay)
