@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, help="GPUs in the job (default: one node)")
     parser.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    parser.add_argument("--doc-len", metavar="L|FILE",
+                        help="packed documents with a document mask (plait train --doc-mask): their mean length "
+                             "in tokens, or a token file to measure it from; attention is priced within documents")
     parser.add_argument("--calibration", help="calibration JSON replacing the default cost parameters")
     parser.add_argument("--stack", default="plait",
                         help="the training software to plan for: plait (plait train, the default), megatron-core, "
@@ -54,6 +57,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
 
 
+def doc_len_of(given: str | None) -> int:
+    """--doc-len: a mean document length in tokens, or the one measured from a token file (0: not given)."""
+    if given is None:
+        return 0
+    if given.strip().isdigit():
+        if int(given) < 1:
+            raise PlaitError(f"--doc-len {given}: a document holds at least 1 token")
+        return int(given)
+    from plait.run.data.tokens import TokenFile
+
+    length = TokenFile(given).mean_document_length()
+    if length is None:
+        raise PlaitError(f"--doc-len {given}: the token file records no end-of-text id to count documents by; "
+                         "give the mean document length in tokens")
+    return length
+
+
 def run(args) -> int:
     from plait.cli.support import tables as report
     from plait.plan.plan import evaluate
@@ -71,7 +91,7 @@ def run(args) -> int:
     if args.gpus is not None and args.gpus < 1:
         raise PlaitError(f"--gpus {args.gpus}: need at least one GPU")
     cluster = cluster.with_gpus(args.gpus if args.gpus is not None else cluster.gpus_per_node)
-    job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
+    job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len, doc_len=doc_len_of(args.doc_len))
     params, cluster = cost_params(args.calibration, cluster)
     stack, params, cluster = _for_stack(args, params, cluster)
     runtime, own = stack.runtime, stack.is_plait  # another stack's layouts are priced for that software

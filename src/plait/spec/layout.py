@@ -309,12 +309,6 @@ class JobSpec:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
-    @property
-    def attended_len(self) -> int:
-        """Tokens one query's document spans at most: ``doc_len`` capped at ``seq_len`` (``seq_len``
-        without a document mask)."""
-        return min(self.doc_len, self.seq_len) if self.doc_len else self.seq_len
-
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         if not self.doc_len:  # plans without documents read as before
