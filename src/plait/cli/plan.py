@@ -7,7 +7,7 @@ import dataclasses
 import json
 import sys
 
-from plait.cli.support.common import console, cost_params
+from plait.cli.support.common import console, cost_params, doc_len_of
 from plait.cli.jobfile.read import add_config_flags
 from plait.errors import PlaitError
 
@@ -55,23 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rank every layout the planner models, also those plait train does not run yet "
                              "(marked *); --save then writes such a layout too")
     add_config_flags(parser)
-
-
-def doc_len_of(given: str | None) -> int:
-    """--doc-len: a mean document length in tokens, or the one measured from a token file (0: not given)."""
-    if given is None:
-        return 0
-    if given.strip().isdigit():
-        if int(given) < 1:
-            raise PlaitError(f"--doc-len {given}: a document holds at least 1 token")
-        return int(given)
-    from plait.run.data.tokens import TokenFile
-
-    length = TokenFile(given).mean_document_length()
-    if length is None:
-        raise PlaitError(f"--doc-len {given}: the token file records no end-of-text id to count documents by; "
-                         "give the mean document length in tokens")
-    return length
 
 
 def run(args) -> int:
