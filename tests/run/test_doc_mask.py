@@ -8,8 +8,10 @@
     vocabulary, through every layer). Without the mask the loss differs by far more than that.
   * The context-parallel kernels (ring, all-gather, Ulysses) given the rows' document ids equal
     SDPA with the whole rows' mask on each rank's tokens (``tolerances.attention_atol``).
-  * Training on a packed token file with --doc-mask under cp=2 (ring and all-gather) and pp=2
-    matches the single-process doc-masked run (tests/run/test_runtime_parity.py's bars).
+  * Training on a packed token file with --doc-mask under cp=2 (ring and all-gather), pp=2 and
+    tp=2 with sequence parallelism matches the single-process doc-masked run
+    (tests/run/test_runtime_parity.py's bars); that run differs from the unmasked one.
+  * ``plait data prepare`` records the end-of-text id in the token file's header.
   * Refusals, one line each: --doc-mask on synthetic data, on a token file that records no
     end-of-text id, and with cp_impl=torch (rule runtime-doc-mask-cp-torch).
 """
@@ -87,7 +89,7 @@ def packed(tmp_path_factory):
     return path, doc_mask_tasks.reference_packed(path)
 
 
-@pytest.mark.parametrize("layout", ["cp=2", "cp=2,cp_impl=allgather", "pp=2"])
+@pytest.mark.parametrize("layout", ["cp=2", "cp=2,cp_impl=allgather", "pp=2", "tp=2"])
 def test_doc_masked_training_matches_one_process(dist_pool, packed, layout):
     path, reference = packed
     out = dist_pool(2).run(doc_mask_tasks.train_packed, layout, path, timeout=180)
@@ -119,3 +121,16 @@ def test_the_reference_run_masks_documents(packed):
     unmasked = doc_mask_tasks.reference_unmasked(path)
     first = reference["losses"][0]
     assert abs(unmasked["losses"][0] - first) > 10 * tolerances.LOSS_RTOL * first
+
+
+def test_prepare_records_the_end_of_text_id(tmp_path):
+    from plait.run.data.tokens import TokenFile, prepare
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, text in (("a.txt", "one two"), ("b.txt", "three"), ("c.txt", "four five six")):
+        (corpus / name).write_text(text)
+    summary = prepare([corpus], tmp_path / "out.tok")
+    tokens = TokenFile(tmp_path / "out.tok")
+    assert tokens.eos_id == summary["eos_id"] == 256  # the byte tokenizer's end of text
+    assert tokens.mean_document_length() == round(summary["n_tokens"] / 3) == round((8 + 6 + 14) / 3)
