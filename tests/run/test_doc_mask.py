@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 
@@ -134,3 +135,23 @@ def test_prepare_records_the_end_of_text_id(tmp_path):
     tokens = TokenFile(tmp_path / "out.tok")
     assert tokens.eos_id == summary["eos_id"] == 256  # the byte tokenizer's end of text
     assert tokens.mean_document_length() == round(summary["n_tokens"] / 3) == round((8 + 6 + 14) / 3)
+
+
+def test_flex_block_mask_is_the_document_mask():
+    """The CUDA kernel's block mask (FlexAttention, forward only: it has no backward on the CPU)
+    selects the same pairs as SDPA's boolean mask, with and without a window; built once per
+    rows and window."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    from plait.run.modules.documents import block_mask_of, row_mask
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 16, generator=generator) for _ in range(3))
+    rows = torch.from_numpy(doc_mask_tasks.packed_tokens(doc_mask_tasks.document_lengths(40, 2, longest=30), 2)[:128])
+    documents = document_ids(rows.view(2, 64), doc_mask_tasks.EOS)
+    for window in (0, 5):
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*without torch.compile")  # eager: the reference path
+            got = flex.flex_attention(q, k, v, block_mask=block_mask_of(documents, window, 64))
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=row_mask(documents, window))
+        assert (got - want).abs().max() <= tolerances.attention_atol(64, 16, 4.0)
+    assert block_mask_of(documents, 5, 64) is block_mask_of(documents, 5, 64)

@@ -75,7 +75,10 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-_LAST_BLOCK_MASK: list = []  # [(key, block mask)]: the layers of one forward share their row's mask
+# [(documents, version, window, seq, block mask)] of the latest rows, one per window (local and global
+# layers): the layers of one forward share their rows' masks. An entry holds the documents tensor
+# itself, so that no other tensor can take its id while it is cached.
+_BLOCK_MASKS: list = []
 
 
 def block_mask_of(documents: torch.Tensor, window: int, seq: int, cache: bool = True):
@@ -83,9 +86,12 @@ def block_mask_of(documents: torch.Tensor, window: int, seq: int, cache: bool = 
     ``cache``: built once per (documents tensor, window) and reused by the layers that follow."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    key = (id(documents), documents._version, window, seq)
-    if cache and _LAST_BLOCK_MASK and _LAST_BLOCK_MASK[0][0] == key:
-        return _LAST_BLOCK_MASK[0][1]
+    if cache:
+        _BLOCK_MASKS[:] = [entry for entry in _BLOCK_MASKS
+                           if entry[0] is documents and entry[1:4:2] == (documents._version, seq)]
+        for _, _, cached_window, _, mask in _BLOCK_MASKS:
+            if cached_window == window:
+                return mask
 
     def mask_mod(b, h, q_idx, kv_idx):
         allowed = (q_idx >= kv_idx) & (documents[b, q_idx] == documents[b, kv_idx])
@@ -93,7 +99,7 @@ def block_mask_of(documents: torch.Tensor, window: int, seq: int, cache: bool = 
 
     mask = create_block_mask(mask_mod, documents.shape[0], None, seq, seq, device=documents.device)
     if cache:
-        _LAST_BLOCK_MASK[:] = [(key, mask)]
+        _BLOCK_MASKS.append((documents, documents._version, window, seq, mask))
     return mask
 
 
