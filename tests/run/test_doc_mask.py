@@ -9,7 +9,7 @@
   * The context-parallel kernels (ring, all-gather, Ulysses) given the rows' document ids equal
     SDPA with the whole rows' mask on each rank's tokens (``tolerances.attention_atol``).
   * Training on a packed token file with --doc-mask under cp=2 (ring and all-gather), pp=2 and
-    tp=2 with sequence parallelism matches the single-process doc-masked run
+    tp=2 with sequence parallelism (also GPT's learned positions) matches the single-process doc-masked run
     (tests/run/test_runtime_parity.py's bars); that run differs from the unmasked one.
   * ``plait data prepare`` records the end-of-text id in the token file's header.
   * Refusals, one line each: --doc-mask on synthetic data, on a token file that records no
@@ -115,6 +115,13 @@ def test_doc_mask_refusals_are_one_line(capsys, tmp_path):
         code, _, err = run_inline(capsys, *base, *args)
         assert code == 2 and expected in err and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1, err
+
+
+def test_learned_positions_restart_per_document_under_sequence_parallelism(dist_pool, packed):
+    """GPT's position table is looked up per row; sp's plan splits its output along the sequence."""
+    path, _ = packed
+    out = dist_pool(2).run(doc_mask_tasks.train_packed, "tp=2", path, model="tiny-gpt", timeout=180)
+    assert_same_training(out[0], doc_mask_tasks.reference_packed(path, model="tiny-gpt"), "tp=2 tiny-gpt")
 
 
 def test_the_reference_run_masks_documents(packed):

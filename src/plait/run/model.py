@@ -252,7 +252,11 @@ class Transformer(nn.Module):
         if self.pos_embeddings is not None:
             if positions is None:
                 positions = torch.arange(tokens.shape[1], device=tokens.device)
-            h = h + self.pos_embeddings(positions)
+            if positions.dim() == 2:  # per row (packed documents): looked up sequence-major, so that sequence
+                # parallelism's plan of the table's output (Shard(0)) splits the sequence, not the batch
+                h = h + self.pos_embeddings(positions.t()).transpose(0, 1)
+            else:
+                h = h + self.pos_embeddings(positions)
         return h
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
