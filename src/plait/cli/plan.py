@@ -8,7 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from plait.cli.support.common import console, cost_params, warn
+from plait.cli.support.common import console, cost_params, doc_len_of, warn
 from plait.cli.jobfile.read import add_config_flags
 from plait.errors import PlaitError
 from plait.spec.units import GIB
@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, help="GPUs in the job (default: one node)")
     parser.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    parser.add_argument("--doc-len", metavar="L|FILE",
+                        help="packed documents with a document mask (plait train --doc-mask): their mean length "
+                             "in tokens, or a token file to measure it from; attention is priced within documents")
     parser.add_argument("--calibration", help="calibration JSON replacing the default cost parameters")
     parser.add_argument("--stack", default="plait",
                         help="the training software to plan for: plait (plait train, the default), megatron-core, "
@@ -134,7 +137,7 @@ def _request(args) -> _Request:
     if args.gpus is not None and args.gpus < 1:
         raise PlaitError(f"--gpus {args.gpus}: need at least one GPU")
     cluster = cluster.with_gpus(args.gpus if args.gpus is not None else cluster.gpus_per_node)
-    job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
+    job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len, doc_len=doc_len_of(args.doc_len))
     calibration = None
     if args.calibration:
         from plait.plan.calibration import read_calibration

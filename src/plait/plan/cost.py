@@ -154,7 +154,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         times = moe_layer_times(model, gpu, params, lay, tokens, job.seq_len, runtime)
     else:
         times = layer_times(model, gpu, params, tokens, job.seq_len, lay.tp, lay.cp,
-                            lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime, lay.cp_impl)
+                            lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime, lay.cp_impl,
+                            job.doc_len)
     groups = _groups(lay, cluster.gpus_per_node)
     layers = stage_layers(model, lay) * lay.vpp  # layers on the most loaded GPU
     n_ckpt = checkpointed_layer_count(model, lay, layers)

@@ -54,6 +54,7 @@ from plait.run.modules.layers import (
     rope_depends_on_length,
     rope_tables,
 )
+from plait.run.modules.documents import document_positions
 from plait.run.modules.moe import MoEFeedForward
 from plait.spec.model import ModelSpec
 from plait.spec.moe.parts import is_moe_layer
@@ -145,7 +146,9 @@ class Attention(nn.Module):
         self.kernel = core_attention  # eager_attention for Layout.attn == "eager"
         self.fused_qkv = False  # one GEMM for Q, K and V (qkv_projection); RuntimeConfig.qkv == "fused"
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
+        """``documents``: the rows' document ids (batch, whole seq), with --doc-mask (``Transformer.forward``)."""
         batch, seq, _ = x.shape
         # view(..., -1, head_dim): under tensor parallelism each rank holds a subset of heads
         if self.fused_qkv:
@@ -158,10 +161,12 @@ class Attention(nn.Module):
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
-            q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
+            cos, sin = cos[..., :seq, :], sin[..., :seq, :]  # tables (seq, d/2) or, per row, (batch, seq, d/2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         dropout_p = self.dropout_p if self.training else 0.0
-        kernel = functools.partial(self.kernel, **self.kernel_options) if self.kernel_options else self.kernel
+        options = self.kernel_options if documents is None else {**self.kernel_options, "documents": documents}
+        kernel = functools.partial(self.kernel, **options) if options else self.kernel
         if self.recompute_core:
             out = checkpoint(kernel, q, k, v, dropout_p, use_reentrant=False)
         else:
@@ -204,8 +209,11 @@ class Block(nn.Module):
         p = DROPOUT if spec.dropout else 0.0
         self.dropout = nn.Dropout(p) if p else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        a = self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
+        # documents as a keyword: tensor parallelism's input plan of the attention names its 3 positional inputs
+        a = self.attention(self.attention_norm(x), cos, sin) if documents is None else \
+            self.attention(self.attention_norm(x), cos, sin, documents=documents)
         if self.attention_post_norm is not None:
             a = self.attention_post_norm(a)
         h = x + self.dropout(a)
@@ -266,19 +274,30 @@ class Transformer(nn.Module):
         if self.pos_embeddings is not None:
             if positions is None:
                 positions = torch.arange(tokens.shape[1], device=tokens.device)
-            h = h + self.pos_embeddings(positions)
+            if positions.dim() == 2:  # per row (packed documents): looked up sequence-major, so that sequence
+                # parallelism's plan of the table's output (Shard(0)) splits the sequence, not the batch
+                h = h + self.pos_embeddings(positions.t()).transpose(0, 1)
+            else:
+                h = h + self.pos_embeddings(positions)
         return h
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
         """``x``: token ids (batch, seq), or a pipeline stage's input activations. ``positions``: the
         global positions (int64, (seq,)) of the tokens of each sequence, when they are not 0..seq-1
-        (a context-parallel rank's share of the sequence)."""
+        (a context-parallel rank's share of the sequence). ``documents`` (--doc-mask): the document
+        ids (int64, (batch, whole seq)) of the rows (``plait.run.modules.documents``): attention
+        stays within each document and positions (RoPE angles, learned positions) restart at 0 in
+        every document."""
+        if documents is not None:  # per-row positions within the documents, at this rank's tokens
+            within = document_positions(documents)
+            positions = within if positions is None else within[:, positions]
         h = self.embed(x, positions) if self.tok_embeddings is not None else x
         cos, sin = self.rope_for(x.shape[1] * self.sequence_parts)
         if positions is not None:
             cos, sin = cos[positions], sin[positions]
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin) if documents is None else layer(h, cos, sin, documents)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None and not self.returns_hidden:

@@ -32,6 +32,7 @@ RUNTIME_RULES = (
     "runtime-seq-len", "runtime-compile-zero-bubble", "runtime-async-tp-device", "runtime-async-tp-compile",
     "runtime-async-tp-sp", "runtime-attn-softcap", "runtime-qk-norm-tp", "runtime-norm-position-sp",
     "runtime-cp-attention-options", "runtime-logit-softcap-loss", "runtime-moe",
+    "runtime-doc-mask-cp-torch",
 )
 # rope_scaling types plait.run.modules.layers applies besides plain RoPE: every type a ModelSpec takes
 RUNTIME_ROPE_SCALINGS = tuple(kind for kind in ROPE_TYPES if kind != "default")
@@ -67,6 +68,9 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
     if lay.pp > 1 and model.tied_embeddings:
         out.append(("runtime-tied-embeddings-pp", f"model {model.name} ties its embeddings, which needs the first "
                     "and last pipeline stage on one GPU; use pp=1"))
+    if job.doc_len and lay.cp > 1 and lay.cp_impl == "torch":
+        out.append(("runtime-doc-mask-cp-torch", "document masks (--doc-mask) with cp_impl=torch: PyTorch's ring "
+                    "attention takes no mask; use cp_impl=ring, allgather or ulysses"))
     if model.learned_positions and job.seq_len > model.max_seq_len:  # RoPE runs past it (a warning, not a rule)
         out.append(("runtime-seq-len", positions_limit_message(model, job.seq_len)))
     return out + _model_feature_rules(model, lay) + _moe_rules(model, lay)

@@ -116,10 +116,23 @@ def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarge
     config = RunConfig(
         job=TrainJob(model=model, layout=target.layout or Layout(dp=options.world_size),
                      global_batch=target.global_batch, seq_len=target.seq_len,
-                     **{**job, "data": data, "init_from": init_from}, data_id=data_id),
+                     **{**job, "data": data, "init_from": init_from}, data_id=data_id,
+                     **documents_of(data, job["doc_mask"])),
         optim=optim, runtime=section_of(request, RuntimeConfig, gpu=request.gpu or target.gpu),
         observe=section_of(request, LogConfig))
     return dataclasses.replace(config, eval=eval_config(request, config.job))
+
+
+def documents_of(data: str, doc_mask: bool) -> dict:
+    """--doc-mask's ``eos_id`` and ``doc_len`` (mean document length, tokens) of the token file
+    ``data``, read from its header and its first tokens; {} without --doc-mask or a token file
+    (``TrainJob`` then refuses synthetic data in one line)."""
+    if not doc_mask or data == "synthetic":
+        return {}
+    from plait.run.data.tokens import TokenFile
+
+    tokens = TokenFile(data)
+    return {"eos_id": tokens.eos_id, "doc_len": tokens.mean_document_length()}
 
 
 def check_decay_fraction(request: TrainRequest, optim: OptimConfig) -> None:

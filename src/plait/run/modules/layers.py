@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plait.errors import PlaitError
+from plait.run.modules.documents import flex_document_attention, flex_runs, row_mask
 from plait.spec.capabilities import RUNTIME_ROPE_SCALINGS
 from plait.spec.model import ModelSpec
 
@@ -200,11 +201,13 @@ def rope_tables(head_dim: int, max_seq_len: int, device: torch.device | str, the
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., 2i], x[..., 2i+1]) of x (batch, seq, heads, head_dim)."""
+    """Rotate pairs (x[..., 2i], x[..., 2i+1]) of x (batch, seq, heads, head_dim); ``cos``/``sin`` are
+    (seq, head_dim // 2) tables, or (batch, seq, head_dim // 2) when each row has its own positions
+    (packed documents, ``plait.run.modules.documents``)."""
     pairs = x.float().unflatten(-1, (-1, 2))
     real, imag = pairs[..., 0], pairs[..., 1]
-    cos = cos[None, :, None, :]
-    sin = sin[None, :, None, :]
+    cos = (cos if cos.dim() == 3 else cos[None])[:, :, None, :]
+    sin = (sin if sin.dim() == 3 else sin[None])[:, :, None, :]
     rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
     return rotated.flatten(-2).type_as(x)
 
@@ -218,21 +221,30 @@ def attention_mask(seq: int, window: int, device) -> torch.Tensor:
 
 
 def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, *, window: int = 0,
-                   scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
+                   scale: float | None = None, softcap: float = 0.0,
+                   documents: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of (batch, heads, seq, head_dim) tensors; K/V heads are repeated for GQA.
 
     A sliding window passes its boolean mask to SDPA (the memory-efficient or math kernel: the
-    flash kernel takes no mask). Soft-capped scores need the eager kernel (``attn=eager``)."""
+    flash kernel takes no mask). Soft-capped scores need the eager kernel (``attn=eager``).
+    ``documents`` (batch, seq): within-document attention, by FlexAttention's block mask on CUDA
+    without dropout, else SDPA with the boolean mask (``plait.run.modules.documents``)."""
     if softcap:
         raise PlaitError("attention soft-capping (Gemma-2's attn_logit_softcapping) runs only with eager "
                          "attention: use attn=eager")
-    mask = attention_mask(q.shape[2], window, q.device) if window else None
+    if documents is not None and flex_runs(q, dropout_p):
+        return flex_document_attention(q, k, v, documents, window, scale)
+    if documents is not None:
+        mask = row_mask(documents, window)
+    else:
+        mask = attention_mask(q.shape[2], window, q.device) if window else None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None,
                                           scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, *, window: int = 0,
-                    scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
+                    scale: float | None = None, softcap: float = 0.0,
+                    documents: torch.Tensor | None = None) -> torch.Tensor:
     """The same as ``core_attention`` with the (seq × seq) probabilities materialized (attn=eager).
 
     Plain PyTorch attention as Hugging Face's and Megatron's unfused paths write it: the softmax
@@ -247,7 +259,7 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    mask = ~attention_mask(seq, window, q.device)
+    mask = ~(attention_mask(seq, window, q.device) if documents is None else row_mask(documents, window))
     probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
     probs = F.dropout(probs, p=dropout_p)
     return probs @ v
