@@ -101,6 +101,7 @@ def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarge
         from plait.run.checkpoint.hf.files import check_model_dir
 
         init_from = str(check_model_dir(request.init_from))
+        check_weight_table(init_from)
     model = target.model
     if target.plan is None:
         if not (model or init_from):
@@ -120,6 +121,18 @@ def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarge
         optim=optim, runtime=section_of(request, RuntimeConfig, gpu=request.gpu or target.gpu),
         observe=section_of(request, LogConfig))
     return dataclasses.replace(config, eval=eval_config(request, config.job))
+
+
+def check_weight_table(directory: str) -> None:
+    """One line, before any worker starts, for an ``--init-from`` checkpoint whose family has no weight-name
+    table (``plait.run.checkpoint.hf.map``: DeepSeek-V3, GPT-OSS...); the tensors are checked by the workers."""
+    from plait.run.checkpoint.hf.files import read_config
+    from plait.run.checkpoint.hf.map import family_of_model_type
+
+    try:
+        family_of_model_type(str(read_config(directory).get("model_type", "")).lower())
+    except PlaitError as exc:
+        raise PlaitError(f"--init-from {directory}: {exc}") from None
 
 
 def check_decay_fraction(request: TrainRequest, optim: OptimConfig) -> None:

@@ -131,10 +131,10 @@ def hf_config_of(spec: ModelSpec, dtype: str = "float32") -> dict:
     PlaitError naming what no family's config can hold."""
     moe = spec.moe is not None or spec.mla is not None
     families = (spec.family,) if spec.family else (hf_write.CANDIDATES if moe else CANDIDATES[spec.arch])
-    if spec.family in hf_write.NOT_WRITTEN or spec.mla is not None:
-        raise PlaitError(f"model {spec.name}: plait cannot export {hf_write.NOT_WRITTEN.get(spec.family, 'an MLA model')}"
-                         f" in a Hugging Face format yet (it exports the mixture-of-experts families "
-                         f"{', '.join(hf_write.ARCHITECTURES)})")
+    missing = hf_write.unwritten(spec)
+    if missing:
+        raise PlaitError(f"model {spec.name}: plait cannot export {missing} in a Hugging Face format yet (it exports "
+                         f"the mixture-of-experts families {', '.join(hf_write.ARCHITECTURES)})")
     if spec.family and (spec.family in hf_write.ARCHITECTURES) != moe and spec.family in {**ARCHITECTURES,
                                                                                           **hf_write.ARCHITECTURES}:
         raise PlaitError(f"model {spec.name}: a {spec.family} config.json cannot express "

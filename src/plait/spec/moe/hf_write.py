@@ -19,6 +19,17 @@ NOT_WRITTEN = {"deepseek_v2": "multi-head latent attention", "deepseek_v3": "mul
                "gpt_oss": "attention sinks, router and expert biases and the clamped SwiGLU"}
 
 
+def unwritten(spec: ModelSpec) -> str | None:
+    """What of ``spec`` no family plait writes can hold (``NOT_WRITTEN``'s words), or None."""
+    moe = spec.moe
+    if spec.mla is not None or spec.family.startswith("deepseek"):
+        return NOT_WRITTEN["deepseek_v3"]
+    if spec.sinks or spec.family == "gpt_oss" or (moe is not None and (moe.router_bias or moe.expert_bias
+                                                                          or moe.activation != "silu")):
+        return NOT_WRITTEN["gpt_oss"]
+    return None
+
+
 def moe_config_for(spec: ModelSpec, family: str, rope: dict) -> dict:
     """The body of the config.json of MoE ``spec`` as a ``family`` model (``rope``: rope_theta and
     rope_parameters, as ``plait.spec.hf.writer`` writes them), unchecked."""

@@ -63,6 +63,9 @@ def runtime_mismatches(config: dict, directory: str | Path, spec: ModelSpec) -> 
         value = config.get(key, default)
         if name == family and value != used:
             out.append(f"{key}={value!r} (plait's runtime runs {used!r})")
+    routing = [(moe and dataclasses.replace(moe, aux_loss_coef=0.0, capacity_factor=0.0)) for moe in (read.moe, spec.moe)]
+    if routing[0] != routing[1]:  # top-k, normalization, router: outputs; the training knobs are the run's
+        out.append(f"moe={read.moe} (model {spec.name} has {spec.moe})")
     kind = dict(read.rope_scaling).get("rope_type", "default")
     if kind not in ("default",) + ROPE_SCALINGS:
         out.append(f"rope_scaling type {kind!r} (plait's runtime applies {', '.join(ROPE_SCALINGS)})")
