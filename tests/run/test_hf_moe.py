@@ -109,3 +109,16 @@ def test_export_writes_the_moe_families_plait_trains(tmp_path):
     for family in hf_models.MOE_FAMILIES:
         spec = model_from_hf_config(hf_models.family_config(family, tmp_path / family))
         assert hf_config_of(spec)["model_type"] == family
+
+
+def test_the_launcher_asks_for_the_weight_table_without_importing_torch():
+    script = ("import builtins\nreal = builtins.__import__\n"
+              "def guarded(name, *a, **k):\n"
+              "    if name == 'torch' or name.startswith('torch.'):\n"
+              "        raise ImportError('torch imported')\n"
+              "    return real(name, *a, **k)\n"
+              "builtins.__import__ = guarded\n"
+              "from plait.run.checkpoint.hf.map import family_of_model_type\n"
+              "assert family_of_model_type('qwen3_moe').name == 'qwen_moe'\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -7,7 +7,8 @@ loss. After the step's backward, ``local_health`` gathers them (and each sigmoid
 spread) into one flat fp32 vector with a slot for every MoE layer of the model, zero in the slots
 of layers this rank does not hold (other pipeline stages), and zeroes the buffers. The vector
 rides in the step's loss all-reduce (``plait.run.step.reduce_loss_and_stop``): no collective and
-no host read of its own. ``summarize`` turns the world's sum into ``FIELDS`` on the device, where
+no host read of its own; it is L·(E + 4) fp32 values for L MoE layers of E experts (60 KB for
+DeepSeek-V3's 58 layers of 256). ``summarize`` turns the world's sum into ``FIELDS`` on the device, where
 they wait with the loss and gradient norm for the next sync step (``plait.run.pending``);
 ``health_fields`` names them on the host.
 

@@ -7,7 +7,10 @@ epsilon and placement, activation, soft-caps, sliding window...), every plait pa
 Hugging Face tensor with the shape the model needs, every Hugging Face tensor has a place in the
 model - and refuses with the first problem by name. Then each rank reads, from the memory-mapped safetensors files, the full tensors of the parameters it holds (a
 pipeline stage only its own layers'), converts them (``plait.run.checkpoint.hf.map``) and keeps
-its shard, as ``plait.run.model.init_weights`` does with random values: no communication.
+its shard, as ``plait.run.model.init_weights`` does with random values: no communication. An MoE
+layer's routed experts are one plait tensor (E, in, out) and E Hugging Face tensors: a rank reads
+the E of its layers and keeps its experts (``row_instances`` lists them one by one, ``read_row``
+stacks them).
 The optimizer starts fresh (AdamW state zero at step 0).
 """
 
