@@ -204,7 +204,7 @@ class Block(nn.Module):
         self.attention_post_norm = make_norm(spec) if post else None
         self.ffn_norm = make_norm(spec) if pre else nn.Identity()
         # an MoE layer's MLP is routed experts (+ shared experts): plait.run.modules.moe
-        self.feed_forward = MoEFeedForward(spec) if is_moe_layer(spec, index) else FeedForward(spec)
+        self.feed_forward = MoEFeedForward(spec, index) if is_moe_layer(spec, index) else FeedForward(spec)
         self.ffn_post_norm = make_norm(spec) if post else None
         p = DROPOUT if spec.dropout else 0.0
         self.dropout = nn.Dropout(p) if p else nn.Identity()

@@ -29,6 +29,7 @@ from plait.run.config import RunConfig, TrainJob
 from plait.run.data.prefetch import to_device
 from plait.run.faults import FaultPlan
 from plait.run.modules.documents import document_ids
+from plait.run.observe.router import local_health, summarize
 from plait.run.optim import clip_grad_norm, lr_at, set_lr
 from plait.run.parallel.context.shard import sequence_shard_of
 from plait.run.parallel.expert import balance_routers
@@ -123,14 +124,17 @@ def pipeline_loss(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tensor, 
 
 
 def reduce_loss_and_stop(local_loss: torch.Tensor | None, pdims: ParallelDims, device: torch.device,
-                         stop: bool) -> torch.Tensor:
-    """[the global batch's mean token loss, the number of ranks asking to stop], the same on every
-    rank: one all-reduce of two fp32 values, left on the device (no host read)."""
-    value = torch.zeros(2, device=device, dtype=torch.float32)
+                         stop: bool, extra: torch.Tensor | None = None) -> torch.Tensor:
+    """[the global batch's mean token loss, the number of ranks asking to stop, *``extra`` summed over
+    every rank], the same on every rank: one all-reduce of fp32 values, left on the device (no host
+    read). ``extra``: the MoE routers' figures (``plait.run.observe.router.local_health``)."""
+    value = torch.zeros(2 + (0 if extra is None else extra.numel()), device=device, dtype=torch.float32)
     if local_loss is not None and pdims.loss_owner:
         value[0] += local_loss.float()
     if stop:
         value[1].fill_(1.0)
+    if extra is not None:
+        value[2:] = extra
     dist.all_reduce(value)
     value[0].div_(pdims.grad_sync_size)  # dp·cp loss owners, each with an equal share of tokens
     return value
@@ -205,9 +209,11 @@ def train_step(setup: StepSetup, step: int, ledger: StepLedger, stop=None, sync:
     local = forward_backward(setup.parts, pdims, inputs, labels, setup.n_micro, documents)
     setup.parts.sync_expert_gradients()
     local = setup.faults.at(step, "after-backward", local)
-    loss_and_stop = reduce_loss_and_stop(local, pdims, device, stop is not None and stop.is_set())
+    health = local_health(setup.parts.chunks, job.model, device)  # MoE: router figures, None otherwise
+    reduced = reduce_loss_and_stop(local, pdims, device, stop is not None and stop.is_set(), health)
     grad_norm = clip_grad_norm(setup.parts.parameters(), config.optim.grad_clip, pdims)
-    pending.values = torch.cat([loss_and_stop, grad_norm.reshape(1).float()])
+    routers = [summarize(reduced[2:], job.model, pdims)] if health is not None else []
+    pending.values = torch.cat([reduced[:2], grad_norm.reshape(1).float(), *routers])
     if sync:
         ledger.read(step, pending)
     if pending.skipped is None:

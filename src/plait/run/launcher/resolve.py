@@ -101,6 +101,7 @@ def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarge
         from plait.run.checkpoint.hf.files import check_model_dir
 
         init_from = str(check_model_dir(request.init_from))
+        check_weight_table(init_from)
     model = target.model
     if target.plan is None:
         if not (model or init_from):
@@ -133,6 +134,18 @@ def documents_of(data: str, doc_mask: bool) -> dict:
 
     tokens = TokenFile(data)
     return {"eos_id": tokens.eos_id, "doc_len": tokens.mean_document_length()}
+
+
+def check_weight_table(directory: str) -> None:
+    """One line, before any worker starts, for an ``--init-from`` checkpoint whose family has no weight-name
+    table (``plait.run.checkpoint.hf.map``: DeepSeek-V3, GPT-OSS...); the tensors are checked by the workers."""
+    from plait.run.checkpoint.hf.files import read_config
+    from plait.run.checkpoint.hf.map import family_of_model_type
+
+    try:
+        family_of_model_type(str(read_config(directory).get("model_type", "")).lower())
+    except PlaitError as exc:
+        raise PlaitError(f"--init-from {directory}: {exc}") from None
 
 
 def check_decay_fraction(request: TrainRequest, optim: OptimConfig) -> None:
