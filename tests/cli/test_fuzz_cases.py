@@ -115,3 +115,48 @@ def test_a_layout_order_that_is_not_text_is_one_line():
 
     with pytest.raises(PlaitError, match="order"):
         Layout.from_dict({"dp": 1, "order": {"a": 1}})
+
+
+@pytest.mark.parametrize("name", [{"a": 1}, [1, 2], 7])
+def test_a_model_file_whose_name_is_not_text_is_one_line(tmp_path, capsys, name):
+    # bench/fuzz_cli.py (plan, 10,000 cases, seed 0): the name reached the planner's cache as a key,
+    # "TypeError: unhashable type: 'dict'"
+    model = {"name": name, "arch": "llama", "n_layers": 4, "hidden": 64, "ffn_hidden": 176, "n_heads": 4,
+             "n_kv_heads": 2, "vocab": 512, "max_seq_len": 256, "tied_embeddings": False, "dropout": False}
+    (tmp_path / "model.json").write_text(json.dumps(model))
+    assert main(["plan", "--model", str(tmp_path / "model.json"), "--cluster", "dgx-h100", "--gpus", "2",
+                 "--global-batch", "8", "--seq-len", "64", "--layout", "dp=2"]) == 2
+    assert f"name={name!r} must be a string" in one_line(capsys)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("sp", [1, 2], "sp=[1, 2] must be true or false (1 or 0)"),
+    ("reshard", {"a": 1}, "reshard={'a': 1} must be true or false (1 or 0)"),
+    ("opt_offload", "yes", "opt_offload='yes' must be true or false (1 or 0)"),
+    ("offload", "0.5", "offload='0.5' must be a fraction between 0 and 1"),
+])
+def test_a_plan_files_layout_switch_that_is_not_a_switch_is_one_line(tmp_path, capsys, key, value, message):
+    # bench/fuzz_cli.py (report, seed 2): a saved plan's "sp": [..] reached the planner's cache key,
+    # "TypeError: unhashable type: 'list'"; a text value was taken as true
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--model", "tiny", "--cluster", "dgx-h100", "--gpus", "2", "--global-batch", "8",
+                 "--seq-len", "64", "--layout", "dp=2", "--save", str(plan)]) == 0
+    capsys.readouterr()
+    data = json.loads(plan.read_text())
+    data["layout"][key] = value
+    plan.write_text(json.dumps(data))
+    assert main(["report", "--plan", str(plan), "--out", str(tmp_path / "r")]) == 2
+    assert message in one_line(capsys)
+
+
+def test_a_published_run_with_300_million_layers_is_refused_not_built(tmp_path, capsys):
+    # bench/fuzz_cli.py (validate, seed 4): n_layers = 309,778,089 (under the 2^31 size cap) made the
+    # planner build per-layer lists of that length: minutes of CPU and 2.5 GB before the fuzzer's limit
+    header = "id,source,arch,n_layers,hidden,ffn_hidden,n_heads,n_kv_heads,vocab,seq_len,gpu_type,n_gpus,tp,pp,dp," \
+             "mbs,gbs,zero_stage,recompute,reported_mfu,reported_tokens_per_s_per_gpu"
+    row = "r1,Narayanan et al. 2021,gpt,309778089,2304,9216,24,24,51200,2048,a100,32,1,1,32,4,512,1,full,,3000"
+    (tmp_path / "runs.csv").write_text(f"{header}\n{row}\n")
+    out = tmp_path / "predictions.csv"
+    assert main(["validate", "--runs", str(tmp_path / "runs.csv"), "--json", "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["unsupported"] == 1
+    assert "n_layers=309778089 is more than 10,000" in out.read_text()

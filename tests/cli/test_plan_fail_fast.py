@@ -10,12 +10,13 @@ from plait.spec.models import get_model
 
 
 def test_model_blockers_are_broken_by_every_layout():
-    model, job = get_model("tiny"), JobSpec(global_batch=8, seq_len=512)  # tiny's max_seq_len is 256
+    model, job = get_model("tiny-gpt"), JobSpec(global_batch=8, seq_len=512)  # 256 learned positions
     blockers = model_blockers(model, job)
     assert [v.rule for v in blockers] == ["runtime-seq-len"]
     for layout in (Layout(dp=2, tp=2), Layout(dp=4, zero=3, ckpt="full"), Layout(dp=2, pp=2)):
         assert {v.rule for v in blockers} <= {v.rule for v in runtime_violations(model, layout, job)}
     assert model_blockers(model, JobSpec(global_batch=8, seq_len=256)) == []
+    assert model_blockers(get_model("tiny"), job) == []  # RoPE runs past max_position_embeddings
     mla = get_model("deepseek-v3")
     assert [v.rule for v in model_blockers(mla, JobSpec(global_batch=16, seq_len=4096))] == ["runtime-moe"]
     assert set(MODEL_RULES) >= {"runtime-seq-len", "runtime-moe"}

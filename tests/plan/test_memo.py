@@ -30,6 +30,7 @@ CASES = [  # dense, MoE, MLA + MoE, windowed MoE with sinks
 VARIANTS = (  # knobs the search's candidates leave at their defaults, set on some layouts
     {}, {"offload": 0.5}, {"offload": 1.0, "opt_offload": True}, {"precision": "fp8"}, {"ckpt_layers": 1},
     {"loss": "fused"}, {"attn": "eager"}, {"norm": "unfused"}, {"sp": False}, {"reshard": False},
+    {"moe_overlap": "chunked"}, {"moe_overlap": "shared"}, {"order": "dp-tp-cp-pp"}, {"order": "tp-dp-cp-pp"},
 )
 
 

@@ -1,7 +1,8 @@
 """Hugging Face weights in and out for every family plait reads (single process, tiny models).
 
 * In: a random tiny transformers model of the family (its features on: biases, q/k norms, post
-  and sandwich norms, windows, soft-caps, rope scaling, fused projections, multi-query attention;
+  and sandwich norms, windows, soft-caps, rope scaling, fused projections, multi-query attention,
+  routed experts saved one tensor per expert, the router, a gated shared expert;
   norms and biases moved off their initial values), saved with ``save_pretrained``, imported by
   ``load_hf_weights`` into the model plait reads from the same config.json: plait's loss equals
   transformers' on the same batch.

@@ -142,10 +142,12 @@ def edit_config(directory, **changes):
 
 
 def test_numerics_the_runtime_does_not_build_are_refused(tmp_path):
+    plain = hf_models.save(hf_models.llama(), tmp_path / "plain")
     directory = edit_config(hf_models.save(hf_models.llama(), tmp_path / "llama"),
                             rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
-    with pytest.raises(PlaitError, match=r"rope_scaling type 'yarn' \(plait's runtime applies linear, llama3\)"):
-        check_checkpoint(directory, model_from_hf_config(directory))
+    check_checkpoint(directory, model_from_hf_config(directory))  # the runtime applies yarn
+    with pytest.raises(PlaitError, match=r"rope_scaling=\(\('factor', 4\.0\), .*'yarn'\)\) \(model .* has \(\)\)"):
+        check_checkpoint(directory, model_from_hf_config(plain))  # a model without it computes otherwise
     directory = edit_config(hf_models.save(hf_models.gpt2(), tmp_path / "gpt2"), scale_attn_weights=False)
     with pytest.raises(PlaitError, match=r"scale_attn_weights=False \(plait's runtime runs True\)"):
         check_checkpoint(directory, model_from_hf_config(directory))
@@ -166,8 +168,10 @@ def test_directories_without_safetensors_weights_are_refused(tmp_path):
 
 
 def test_unknown_model_types_are_refused_by_name(tmp_path):
-    with pytest.raises(PlaitError, match="model_type 'mixtral' has no weight-name table"):
-        hf_map.family_of_model_type("mixtral")
+    with pytest.raises(PlaitError, match="model_type 'deepseek_v3' has no weight-name table.*latent attention"):
+        hf_map.family_of_model_type("deepseek_v3")
+    with pytest.raises(PlaitError, match="model_type 'bert' has no weight-name table"):
+        hf_map.family_of_model_type("bert")
 
 
 # ------------------------------------------------------------------ the tables' conversions

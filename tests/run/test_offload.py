@@ -139,7 +139,7 @@ def test_planner_offloads_whole_layers_stage_aware():
     gpipe = dataclasses.replace(lay, schedule="gpipe")
     assert [offloaded_layer_count(gpipe, 8, s) for s in range(4)] == [4, 4, 4, 4]
     kept, moved = stage_layer_bytes(LLAMA, Layout(offload=0.5, ckpt="full", ckpt_layers=1), SEQ, 4)
-    assert moved[0] == kept[0] < kept[1] == moved[1] and moved[2:] == [0.0, 0.0]
+    assert moved[0] == kept[0] < kept[1] == moved[1] and moved[2:] == (0.0, 0.0)
 
 
 # ------------------------------------------------------------------ bad input

@@ -70,7 +70,7 @@ def test_runnable_search_keeps_only_what_plait_train_runs(problem):
     (TINY, "opt_offload=1", 64, False, "runtime-opt-offload"),
     (TINY, "tp=2,precision=mxfp8", 64, False, "runtime-mxfp8-tp"),
     (dataclasses.replace(TINY, tied_embeddings=True), "pp=2", 64, False, "runtime-tied-embeddings-pp"),
-    (TINY, "dp=1", TINY.max_seq_len * 2, False, "runtime-seq-len"),
+    (get_model("tiny-gpt"), "dp=1", TINY.max_seq_len * 2, False, "runtime-seq-len"),  # learned positions only
     (TINY, "pp=2,schedule=zero-bubble", 64, True, "runtime-compile-zero-bubble"),
 ])
 def test_each_rule_has_an_id_and_the_runtime_message(model, layout, seq_len, compile, rule):

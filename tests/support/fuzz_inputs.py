@@ -40,6 +40,9 @@ CLUSTER = {"name": "fuzz-node", "gpu": {"name": "fuzz-gpu", "bf16_flops": 1e15, 
            "gpus_per_node": 8, "intra_node_bandwidth": 4.5e11, "inter_node_bandwidth": 5e10,
            "intra_node_latency": 5e-6, "inter_node_latency": 1.2e-5, "host_link_bandwidth": 5e10,
            "link_efficiency": 0.8, "n_gpus": 8, "gpus_per_nic": 1}
+CPU_CALIBRATION = {"format": "plait-calibration/1", "gpu": None, "device": "cpu", "processes_per_node": 2,
+                   "threads_per_process": 1, "params": {"step_overhead_s": 0.01, "layer_overhead_s": 0.001},
+                   "gpu_overrides": {"bf16_flops": 1e11}}
 CALIBRATION = {"format": "plait-calibration/1", "gpu": "h100-sxm", "device": "cuda",
                "params": {"elementwise_passes": 40.0, "dp_overlap": 0.7, "step_overhead_s": 0.01},
                "gpu_overrides": {"gemm_efficiency": 0.6}, "cluster_overrides": {"link_efficiency": 0.7}}
@@ -83,10 +86,24 @@ def _plans() -> list[dict]:
 PLANS = _plans()
 
 
+def generated_json():
+    """JSON text of a value hypothesis makes up: any integer, any finite float, a short string, or BAD_JSON."""
+    return st.one_of(st.sampled_from(BAD_JSON), st.integers().map(str),
+                     st.floats(allow_nan=False, allow_infinity=False).map(repr), st.text(max_size=6).map(json.dumps))
+
+
+def generated_text():
+    """A CSV cell hypothesis makes up: any integer or float as text (NaN, inf included), a short string of
+    any characters (commas, quotes, newlines, NUL), or BAD_TEXT."""
+    return st.one_of(st.sampled_from(BAD_TEXT), st.integers().map(str), st.floats().map(repr),
+                     st.text(max_size=8))
+
+
 @st.composite
-def mutated_json(draw, base: dict) -> str:
-    """``base`` as JSON text with one to three values replaced by BAD_JSON, removed, or an unknown key added
-    (any depth), or the whole text truncated."""
+def mutated_json(draw, base: dict, generated: bool = False) -> str:
+    """``base`` as JSON text with one to three values replaced by BAD_JSON (``generated``: also by values
+    hypothesis makes up, ``generated_json``), removed, or an unknown key added (any depth), or the whole
+    text truncated."""
     data = json.loads(json.dumps(base))
     raws: dict[str, str] = {}
     for i in range(draw(st.sampled_from([0, 0, 1, 1, 2, 3]))):
@@ -106,7 +123,7 @@ def mutated_json(draw, base: dict) -> str:
                 holder[f"unknown_{i}"] = 1
             else:
                 holder[key] = f"@@RAW{i}@@"
-                raws[f"\"@@RAW{i}@@\""] = draw(st.sampled_from(BAD_JSON))
+                raws[f"\"@@RAW{i}@@\""] = draw(generated_json() if generated else st.sampled_from(BAD_JSON))
             break
     text = json.dumps(data)
     for placeholder, raw in raws.items():
@@ -119,14 +136,16 @@ def mutated_json(draw, base: dict) -> str:
 
 
 @st.composite
-def mutated_csv(draw, header: list[str], rows: list[list[str]]) -> str:
-    """A CSV: the header and rows with cells replaced by BAD_TEXT, rows cut short or made longer."""
+def mutated_csv(draw, header: list[str], rows: list[list[str]], generated: bool = False) -> str:
+    """A CSV: the header and rows with cells replaced by BAD_TEXT (``generated``: also by cells hypothesis
+    makes up, ``generated_text``, header cells included), rows cut short or made longer."""
     table = [list(header)] + [list(r) for r in rows]
     for _ in range(draw(st.integers(0, 4))):
-        r = draw(st.integers(1, len(table) - 1))
+        r = draw(st.integers(0 if generated else 1, len(table) - 1))
         action = draw(st.sampled_from(["cell", "cell", "cell", "short", "long", "drop column"]))
         if action == "cell" and table[r]:
-            table[r][draw(st.integers(0, len(table[r]) - 1))] = draw(st.sampled_from(BAD_TEXT))
+            table[r][draw(st.integers(0, len(table[r]) - 1))] = draw(generated_text() if generated
+                                                                       else st.sampled_from(BAD_TEXT))
         elif action == "short":
             table[r] = table[r][:draw(st.integers(0, len(table[r])))]
         elif action in ("long", "cell"):
@@ -185,10 +204,11 @@ def plan_case(draw):
 
 @st.composite
 def validate_case(draw):
-    files = {"runs.csv": draw(mutated_csv(RUN_HEADER, RUN_ROWS))}
+    files = {"runs.csv": draw(mutated_csv(RUN_HEADER, RUN_ROWS, generated=True))}
     argv = ["validate", "--runs", "runs.csv"]
     if draw(st.booleans()):
-        files["calibration.json"] = draw(mutated_json(CALIBRATION))
+        files["calibration.json"] = draw(mutated_json(draw(st.sampled_from([CALIBRATION, CPU_CALIBRATION])),
+                                                      generated=True))
         argv += ["--calibration", "calibration.json"]
     argv += draw(st.sampled_from([[], ["--json"], ["--out", "predictions.csv"], ["--out", "."]]))
     return argv, files
@@ -221,8 +241,12 @@ def train_case(draw):
 def report_case(draw):
     files = {"sweep.csv": draw(mutated_csv(SWEEP_HEADER, SWEEP_ROWS))}
     argv = ["report", "--sweep", "sweep.csv", "--out", draw(st.sampled_from(["report", "report", "sweep.csv"]))]
-    if draw(st.booleans()):
-        files["sweep.summary.json"] = draw(mutated_json({"top1_tolerance": 0.03, "calibration": None}))
+    summary = {"top1_tolerance": 0.03, "calibration": None} if draw(st.booleans()) else None
+    if draw(st.booleans()):  # the sweep's calibration: a GPU's or a CPU profile (the plan is for H100s)
+        files["calibration.json"] = draw(mutated_json(draw(st.sampled_from([CALIBRATION, CPU_CALIBRATION]))))
+        summary = {"top1_tolerance": 0.03, "calibration": "calibration.json"}
+    if summary is not None:
+        files["sweep.summary.json"] = draw(mutated_json(summary))
     if draw(st.booleans()):
         files["plan.json"] = draw(mutated_json(draw(st.sampled_from(PLANS))))
         argv += ["--plan", "plan.json"]
@@ -231,12 +255,13 @@ def report_case(draw):
 
 @st.composite
 def calibrate_case(draw):
-    files = {"runs.csv": draw(mutated_csv(RUN_HEADER, RUN_ROWS))}
+    files = {"runs.csv": draw(mutated_csv(RUN_HEADER, RUN_ROWS, generated=True))}
     argv = ["calibrate", "fit", "--runs", "runs.csv", "--out", draw(st.sampled_from(["fit.json", ".", "fit.txt"])),
             "--no-leave-out"]
     argv += argv_of([], draw(flag_values({"--rounds": "1", "--points": "2", "--params": "dp_overlap"})))
     if draw(st.booleans()):
-        files["calibration.json"] = draw(mutated_json(CALIBRATION))
+        files["calibration.json"] = draw(mutated_json(draw(st.sampled_from([CALIBRATION, CPU_CALIBRATION])),
+                                                      generated=True))
         argv += ["--calibration", "calibration.json"]
     argv += draw(st.sampled_from([[], ["--json"], ["--metric", "step_time"], ["--gpu", "h100-sxm"], ["--gpu", "x"]]))
     return argv, files

@@ -100,7 +100,15 @@ FAMILY_FEATURES = {
     "phi3": {"sliding_window": 6},
     "gpt2": {},
     "gpt_bigcode": {"multi_query": True},
+    # mixture-of-experts families: 4 experts, 2 per token (transformers saves one tensor per expert)
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "head_dim": 32,
+                  "norm_topk_prob": True},
+    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},  # un-normalized top-k weights, full q/k norms
+    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+                  "shared_expert_intermediate_size": 80},  # a shared expert with its sigmoid gate; Q/K/V biases
 }
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe")
 
 
 def family_config(family: str, directory: Path) -> Path:

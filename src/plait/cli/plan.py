@@ -8,7 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from plait.cli.support.common import console, cost_params
+from plait.cli.support.common import console, cost_params, doc_len_of, warn
 from plait.cli.jobfile.read import add_config_flags
 from plait.errors import PlaitError
 from plait.spec.units import GIB
@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, help="GPUs in the job (default: one node)")
     parser.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     parser.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    parser.add_argument("--doc-len", metavar="L|FILE",
+                        help="packed documents with a document mask (plait train --doc-mask): their mean length "
+                             "in tokens, or a token file to measure it from; attention is priced within documents")
     parser.add_argument("--calibration", help="calibration JSON replacing the default cost parameters")
     parser.add_argument("--stack", default="plait",
                         help="the training software to plan for: plait (plait train, the default), megatron-core, "
@@ -102,10 +105,20 @@ def run(args) -> int:
             result.title += f", priced for {request.stack.name}"
     best = result.plans[0]
     _save_and_plot(args, request, best)
+    _warn_past_positions(request)
     if args.json:
         return _print_json(args, result)
     _print_tables(args, request, result)
     return 0 if best.fits else 1
+
+
+def _warn_past_positions(request: _Request) -> None:
+    """A RoPE model past its config's max_position_embeddings: one line on stderr, never a refusal."""
+    from plait.spec.validate import past_positions_warning
+
+    message = past_positions_warning(request.model, request.job.seq_len)
+    if message:
+        warn(message)
 
 
 def _request(args) -> _Request:
@@ -124,7 +137,7 @@ def _request(args) -> _Request:
     if args.gpus is not None and args.gpus < 1:
         raise PlaitError(f"--gpus {args.gpus}: need at least one GPU")
     cluster = cluster.with_gpus(args.gpus if args.gpus is not None else cluster.gpus_per_node)
-    job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len)
+    job = JobSpec(global_batch=args.global_batch, seq_len=args.seq_len, doc_len=doc_len_of(args.doc_len))
     calibration = None
     if args.calibration:
         from plait.plan.calibration import read_calibration

@@ -44,12 +44,12 @@ HFU uses hardware FLOPs (with recomputation). Collectives follow ``plait.plan.co
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 
 from plait.plan.activations import checkpointed_layer_count
 from plait.plan.context.exchange import cp_exchange
 from plait.plan.flops import hardware_flops_per_token
 from plait.plan.kernels import head_time, layer_times
+from plait.plan.memo import by_layout_fields
 from plait.plan.memory import stage_params
 from plait.plan.moe.timing import moe_layer_times
 from plait.plan.params import DEFAULT_PARAMS, CostParams
@@ -129,7 +129,7 @@ class StepBreakdown:
         return out
 
 
-@lru_cache(maxsize=4096)
+@by_layout_fields("dp", "tp", "pp", "cp", "hsdp", "order")
 def _groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
     return {
         "tp": group_of(layout, gpus_per_node, ("tp",)),
@@ -154,7 +154,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         times = moe_layer_times(model, gpu, params, lay, tokens, job.seq_len, runtime)
     else:
         times = layer_times(model, gpu, params, tokens, job.seq_len, lay.tp, lay.cp,
-                            lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime, lay.cp_impl)
+                            lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime, lay.cp_impl,
+                            job.doc_len)
     groups = _groups(lay, cluster.gpus_per_node)
     layers = stage_layers(model, lay) * lay.vpp  # layers on the most loaded GPU
     n_ckpt = checkpointed_layer_count(model, lay, layers)

@@ -19,6 +19,14 @@ Kernel knobs (``Layout.attn``, ``norm``, ``loss``), each priced by the bytes it 
   * ``loss=fused``: the chunked cross entropy runs the LM head GEMM per chunk of
     ``LOSS_CHUNK_TOKENS`` tokens and again in the backward (recomputation: 4 GEMMs of the head's
     forward size instead of 3), and its forward cross-entropy pass twice.
+
+Packed documents (``JobSpec.doc_len`` = L, ``plait train --doc-mask``): attention stays within
+each document. ``attn=flash``/``sdpa`` without dropout run FlexAttention with a block mask
+(``plait.run.modules.documents``), which computes only the document's causal (and windowed)
+pairs: ``document_keys_per_query``, what attention over L tokens costs. Every other kernel
+passes an explicit boolean mask and computes the whole square: SDPA with dropout, the eager
+kernel, the all-gather and Ulysses cp kernels (s keys per query), plait's ring (its blocks
+whole, ``ring_keys``).
 """
 
 from __future__ import annotations
@@ -99,11 +107,12 @@ def ring_attention_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tok
     return 2 * one + forward, 5 * one + backward
 
 
-def cp_keys_per_query(cp_impl: str, seq_len: int, causal_keys: float) -> float:
+def cp_keys_per_query(cp_impl: str, seq_len: int, causal_keys: float, documents: bool = False) -> float:
     """Keys per query the fused kernel computes under context parallelism ``cp_impl`` (not
-    ``ring``): the whole sequence for ``allgather`` (an explicit mask by global position), else
-    the causal ``causal_keys``."""
-    return float(seq_len) if cp_impl == "allgather" else causal_keys
+    ``ring``): the whole sequence for ``allgather`` (an explicit mask by global position) and,
+    with ``documents`` (a document mask), for ``ulysses`` (SDPA's boolean mask), else the causal
+    ``causal_keys``."""
+    return float(seq_len) if cp_impl == "allgather" or (documents and cp_impl == "ulysses") else causal_keys
 
 
 @dataclass(frozen=True)
@@ -125,20 +134,38 @@ class LayerTimes:
         return 2 * self.gemm_fwd + self.attn_bwd + 2 * self.elementwise_fwd
 
 
-def kernel_keys_per_query(model: ModelSpec, seq_len: int) -> float:
+def kernel_keys_per_query(model: ModelSpec, seq_len: int, doc_len: int = 0) -> float:
     """Keys per query the SDPA kernels compute, averaged over layers: (s+1)/2 with the causal mask;
-    a sliding window passes an explicit mask, with which the kernel computes the whole s×s square."""
+    a sliding window passes an explicit mask, with which the kernel computes the whole s×s square.
+    ``doc_len`` L > 0 (packed documents, FlexAttention's block mask): ``document_keys_per_query``."""
     local = model.local_layer_count()
+    if doc_len:
+        window = model.sliding_window
+        return (local * document_keys_per_query(doc_len, seq_len, window)
+                + (model.n_layers - local) * document_keys_per_query(doc_len, seq_len)) / model.n_layers
     return (local * seq_len + (model.n_layers - local) * (seq_len + 1) / 2.0) / model.n_layers
+
+
+def document_keys_per_query(doc_len: int, seq_len: int, window: int = 0) -> float:
+    """Keys per query of causal attention within documents of L = min(doc_len, seq_len) tokens, with
+    a sliding window W (0: none). The i-th token of a document (i = 1..L) sees min(i, W) keys, so
+    a document holds Σ min(i, W) pairs: L(L+1)/2 when W >= L, else W(W+1)/2 + (L-W)·W; a sequence
+    of s/L such documents holds s/L times that over its s queries, so a query sees that sum / L
+    keys on average: (L+1)/2 without a window, the cost of attention over L tokens."""
+    length = min(doc_len, seq_len)
+    if not window or window >= length:
+        return (length + 1) / 2.0
+    return (window * (window + 1) / 2.0 + (length - window) * window) / length
 
 
 @lru_cache(maxsize=65536)
 def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, seq_len: int,
                 tp: int, cp: int, sequence_parallel: bool, attn: str, precision: str,
-                norm: str = "fused", runtime: str = "torch", cp_impl: str = "torch") -> LayerTimes:
+                norm: str = "fused", runtime: str = "torch", cp_impl: str = "torch", doc_len: int = 0) -> LayerTimes:
     """Times for ``tokens`` = (seq_len / cp) · micro-batch tokens on this rank; ``runtime``: whose
     eager attention (``EAGER_SOFTMAX_BYTES``); at cp > 1 the attention is ``cp_impl``'s, whatever
-    ``attn`` says (the context-parallel kernel replaces the layer's)."""
+    ``attn`` says (the context-parallel kernel replaces the layer's). ``doc_len``: packed documents
+    of that mean length with a document mask (0: none; the module docstring)."""
     h, f, t = model.hidden, model.ffn_hidden, tp
     kv, q = model.kv_hidden, model.q_hidden
     gemm = gemm_time(gpu, params, tokens, h, (q + 2 * kv) / t, precision)
@@ -157,9 +184,12 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
         scores_gemm = 0.0
     elif attn != "eager" or cp > 1:  # flash, and sdpa (FlashAttention-2 on these GPUs); a cp kernel
         # causal: each rank's (load-balanced) queries see on average half of the keys
-        keys = kernel_keys_per_query(model, seq_len)
-        if cp > 1:
-            keys = cp_keys_per_query(cp_impl, seq_len, keys)
+        if doc_len and (cp > 1 or model.dropout):  # an explicit boolean mask: the whole square
+            keys = float(seq_len) if cp == 1 else cp_keys_per_query(cp_impl, seq_len, (seq_len + 1) / 2.0, True)
+        else:
+            keys = kernel_keys_per_query(model, seq_len, doc_len)
+            if cp > 1:
+                keys = cp_keys_per_query(cp_impl, seq_len, keys)
         flops = 4.0 * batch * heads * model.head_dim * s_q * keys
         peak = gpu.bf16_flops * gpu.attention_efficiency
         attn_fwd = flops / peak * (flops + params.gemm_half_flops) / flops + gpu.kernel_overhead

@@ -62,6 +62,7 @@ from plait.plan.activations import (
     layer_items,
     stage_layer_bytes,
 )
+from plait.plan.memo import by_layout_fields
 from plait.plan.moe.memory import dense_layer_local, dispatch_buffer_bytes, expert_states, stage_dense_blocks
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.states import ddp_accumulation_bytes, gradients_at_peak, sharded_states
@@ -161,6 +162,7 @@ def tied_params(model: ModelSpec, layout: Layout) -> float:
     return model.vocab * model.hidden / layout.tp if model.tied_embeddings else 0.0
 
 
+@by_layout_fields("tp", "pp", "vpp", "split")
 def stage_blocks_params(model: ModelSpec, layout: Layout) -> float:
     """Parameters of the transformer blocks one GPU holds on a pipeline stage (after TP)."""
     layers = stage_layers(model, layout) * layout.vpp
@@ -170,6 +172,7 @@ def stage_blocks_params(model: ModelSpec, layout: Layout) -> float:
     return layers * (model.layer_matmul_params() / layout.tp + (model.layer_params() - model.layer_matmul_params()))
 
 
+@by_layout_fields("tp", "pp", "vpp", "split")
 def stage_params(model: ModelSpec, layout: Layout) -> dict[str, float]:
     """Parameters held by one GPU on the first, the last and a middle pipeline stage (after TP)."""
     blocks = stage_blocks_params(model, layout)

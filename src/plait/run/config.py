@@ -107,18 +107,32 @@ class TrainJob:
         None, "--init-from", "start from the weights of a local Hugging Face model directory (config.json + "
         "safetensors, sharded or not) instead of random ones; --model defaults to DIR", "what",
         metavar="DIR")  # None: random init
+    doc_mask: bool = setting(
+        False, "--doc-mask", "packed documents: each token attends only within its document of the token file "
+        "(cut at the end-of-text id plait data prepare wrote) and positions restart at 0 in every document",
+        "what", same_run=True)
+    eos_id: int | None = None  # with doc_mask: the token file's end-of-text id (from its header, at launch)
+    doc_len: int | None = None  # with doc_mask: mean document length of the token file, tokens (the planner's)
     # bos/eos/pad_token_id of the model's Hugging Face config.json (--model config.json or --init-from), as
     # the config has them: plait export writes them (None: the model is a preset or a plait model JSON)
     token_ids: dict | None = None
 
     def __post_init__(self) -> None:
-        refuse(positive_int_problems({"global_batch": self.global_batch, "seq_len": self.seq_len,
-                                        "steps": self.steps}))
+        problems = positive_int_problems({"global_batch": self.global_batch, "seq_len": self.seq_len,
+                                          "steps": self.steps})
+        if self.doc_mask and self.data == "synthetic":
+            problems.append("--doc-mask needs a token file (plait data prepare): synthetic data has no documents")
+        if self.doc_mask and self.data != "synthetic" and self.eos_id is None:
+            problems.append(f"--doc-mask: token file {self.data} records no end-of-text id to cut documents "
+                            "at; prepare it again with plait data prepare")
+        refuse(problems)
 
     @property
     def job_spec(self) -> JobSpec:
-        """The planner's view of this job (global batch in sequences, sequence length in tokens)."""
-        return JobSpec(global_batch=self.global_batch, seq_len=self.seq_len)
+        """The planner's view of this job (global batch in sequences, sequence length in tokens; with
+        --doc-mask the mean document length, at most seq_len)."""
+        doc_len = min(self.doc_len or self.seq_len, self.seq_len) if self.doc_mask else 0
+        return JobSpec(global_batch=self.global_batch, seq_len=self.seq_len, doc_len=doc_len)
 
     @property
     def tokens_per_step(self) -> int:

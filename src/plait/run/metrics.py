@@ -36,11 +36,13 @@ class StepRecord:
     mfu: float | None
     offload: dict | None = None  # activation offload counters (OffloadStats.to_dict), written flat
     profiled: bool = False  # ran under the counted-memory profiler: slower, left out of step times
+    router: dict | None = None  # MoE router health (plait.run.observe.router.FIELDS), written flat
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
         out["step"] = self.step + 1  # the JSONL counts optimizer steps from 1, as the console does
         out.update(out.pop("offload") or {})
+        out.update(out.pop("router") or {})
         if not out.pop("profiled"):
             return out
         return {**out, "profiled": True}

@@ -14,8 +14,13 @@ Q, K and V are separate linear layers so that column-parallel sharding splits wh
 runs them as one GEMM over the three weights concatenated (``qkv_projection``).
 With context parallelism (``plait.run.parallel.context.ring``) each block's ``Attention.kernel`` is a
 cp kernel and the caller passes ``forward(tokens, positions)``: the global positions of the tokens
-of each sequence the rank holds, at which RoPE angles and learned positions are taken. The model
-itself knows nothing of how sequences are split.
+of each sequence the rank holds, at which RoPE angles and learned positions are taken; the cp code
+sets ``Transformer.sequence_parts`` (the ranks sharing a sequence), so that the model knows the whole
+sequence's length, and nothing else of how sequences are split.
+
+RoPE tables (``Transformer.rope_for``) cover max(seq_len, max_position_embeddings) positions for the
+sequence length trained: a RoPE model trains past its config's max_position_embeddings, and the
+scalings that depend on the sequence length (dynamic, longrope) get their tables for it.
 
 The model is built on the meta device (``build_model``), parallelized, moved to its device with
 ``to_empty`` and only then initialized (``init_weights``): every parameter is drawn from a
@@ -46,8 +51,10 @@ from plait.run.modules.layers import (
     core_attention,
     eager_attention,
     make_norm,
+    rope_depends_on_length,
     rope_tables,
 )
+from plait.run.modules.documents import document_positions
 from plait.run.modules.moe import MoEFeedForward
 from plait.spec.model import ModelSpec
 from plait.spec.moe.parts import is_moe_layer
@@ -139,7 +146,9 @@ class Attention(nn.Module):
         self.kernel = core_attention  # eager_attention for Layout.attn == "eager"
         self.fused_qkv = False  # one GEMM for Q, K and V (qkv_projection); RuntimeConfig.qkv == "fused"
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
+        """``documents``: the rows' document ids (batch, whole seq), with --doc-mask (``Transformer.forward``)."""
         batch, seq, _ = x.shape
         # view(..., -1, head_dim): under tensor parallelism each rank holds a subset of heads
         if self.fused_qkv:
@@ -152,10 +161,12 @@ class Attention(nn.Module):
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
-            q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
+            cos, sin = cos[..., :seq, :], sin[..., :seq, :]  # tables (seq, d/2) or, per row, (batch, seq, d/2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         dropout_p = self.dropout_p if self.training else 0.0
-        kernel = functools.partial(self.kernel, **self.kernel_options) if self.kernel_options else self.kernel
+        options = self.kernel_options if documents is None else {**self.kernel_options, "documents": documents}
+        kernel = functools.partial(self.kernel, **options) if options else self.kernel
         if self.recompute_core:
             out = checkpoint(kernel, q, k, v, dropout_p, use_reentrant=False)
         else:
@@ -193,13 +204,16 @@ class Block(nn.Module):
         self.attention_post_norm = make_norm(spec) if post else None
         self.ffn_norm = make_norm(spec) if pre else nn.Identity()
         # an MoE layer's MLP is routed experts (+ shared experts): plait.run.modules.moe
-        self.feed_forward = MoEFeedForward(spec) if is_moe_layer(spec, index) else FeedForward(spec)
+        self.feed_forward = MoEFeedForward(spec, index) if is_moe_layer(spec, index) else FeedForward(spec)
         self.ffn_post_norm = make_norm(spec) if post else None
         p = DROPOUT if spec.dropout else 0.0
         self.dropout = nn.Dropout(p) if p else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        a = self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
+        # documents as a keyword: tensor parallelism's input plan of the attention names its 3 positional inputs
+        a = self.attention(self.attention_norm(x), cos, sin) if documents is None else \
+            self.attention(self.attention_norm(x), cos, sin, documents=documents)
         if self.attention_post_norm is not None:
             a = self.attention_post_norm(a)
         h = x + self.dropout(a)
@@ -227,6 +241,22 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, "meta", spec.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.rope_seq_len = spec.max_seq_len  # the sequence length (tokens) the RoPE tables were built for
+        self.sequence_parts = 1  # ranks holding a share of each sequence (context parallelism sets it)
+
+    def rope_for(self, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (cos, sin) tables for sequences of ``seq`` tokens: the buffers, rebuilt (on their device)
+        when ``seq`` has more positions than they do, or the scaling depends on the length (dynamic,
+        longrope: ``plait.run.modules.layers.rope_tables`` for ``seq_len=seq``). A run trains one
+        length, so they are rebuilt at most once; learned positions (gpt) have no tables to extend."""
+        spec = self.spec
+        stale = seq > self.rope_cos.shape[0] or rope_depends_on_length(spec.rope_scaling)
+        if seq != self.rope_seq_len and stale and not spec.learned_positions:
+            self.rope_cos, self.rope_sin = rope_tables(
+                spec.head_dim, max(seq, spec.max_seq_len), self.rope_cos.device, spec.rope_theta, spec.rope_scaling,
+                seq_len=seq, max_positions=spec.max_seq_len)
+            self.rope_seq_len = seq
+        return self.rope_cos, self.rope_sin
 
     def tie_embeddings(self) -> None:
         """Share the LM head's weight with the token embedding (tied models holding both, else no-op).
@@ -244,19 +274,30 @@ class Transformer(nn.Module):
         if self.pos_embeddings is not None:
             if positions is None:
                 positions = torch.arange(tokens.shape[1], device=tokens.device)
-            h = h + self.pos_embeddings(positions)
+            if positions.dim() == 2:  # per row (packed documents): looked up sequence-major, so that sequence
+                # parallelism's plan of the table's output (Shard(0)) splits the sequence, not the batch
+                h = h + self.pos_embeddings(positions.t()).transpose(0, 1)
+            else:
+                h = h + self.pos_embeddings(positions)
         return h
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
         """``x``: token ids (batch, seq), or a pipeline stage's input activations. ``positions``: the
         global positions (int64, (seq,)) of the tokens of each sequence, when they are not 0..seq-1
-        (a context-parallel rank's share of the sequence)."""
+        (a context-parallel rank's share of the sequence). ``documents`` (--doc-mask): the document
+        ids (int64, (batch, whole seq)) of the rows (``plait.run.modules.documents``): attention
+        stays within each document and positions (RoPE angles, learned positions) restart at 0 in
+        every document."""
+        if documents is not None:  # per-row positions within the documents, at this rank's tokens
+            within = document_positions(documents)
+            positions = within if positions is None else within[:, positions]
         h = self.embed(x, positions) if self.tok_embeddings is not None else x
-        cos, sin = self.rope_cos, self.rope_sin
+        cos, sin = self.rope_for(x.shape[1] * self.sequence_parts)
         if positions is not None:
             cos, sin = cos[positions], sin[positions]
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin) if documents is None else layer(h, cos, sin, documents)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None and not self.returns_hidden:
@@ -322,10 +363,12 @@ def init_weights(model: nn.Module, spec: ModelSpec, seed: int, device: torch.dev
             param.to_local().copy_(local)
         else:
             param.copy_(full)
-    cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, device, spec.rope_theta, spec.rope_scaling)
+    cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, device, spec.rope_theta, spec.rope_scaling,
+                           max_positions=spec.max_seq_len)
     for module in model.modules():
         if isinstance(module, MoEFeedForward):
             module.reset_buffers()
         if isinstance(module, Transformer):
             module.rope_cos = cos
             module.rope_sin = sin
+            module.rope_seq_len = spec.max_seq_len

@@ -1,7 +1,7 @@
 """Step results that stay on the device until a logging step: no host sync on the other steps.
 
 A step's loss, SIGTERM flag and gradient norm are one 3-element fp32 device tensor
-(``PendingStep.values``). They are read on the host ("materialized": floats, a JSONL line and
+(``PendingStep.values``; an MoE model's router figures follow them: ``plait.run.observe.router``). They are read on the host ("materialized": floats, a JSONL line and
 the display) only at *sync steps*: every ``--log-every``-th step (0, n, 2n, ...), the step
 before a checkpoint save, the last step, every step with ``--on-nan skip`` (which must decide
 before each optimizer step) and every step of a GPU run with activation offload (its counters
@@ -29,6 +29,7 @@ import torch
 
 from plait.errors import PlaitError
 from plait.run.metrics import StepRecord, mfu
+from plait.run.observe.router import health_fields
 
 MAX_CONSECUTIVE_SKIPS = 5  # --on-nan skip: stop after this many bad steps in a row
 LOSS, STOP, GRAD_NORM = 0, 1, 2  # positions in PendingStep.values
@@ -62,7 +63,7 @@ class PendingStep:
 
     step: int
     lr: float
-    values: torch.Tensor  # [mean loss, ranks asking to stop, gradient norm], fp32 on the device
+    values: torch.Tensor  # [mean loss, ranks asking to stop, gradient norm, *router figures], fp32 on the device
     start: object  # StepTimer marks
     end: object = None
     wall_time: float = 0.0  # time.time() at the end of the step (the JSONL "time")
@@ -90,7 +91,7 @@ class StopFlags:
 
     def post(self, step: int, values: torch.Tensor) -> None:
         slot = step % 2
-        self.buffers[slot].copy_(values, non_blocking=True)
+        self.buffers[slot].copy_(values[:3], non_blocking=True)
         if self.cuda:
             self.events[slot] = torch.cuda.Event()
             self.events[slot].record()
@@ -212,7 +213,8 @@ class StepLedger:
                                 step_time_s=elapsed, tokens_per_s=tokens_per_s,
                                 mfu=mfu(job.model, job.seq_len, tokens_per_s, job.layout.world_size,
                                         self.setup.peak_flops),
-                                offload=pending.offload, profiled=pending.profiled)
+                                offload=pending.offload, profiled=pending.profiled,
+                                router=health_fields(pending.host[GRAD_NORM + 1:], job.model))
             if pending.skipped:
                 self.display.message(f"step {pending.step + 1}: {pending.skipped} is not finite; optimizer step "
                                      "skipped (--on-nan skip)")

@@ -28,6 +28,8 @@ from torch.nn.parallel import DistributedDataParallel
 from plait.run.config import RunConfig, TrainJob
 from plait.run.data.prefetch import to_device
 from plait.run.faults import FaultPlan
+from plait.run.modules.documents import document_ids
+from plait.run.observe.router import local_health, summarize
 from plait.run.optim import clip_grad_norm, lr_at, set_lr
 from plait.run.parallel.context.shard import sequence_shard_of
 from plait.run.parallel.expert import balance_routers
@@ -72,32 +74,39 @@ def _gradient_sync(module: torch.nn.Module, enabled: bool, zero: int):
 
 
 def forward_backward(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tensor, labels: torch.Tensor,
-                     n_microbatches: int) -> torch.Tensor | None:
+                     n_microbatches: int, documents: torch.Tensor | None = None) -> torch.Tensor | None:
     """Accumulate this rank's gradients for one step; returns its mean token loss (a 0-d tensor)
-    on ranks that compute the loss (the last pipeline stage) and None elsewhere."""
+    on ranks that compute the loss (the last pipeline stage) and None elsewhere. ``documents``
+    (--doc-mask): the document ids of the rows' whole sequences (``batch_of``)."""
     if parts.schedule is not None:
-        return pipeline_loss(parts, pdims, inputs, labels, "step")
+        return pipeline_loss(parts, pdims, inputs, labels, "step", documents)
     model = parts.chunks[0]
     positions = parts.token_positions(inputs.shape[1], inputs.device)
     total = torch.zeros((), device=inputs.device)
+    docs = [None] * n_microbatches if documents is None else documents.chunk(n_microbatches)
     with loss_context(pdims), compute_context(parts, inputs.device):
         for index, (x, y) in enumerate(zip(inputs.chunk(n_microbatches), labels.chunk(n_microbatches))):
             with _gradient_sync(model, index == n_microbatches - 1, pdims.layout.zero):
-                loss = parts.loss_fn(model(x, positions=positions), y) / n_microbatches
+                extra = {} if docs[index] is None else {"documents": docs[index]}
+                loss = parts.loss_fn(model(x, positions=positions, **extra), y) / n_microbatches
                 loss.backward()
             total += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
     return total
 
 
 def pipeline_loss(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tensor, labels: torch.Tensor,
-                  call: str) -> torch.Tensor | None:
+                  call: str, documents: torch.Tensor | None = None) -> torch.Tensor | None:
     """Run the pipeline schedule's ``call`` ("step": forward and backward; "eval": forward only) on
-    one batch; the mean of the micro-batch losses on the rank holding the last stage, else None."""
+    one batch; the mean of the micro-batch losses on the rank holding the last stage, else None.
+    ``documents`` (--doc-mask) is a keyword of the step, which torch splits into micro-batches and
+    passes to every stage (each stage masks its own attention and takes its own positions)."""
     layout = pdims.layout
     n_stages = layout.pp * layout.vpp
     first, last = 0 in parts.stage_ids, n_stages - 1 in parts.stage_ids
     losses: list[torch.Tensor] = []
     kwargs = {"target": labels, "losses": losses} if last else {}
+    if documents is not None:
+        kwargs["documents"] = documents
     run = getattr(parts.schedule, call)
     if call == "step" and "return_outputs" in inspect.signature(run).parameters:
         # the losses are all plait reads; kept outputs would hold every micro-batch's logits on
@@ -115,14 +124,17 @@ def pipeline_loss(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tensor, 
 
 
 def reduce_loss_and_stop(local_loss: torch.Tensor | None, pdims: ParallelDims, device: torch.device,
-                         stop: bool) -> torch.Tensor:
-    """[the global batch's mean token loss, the number of ranks asking to stop], the same on every
-    rank: one all-reduce of two fp32 values, left on the device (no host read)."""
-    value = torch.zeros(2, device=device, dtype=torch.float32)
+                         stop: bool, extra: torch.Tensor | None = None) -> torch.Tensor:
+    """[the global batch's mean token loss, the number of ranks asking to stop, *``extra`` summed over
+    every rank], the same on every rank: one all-reduce of fp32 values, left on the device (no host
+    read). ``extra``: the MoE routers' figures (``plait.run.observe.router.local_health``)."""
+    value = torch.zeros(2 + (0 if extra is None else extra.numel()), device=device, dtype=torch.float32)
     if local_loss is not None and pdims.loss_owner:
         value[0] += local_loss.float()
     if stop:
         value[1].fill_(1.0)
+    if extra is not None:
+        value[2:] = extra
     dist.all_reduce(value)
     value[0].div_(pdims.grad_sync_size)  # dp·cp loss owners, each with an equal share of tokens
     return value
@@ -142,18 +154,26 @@ def seed_step(seed: int, step: int, pdims: ParallelDims) -> None:
     np.random.seed(stream % 2**32)
 
 
-def local_batch(source, job: TrainJob, pdims: ParallelDims, step: int, device: torch.device):
-    """(inputs, labels) of this rank's data-parallel share of global step ``step``; with context
-    parallelism, of its cp rank's two head-tail chunks of each sequence (labels alike)."""
+def batch_of(source, job: TrainJob, pdims: ParallelDims, step: int, device: torch.device):
+    """(inputs, labels, documents) of this rank's data-parallel share of global step ``step``; with
+    context parallelism, inputs and labels of its cp rank's two head-tail chunks of each sequence.
+    ``documents`` (--doc-mask, else None): the document ids (batch, seq) of the whole rows' inputs
+    (``plait.run.modules.documents``), which every cp rank keeps whole."""
     per_rank = job.global_batch // job.layout.dp
     start = pdims.dp_rank * per_rank
     rows = source.batch(step, range(start, start + per_rank), job.seq_len, job.global_batch)
     tokens = to_device(rows, device)  # non-blocking from the prefetcher's pinned buffer on GPU
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    documents = document_ids(inputs, job.eos_id) if job.doc_mask else None
     if job.layout.cp > 1:
         shard = sequence_shard_of(pdims.group("cp"))
         inputs, labels = shard.shard(inputs), shard.shard(labels)
-    return inputs, labels
+    return inputs, labels, documents
+
+
+def local_batch(source, job: TrainJob, pdims: ParallelDims, step: int, device: torch.device):
+    """(inputs, labels) of ``batch_of``."""
+    return batch_of(source, job, pdims, step, device)[:2]
 
 
 @dataclass
@@ -184,14 +204,16 @@ def train_step(setup: StepSetup, step: int, ledger: StepLedger, stop=None, sync:
                           start=ledger.timer.mark())
     setup.faults.at(step, "before-step")
     seed_step(job.seed, step, pdims)
-    inputs, labels = local_batch(setup.source, job, pdims, step, device)
+    inputs, labels, documents = batch_of(setup.source, job, pdims, step, device)
     set_lr(setup.optimizer, pending.lr)
-    local = forward_backward(setup.parts, pdims, inputs, labels, setup.n_micro)
+    local = forward_backward(setup.parts, pdims, inputs, labels, setup.n_micro, documents)
     setup.parts.sync_expert_gradients()
     local = setup.faults.at(step, "after-backward", local)
-    loss_and_stop = reduce_loss_and_stop(local, pdims, device, stop is not None and stop.is_set())
+    health = local_health(setup.parts.chunks, job.model, device)  # MoE: router figures, None otherwise
+    reduced = reduce_loss_and_stop(local, pdims, device, stop is not None and stop.is_set(), health)
     grad_norm = clip_grad_norm(setup.parts.parameters(), config.optim.grad_clip, pdims)
-    pending.values = torch.cat([loss_and_stop, grad_norm.reshape(1).float()])
+    routers = [summarize(reduced[2:], job.model, pdims)] if health is not None else []
+    pending.values = torch.cat([reduced[:2], grad_norm.reshape(1).float(), *routers])
     if sync:
         ledger.read(step, pending)
     if pending.skipped is None:

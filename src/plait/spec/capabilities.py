@@ -15,9 +15,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 
+from plait.spec.hf.families import ROPE_TYPES
 from plait.spec.layout import FP8_PRECISIONS, JobSpec, Layout
 from plait.spec.model import ModelSpec
-from plait.spec.validate import Violation
+from plait.spec.validate import Violation, positions_limit_message
 
 # Layout features that the planner models but this runtime does not run yet.
 NOT_RUN_YET = {
@@ -30,9 +31,11 @@ RUNTIME_RULES = (
     "runtime-opt-offload", "runtime-compile-tp-ckpt", "runtime-fp8", "runtime-mxfp8-tp", "runtime-tied-embeddings-pp",
     "runtime-seq-len", "runtime-compile-zero-bubble", "runtime-async-tp-device", "runtime-async-tp-compile",
     "runtime-async-tp-sp", "runtime-attn-softcap", "runtime-qk-norm-tp", "runtime-norm-position-sp",
-    "runtime-cp-attention-options", "runtime-logit-softcap-loss", "runtime-rope-scaling", "runtime-moe",
+    "runtime-cp-attention-options", "runtime-logit-softcap-loss", "runtime-moe",
+    "runtime-doc-mask-cp-torch",
 )
-RUNTIME_ROPE_SCALINGS = ("linear", "llama3")  # rope_scaling types plait.run.modules.layers applies
+# rope_scaling types plait.run.modules.layers applies besides plain RoPE: every type a ModelSpec takes
+RUNTIME_ROPE_SCALINGS = tuple(kind for kind in ROPE_TYPES if kind != "default")
 
 
 def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str, str]]:
@@ -65,8 +68,11 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
     if lay.pp > 1 and model.tied_embeddings:
         out.append(("runtime-tied-embeddings-pp", f"model {model.name} ties its embeddings, which needs the first "
                     "and last pipeline stage on one GPU; use pp=1"))
-    if job.seq_len > model.max_seq_len:
-        out.append(("runtime-seq-len", f"seq_len={job.seq_len} exceeds the model's max_seq_len={model.max_seq_len}"))
+    if job.doc_len and lay.cp > 1 and lay.cp_impl == "torch":
+        out.append(("runtime-doc-mask-cp-torch", "document masks (--doc-mask) with cp_impl=torch: PyTorch's ring "
+                    "attention takes no mask; use cp_impl=ring, allgather or ulysses"))
+    if model.learned_positions and job.seq_len > model.max_seq_len:  # RoPE runs past it (a warning, not a rule)
+        out.append(("runtime-seq-len", positions_limit_message(model, job.seq_len)))
     return out + _model_feature_rules(model, lay) + _moe_rules(model, lay)
 
 
@@ -125,10 +131,6 @@ def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]
     if model.logit_softcap and lay.loss == "fused":
         out.append(("runtime-logit-softcap-loss", f"model {model.name} soft-caps its logits, which the fused "
                     "(chunked) loss does not; use loss=unfused"))
-    scaling = dict(model.rope_scaling).get("rope_type", "default")
-    if scaling not in ("default",) + RUNTIME_ROPE_SCALINGS:
-        out.append(("runtime-rope-scaling", f"model {model.name} uses rope_scaling type {scaling!r}, which the "
-                    f"runtime does not apply (it applies {', '.join(RUNTIME_ROPE_SCALINGS)}); plan only"))
     return out
 
 
@@ -169,7 +171,7 @@ def runtime_violations(model: ModelSpec, layout: Layout, job: JobSpec, *,
 
 # rules that only the model and the job decide: broken by one layout, broken by all (with MoE the
 # rule names the model's features on the plainest layout, its layout keys elsewhere)
-MODEL_RULES = ("runtime-seq-len", "runtime-moe", "runtime-rope-scaling")
+MODEL_RULES = ("runtime-seq-len", "runtime-moe")
 
 
 def model_blockers(model: ModelSpec, job: JobSpec) -> list[Violation]:

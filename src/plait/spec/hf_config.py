@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Callable
 
 from plait.errors import PlaitError
-from plait.spec.hf.families import DEFAULTS, GPT_FAMILIES, HARMLESS_KEYS, LLAMA_FAMILIES, READ_KEYS, REFUSED
+from plait.spec.hf.families import (
+    DEFAULTS,
+    GPT_FAMILIES,
+    HARMLESS_KEYS,
+    LLAMA_FAMILIES,
+    READ_KEYS,
+    REFUSED,
+    hf_rope_scaling,
+    rope_scaling_problems,
+)
 from plait.spec.model import ModelSpec, rope_scaling_pairs
 from plait.spec.moe.hf import MOE_TYPES, moe_from_hf_config
 from plait.spec.serialize import read_json_file
@@ -181,7 +190,8 @@ def spec_from_config(get: Getter, family: str, raw: dict, source: Path) -> Model
     if dropout:
         key, value = next(iter(dropout.items()))
         raise PlaitError(f"{source}: {key}={value}: dropout in a {family} model is not modelled by plait; set it to 0.0")
-    theta, scaling = _rope(get, source)
+    max_positions = _integer(get("max_position_embeddings"), "max_position_embeddings", source)
+    theta, scaling = _rope(get, source, max_positions, head_dim or hidden // heads)
     activation = _activation(_first(get, "hidden_activation", "hidden_act"), source)
     window, local_layers = _sliding_window(get, family, source)
     gemma = family == "gemma2"
@@ -198,7 +208,7 @@ def spec_from_config(get: Getter, family: str, raw: dict, source: Path) -> Model
         n_heads=heads,
         n_kv_heads=_integer(get("num_key_value_heads") or heads, "num_key_value_heads", source),
         vocab=_integer(get("vocab_size"), "vocab_size", source),
-        max_seq_len=_integer(get("max_position_embeddings"), "max_position_embeddings", source),
+        max_seq_len=max_positions,
         tied_embeddings=bool(get("tie_word_embeddings")),
         head_dim=head_dim,
         qkv_bias=biased,
@@ -260,19 +270,23 @@ def _activation(name, source: Path) -> str:
     return _ACTIVATIONS[name]
 
 
-def _rope(get: Getter, source: Path) -> tuple[float, tuple]:
-    """(rope_theta, the recorded rope_scaling pairs; () for plain RoPE)."""
+def _rope(get: Getter, source: Path, max_positions: int, head_dim: int) -> tuple[float, tuple]:
+    """(rope_theta, the recorded rope_scaling pairs; () for plain RoPE): the settings of
+    ``plait.spec.hf.families.hf_rope_scaling``, checked by ``rope_scaling_problems`` (one line each)."""
     params = dict(get("rope_parameters") or {})
     theta = _number(params.pop("rope_theta", None) or get("rope_theta") or 10000.0, "rope_theta", source)
     partial = params.pop("partial_rotary_factor", 1.0)
     if partial not in (None, 1, 1.0):
         raise PlaitError(f"{source}: partial_rotary_factor={partial}: rotary embeddings on part of a head are "
                          "not modelled by plait")
-    if "type" in params:
-        params.setdefault("rope_type", params.pop("type"))
-    if params.get("rope_type", "default") == "default" and set(params) <= {"rope_type"}:
-        return theta, ()
-    return theta, rope_scaling_pairs(params)
+    original = get("original_max_position_embeddings")
+    if original is not None:
+        original = _integer(original, "original_max_position_embeddings", source)
+    scaling = hf_rope_scaling(params, max_positions, original)
+    problems = rope_scaling_problems(scaling, head_dim)
+    if problems:
+        raise PlaitError(f"{source}: {problems[0]}")
+    return theta, rope_scaling_pairs(scaling)
 
 
 def _sliding_window(get: Getter, family: str, source: Path) -> tuple[int, str]:

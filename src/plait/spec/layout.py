@@ -285,10 +285,15 @@ def layout_keys_markdown() -> str:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What one optimizer step trains: ``global_batch`` sequences of ``seq_len`` tokens."""
+    """What one optimizer step trains: ``global_batch`` sequences of ``seq_len`` tokens.
+
+    ``doc_len``: packed documents with a document mask (``plait train --doc-mask``, ``plait plan
+    --doc-len``): each sequence holds documents of this mean length (tokens), and a token attends
+    only within its own; 0 (the default): attention spans the whole sequence."""
 
     global_batch: int
     seq_len: int
+    doc_len: int = 0
 
     def __post_init__(self) -> None:
         for key, most in (("global_batch", 2**24), ("seq_len", 2**31)):  # 16.7 M sequences, 2.1 G tokens
@@ -297,13 +302,18 @@ class JobSpec:
                 raise PlaitError(f"{key}={value!r} must be a positive integer")
             if value > most:
                 raise PlaitError(f"{key}={value} is more than {most}")
+        if not isinstance(self.doc_len, int) or isinstance(self.doc_len, bool) or self.doc_len < 0:
+            raise PlaitError(f"doc_len={self.doc_len!r} must be a non-negative integer (0: no document mask)")
 
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not self.doc_len:  # plans without documents read as before
+            del data["doc_len"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> JobSpec:

@@ -132,7 +132,7 @@ def _plainly_valid(spec: KeySpec, value) -> bool:
         return value in spec.choices
     if spec.kind == "int":
         return type(value) is int and spec.minimum <= value <= MAX_DEGREE
-    return spec.kind == "bool"
+    return spec.kind == "bool" and type(value) is bool
 
 
 def problems(obj, keys: Mapping[str, tuple[KeySpec, Any]]) -> list[str]:
@@ -165,7 +165,10 @@ def problem(name: str, spec: KeySpec, value) -> str | None:
         if len(spec.choices) > 2:
             return f"{what} must be one of {', '.join(spec.choices)}"
         return f"{what} must be {_either(spec.choices)}"
-    elif spec.kind == "fraction" and not (0.0 <= float(value) <= 1.0):
+    elif spec.kind == "bool" and (not isinstance(value, (bool, int)) or value not in (True, False)):
+        return f"{what} must be true or false (1 or 0)"  # a plan file's list or object: one line, not a TypeError
+    elif spec.kind == "fraction" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0.0 <= value <= 1.0):
         return f"{what} must be a fraction between 0 and 1"
     return None
 

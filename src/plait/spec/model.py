@@ -31,8 +31,13 @@ presets read and write unchanged):
     start at 0); ``embed_scale`` (Gemma: embeddings times sqrt(hidden)); ``attn_scale`` (the
     score scale; 0 is 1/sqrt(head_dim)); ``rope_theta``, ``norm_eps``. None of these change
     parameters, FLOPs or saved activations.
-  * ``rope_scaling``: recorded as (key, value) pairs; changes no parameters, FLOPs or memory (it
-    only stretches the rotary frequencies). The runtime applies ``linear`` and ``llama3``.
+  * ``rope_scaling``: recorded as (key, value) pairs (``plait.spec.hf.families.hf_rope_scaling``'s
+    form, checked by ``rope_scaling_problems``); changes no parameters, FLOPs or memory (it only
+    stretches the rotary frequencies). The runtime applies every type: default, linear, dynamic,
+    llama3, yarn, longrope (``plait.run.modules.layers.rope_tables``).
+  * ``max_seq_len`` is the config's ``max_position_embeddings``: a hard limit only for learned
+    positions (``learned_positions``, arch=gpt); a RoPE model trains at any length, past it with a
+    warning (``plait.spec.validate.past_positions_warning``).
   * ``family``: the Hugging Face ``model_type`` the spec was read from (its weight names).
   * ``sinks`` (GPT-OSS): one learned sink logit per head, a softmax column no value goes with:
     n_heads parameters per layer; its FLOPs (one more score per query) and memory are negligible
@@ -62,6 +67,7 @@ import json
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
+from plait.spec.hf.families import rope_scaling_problems
 from plait.spec.moe import counts as moe_counts
 from plait.spec.moe.parts import MLASpec, MoESpec, coerce_parts
 from plait.spec.serialize import dataclass_from_dict, parse_json
@@ -72,7 +78,8 @@ NORM_POSITIONS = ("pre", "post", "sandwich")
 LOCAL_LAYERS = ("all", "even")
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 
-MAX_DIMENSION = 2**31  # largest layer count, width, head count, vocabulary or context a ModelSpec takes
+MAX_DIMENSION = 2**31  # largest width, head count, vocabulary or context a ModelSpec takes
+MAX_LAYERS = 10_000  # largest layer count: the planner builds lists over a stage's layers (as hf_config's cap)
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,7 @@ class ModelSpec:
     n_heads: int
     n_kv_heads: int
     vocab: int
-    max_seq_len: int = 2048  # rows of the learned position table (gpt); RoPE context (llama)
+    max_seq_len: int = 2048  # rows of the learned position table (gpt); config's RoPE context, not a limit (llama)
     tied_embeddings: bool = False  # LM head shares the token-embedding matrix
     dropout: bool = False  # dropout layers present (their 1-byte masks are saved activations)
     # ---- features of Hugging Face models (module docstring); defaults are the plain architectures
@@ -128,7 +135,7 @@ class ModelSpec:
                 object.__setattr__(self, "rope_scaling", rope_scaling_pairs(dict(self.rope_scaling)))
             except (TypeError, ValueError):
                 raise PlaitError(f"model {self.name!r}: rope_scaling must be an object of settings") from None
-        problems = []
+        problems = [] if isinstance(self.name, str) else [f"name={self.name!r} must be a string"]
         if self.head_dim is None:
             if isinstance(self.hidden, int) and isinstance(self.n_heads, int) and self.n_heads > 0:
                 if self.hidden % self.n_heads:
@@ -145,6 +152,8 @@ class ModelSpec:
                 problems.append(f"{field}={value!r} must be a positive integer")
             elif value > MAX_DIMENSION:  # larger sizes overflow the planner's float arithmetic
                 problems.append(f"{field}={value} is more than {MAX_DIMENSION} (2^31)")
+            elif field == "n_layers" and value > MAX_LAYERS:  # a list of 3e8 layers took minutes and 2.5 GB
+                problems.append(f"n_layers={value} is more than {MAX_LAYERS:,}")
         if not problems:
             problems += coerce_parts(self)
         if not problems:
@@ -176,10 +185,13 @@ class ModelSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 problems.append(f"{field}={value!r} must be a finite number > 0")
         if self.arch == "gpt":
-            llama_only = [f for f, default in (("qk_norm", "none"), ("norm_position", "pre"), ("norm_offset", False))
-                          if getattr(self, f) != default]
+            llama_only = [f for f, default in (("qk_norm", "none"), ("norm_position", "pre"), ("norm_offset", False),
+                                               ("rope_scaling", ())) if getattr(self, f) != default]
             if llama_only:
-                problems.append(f"{', '.join(llama_only)} apply to arch=llama (RMSNorm) only")
+                problems.append(f"{', '.join(llama_only)} apply to arch=llama (RMSNorm, RoPE) only")
+        elif isinstance(self.rope_scaling, tuple) and isinstance(self.head_dim, int):
+            rotary = self.mla.qk_rope_head_dim if isinstance(self.mla, MLASpec) else self.head_dim
+            problems += rope_scaling_problems(dict(self.rope_scaling), rotary)
         return problems
 
     # ----------------------------------------------------------------- shapes
@@ -192,6 +204,12 @@ class ModelSpec:
     def kv_hidden(self) -> int:
         """Width of the K (and of the V) projection: n_kv_heads · head_dim."""
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def learned_positions(self) -> bool:
+        """Positions are a learned table of ``max_seq_len`` rows (gpt): no sequence may be longer.
+        RoPE (llama) rotates by the position and runs at any length."""
+        return self.arch == "gpt"
 
     @property
     def gated(self) -> bool:

@@ -147,8 +147,8 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
         error("ulysses-divides-heads", f"cp_impl=ulysses splits heads over cp: cp={lay.cp} does not divide the "
               f"n_kv_heads/tp = {model.n_kv_heads}/{lay.tp} K/V heads of a rank; cp that would: "
               f"{_fmt(fits) or 'none'} (or cp_impl=ring)")
-    if model.arch == "gpt" and job.seq_len > model.max_seq_len:
-        error("seq-positions", f"seq_len={job.seq_len} exceeds the {model.max_seq_len} learned positions of {model.name}")
+    if model.learned_positions and job.seq_len > model.max_seq_len:  # RoPE models: past_positions_warning
+        error("seq-positions", positions_limit_message(model, job.seq_len))
     # ---- ZeRO / hybrid sharding
     if lay.dp % lay.hsdp:
         error("hsdp-divides-dp", f"hsdp={lay.hsdp} replicas do not divide dp={lay.dp}")
@@ -179,6 +179,37 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
     if lay.zero and lay.dp == 1:
         warn("zero-without-dp", f"zero={lay.zero} with dp=1 shards nothing")
     return sorted(out, key=lambda v: v.severity != "error")
+
+
+def positions_limit_message(model: ModelSpec, seq_len: int) -> str:
+    """Why a model with learned positions (GPT-2 style) takes no sequence past its table."""
+    return (f"seq_len={seq_len} exceeds the {model.max_seq_len} learned positions of {model.name}: learned "
+            f"absolute position embeddings have one row per position and none past {model.max_seq_len} "
+            "(use --seq-len <= that, or a RoPE model, which runs at any length)")
+
+
+def past_positions_warning(model: ModelSpec, seq_len: int) -> str | None:
+    """One line when ``seq_len`` passes a RoPE model's ``max_position_embeddings`` (``max_seq_len``),
+    naming the RoPE scaling in force; None otherwise (and for learned positions, which refuse it:
+    ``positions_limit_message``). ``plait plan`` and ``plait train`` print it once."""
+    if model.learned_positions or seq_len <= model.max_seq_len:
+        return None
+    return (f"seq_len={seq_len} passes {model.name}'s max_position_embeddings={model.max_seq_len}: RoPE runs at any "
+            f"length, here with {rope_description(model)}; positions past {model.max_seq_len} are new to the model")
+
+
+def rope_description(model: ModelSpec) -> str:
+    """The RoPE scaling in force, e.g. ``rope_scaling yarn (factor=4.0, original_max_position_embeddings=32768;
+    rope_theta=1e+06)`` or ``no rope_scaling (plain RoPE, rope_theta=500000)``."""
+    options = dict(model.rope_scaling)
+    kind = options.pop("rope_type", "default")
+    settings = [f"{k}={v}" for k, v in sorted(options.items()) if k not in ("short_factor", "long_factor")]
+    if "short_factor" in options:
+        settings.append(f"short and long factors for {len(options['short_factor'])} pairs")
+    theta = f"rope_theta={model.rope_theta:g}"
+    if kind == "default" and not settings:
+        return f"no rope_scaling (plain RoPE, {theta})"
+    return f"rope_scaling {kind} ({', '.join(settings)}; {theta})" if settings else f"rope_scaling {kind} ({theta})"
 
 
 def errors_of(violations: list[Violation]) -> list[Violation]:

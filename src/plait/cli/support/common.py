@@ -1,4 +1,4 @@
-"""What every command shares: the console, the cost parameters of ``--calibration``, warnings, and
+"""What every command shares: the console, the cost parameters of ``--calibration``, --doc-len, warnings, and
 the one place where a user error becomes one line on stderr and an exit status."""
 
 from __future__ import annotations
@@ -68,3 +68,20 @@ def exit_status(run: Callable[[object], int], args) -> int:
         shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]} ({len(name):,} characters)"
         print(f"plait: error: cannot use the path {shown}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def doc_len_of(given: str | None) -> int:
+    """--doc-len: a mean document length in tokens, or the one measured from a token file (0: not given)."""
+    if given is None:
+        return 0
+    if given.strip().isdigit():
+        if int(given) < 1:
+            raise PlaitError(f"--doc-len {given}: a document holds at least 1 token")
+        return int(given)
+    from plait.run.data.tokens import TokenFile
+
+    length = TokenFile(given).mean_document_length()
+    if length is None:
+        raise PlaitError(f"--doc-len {given}: the token file records no end-of-text id to count documents by; "
+                         "give the mean document length in tokens")
+    return length

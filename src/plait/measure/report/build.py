@@ -27,6 +27,7 @@ from plait.errors import PlaitError
 from plait.measure.report.render import Section, render_html, render_markdown
 from plait.measure.sweep.csv_file import SweepRow, read_sweep, summary_path
 from plait.measure.sweep.stats import summarize
+from plait.plan.calibration import Calibration
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.plan import Plan, evaluate
 from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_cluster
@@ -73,9 +74,9 @@ def prediction_cluster(rows: list[SweepRow], saved: dict) -> tuple[ClusterSpec, 
 
 
 def sweep_calibration(rows: list[SweepRow], saved: dict, cluster: ClusterSpec
-                      ) -> tuple[CostParams, ClusterSpec, str, list[str]]:
-    """(cost parameters, cluster with the calibration's overrides, a note, warnings) of the
-    calibration the sweep recorded; the defaults when it recorded none or the file is gone."""
+                      ) -> tuple[CostParams, ClusterSpec, str, list[str], Calibration | None]:
+    """(cost parameters, cluster with the calibration's overrides, a note, warnings, the calibration)
+    of the calibration the sweep recorded; the defaults (and None) when it recorded none or the file is gone."""
     from plait.measure.sweep.cases import calibration_fingerprint
     from plait.plan.calibration import read_calibration
 
@@ -83,17 +84,21 @@ def sweep_calibration(rows: list[SweepRow], saved: dict, cluster: ClusterSpec
     recorded = next((r.calibration_sha256 for r in rows if r.calibration_sha256), "") or \
         saved.get("calibration_sha256") or ""
     if not path:
-        return DEFAULT_PARAMS, cluster, "default cost parameters (the sweep used no calibration)", []
+        return DEFAULT_PARAMS, cluster, "default cost parameters (the sweep used no calibration)", [], None
     if not Path(path).is_file():
         return DEFAULT_PARAMS, cluster, "default cost parameters", [
-            f"the sweep's calibration {path} is missing: the report uses the default cost parameters"]
+            f"the sweep's calibration {path} is missing: the report uses the default cost parameters"], None
     _, now = calibration_fingerprint(path)
     changed = (f"calibration {path} changed since the sweep (sha256 {recorded} then, {now} now): the report "
                "uses the file as it is now")
     warnings = [changed] if recorded and now != recorded else []
     calibration = read_calibration(path)
     cluster, apply_warnings = calibration.apply(cluster)
-    return calibration.params, cluster, f"calibration {path} (sha256 {now})", warnings + apply_warnings
+    from plait.measure.report.plan_pricing import calibration_device
+
+    device = calibration_device(calibration) or "no device named"
+    return (calibration.params, cluster, f"calibration {path} ({device}; sha256 {now})", warnings + apply_warnings,
+            calibration)
 
 
 def _model_of(rows: list[SweepRow]):
@@ -149,7 +154,7 @@ def _sweep_sections(csv_path: Path, rows: list[SweepRow], out: Path, plan_path: 
 
     saved = saved_summary(csv_path)
     cluster, cluster_note = prediction_cluster(rows, saved)
-    params, cluster, calibration_note, warnings = sweep_calibration(rows, saved, cluster)
+    params, cluster, calibration_note, warnings, calibration = sweep_calibration(rows, saved, cluster)
     for warning in warnings:
         print(f"plait: warning: {warning}", file=sys.stderr)
     plans = layout_plans(rows, cluster, params)
@@ -166,24 +171,31 @@ def _sweep_sections(csv_path: Path, rows: list[SweepRow], out: Path, plan_path: 
                             missing="no MFU known: CPU runs have no GPU peak and no predictions were recorded"
                             if mfu_png is None else ""))
     sections.append(memory_section(plans, cluster, cluster_note, out / "memory.png"))
-    plan = None
+    plan, pricing = None, ""
     if plan_path:
-        from plait.measure.report.plan_sections import evaluate_saved_plan, plan_picture_section
+        from plait.measure.report.plan_pricing import price_saved_plan
+        from plait.measure.report.plan_sections import plan_picture_section, plan_summary_section
 
-        plan, _ = evaluate_saved_plan(plan_path, params)
-        sections.append(plan_picture_section(plan, params, out / "plan.png"))
+        priced = price_saved_plan(plan_path, calibration, calibration.path if calibration is not None else "")
+        plan, pricing = priced.plan, priced.label
+        for note in priced.notes[:1]:  # the devices differ, or saved and shown disagree: also on stderr
+            print(f"plait: note: {note}", file=sys.stderr)
+        sections.append(plan_summary_section(plan, plan_path, pricing, priced.notes, priced.rows))
+        sections.append(plan_picture_section(plan, priced.params, out / "plan.png", pricing))
     timeline_plan, why = _timeline_plan(plan, plan_path, plans)
-    sections.append(timeline_section(timeline_plan, why, out / "timeline.png"))
+    sections.append(timeline_section(timeline_plan, why, out / "timeline.png", pricing if plan is not None else ""))
     return sections, f"plait sweep report: {rows[0].model or 'model'} ({csv_path.name})"
 
 
 def _plan_sections(plan_path: str, out: Path) -> tuple[list[Section], str]:
     """A report of one saved plan without a sweep: its prediction, memory per stage, waterfall, timeline."""
-    from plait.measure.report.plan_sections import evaluate_saved_plan, plan_picture_section, plan_summary_section
+    from plait.measure.report.plan_pricing import price_saved_plan
+    from plait.measure.report.plan_sections import plan_picture_section, plan_summary_section
     from plait.measure.report.sections import timeline_section
 
-    plan, notes = evaluate_saved_plan(plan_path)
-    sections = [plan_summary_section(plan, plan_path, "default cost parameters", notes),
+    priced = price_saved_plan(plan_path)
+    plan = priced.plan
+    sections = [plan_summary_section(plan, plan_path, priced.label, priced.notes, priced.rows),
                 plan_picture_section(plan, DEFAULT_PARAMS, out / "plan.png")]
     why = f"the plan in {plan_path}" if plan.layout.pp > 1 else "the plan has no pipeline (pp = 1): nothing to draw"
     sections.append(timeline_section(plan if plan.layout.pp > 1 else None, why, out / "timeline.png"))

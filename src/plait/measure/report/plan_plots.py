@@ -118,8 +118,9 @@ def draw_waterfall(ax, plan: Plan) -> None:
     ax.grid(axis="x", alpha=0.3)
 
 
-def plan_plot(plan: Plan, stages: list[MemoryBreakdown], path: str | Path) -> Path:
-    """The memory-by-stage and step-time-waterfall panels of one plan, written to ``path``."""
+def plan_plot(plan: Plan, stages: list[MemoryBreakdown], path: str | Path, pricing: str = "") -> Path:
+    """The memory-by-stage and step-time-waterfall panels of one plan, written to ``path``;
+    ``pricing`` (how the plan was priced, ``plait report``) is a second title line."""
     picture_format(path)
     plt = require_matplotlib("plait plan --plot")
     fig, (memory_ax, time_ax) = plt.subplots(1, 2, figsize=(14, 5.2), gridspec_kw={"width_ratios": [1.1, 1.0],
@@ -129,6 +130,7 @@ def plan_plot(plan: Plan, stages: list[MemoryBreakdown], path: str | Path) -> Pa
     m = plan.layout.micro_batches(plan.job.global_batch)
     fig.suptitle(f"{plan.model.name}: {plan.layout} on {plan.cluster.n_gpus} x {plan.cluster.gpu.name}, global batch "
                  f"{plan.job.global_batch} x {plan.job.seq_len} tokens, {m} micro-batch{'es' if m > 1 else ''}"
-                 + ("" if plan.fits else "  -  DOES NOT FIT"), fontsize=10)
-    fig.subplots_adjust(left=0.06, right=0.97, bottom=0.12, top=0.82)
+                 + ("" if plan.fits else "  -  DOES NOT FIT") + (f"\npriced with: {pricing}" if pricing else ""),
+                 fontsize=10)
+    fig.subplots_adjust(left=0.06, right=0.97, bottom=0.12, top=0.78 if pricing else 0.82)
     return save_figure(fig, path)

@@ -8,27 +8,15 @@ from pathlib import Path
 
 from plait.measure.report.chart_data import duration
 from plait.measure.report.render import Section, Table
-from plait.plan.params import DEFAULT_PARAMS, CostParams
-from plait.plan.plan import Plan, evaluate, load_plan, plan_parts_of
+from plait.plan.params import CostParams
+from plait.plan.plan import Plan
 from plait.spec.units import GIB
 
 
-def evaluate_saved_plan(plan_path: str, params: CostParams = DEFAULT_PARAMS) -> tuple[Plan, list[str]]:
-    """The plan in ``plan_path`` evaluated again with ``params``, and notes: one when the saved
-    prediction differs from today's (the plan was saved with a calibration, or the planner changed)."""
-    data = load_plan(plan_path)
-    model, cluster, job, layout = plan_parts_of(data, plan_path)
-    plan = evaluate(model, cluster, job, layout, params)
-    saved = data.get("prediction", {}).get("step_time_s") if isinstance(data.get("prediction"), dict) else None
-    notes = []
-    if isinstance(saved, (int, float)) and saved > 0 and abs(plan.step.step_time / saved - 1) > 1e-6:
-        notes.append(f"the plan file predicted {duration(saved)} per step when it was saved; evaluated again "
-                     f"here it is {duration(plan.step.step_time)} (saved with a calibration, or the planner "
-                     "changed since): the report shows the evaluation of today")
-    return plan, notes
-
-
-def plan_summary_section(plan: Plan, plan_path: str, params_note: str, notes: list[str]) -> Section:
+def plan_summary_section(plan: Plan, plan_path: str, params_note: str, notes: list[str] | tuple[str, ...],
+                         step_rows: tuple[tuple[str, str], ...] = ()) -> Section:
+    """The plan's table: model, cluster, job, layout, its step time (and ``step_rows``: the saved and
+    re-priced step times beside it), rates, memory and the cost parameters it was priced with."""
     step, memory, layout = plan.step, plan.memory, plan.layout
     m = layout.micro_batches(plan.job.global_batch)
     rows = (("model", plan.model.name),
@@ -37,6 +25,7 @@ def plan_summary_section(plan: Plan, plan_path: str, params_note: str, notes: li
                     f"{'es' if m > 1 else ''} of {layout.mbs}"),
             ("layout", str(layout)),
             ("step time", duration(step.step_time)),
+            *step_rows,
             ("tokens/s/GPU", f"{step.tokens_per_s_per_gpu:,.0f}"),
             ("MFU / HFU", f"{100 * step.mfu:.1f}% / {100 * step.hfu:.1f}%"),
             ("bottleneck", step.bottleneck.replace("_", " ")),
@@ -49,17 +38,21 @@ def plan_summary_section(plan: Plan, plan_path: str, params_note: str, notes: li
                    notes=[*notes, *(f"warning: {w}" for w in plan.warnings)])
 
 
-def plan_picture_section(plan: Plan, params: CostParams, path: Path) -> Section:
+def plan_picture_section(plan: Plan, params: CostParams, path: Path, pricing: str = "") -> Section:
+    """The plan's memory per stage (priced with ``params``) and step-time waterfall; ``pricing``: how
+    it was priced, written under the picture's title and above its table."""
     from plait.measure.report.plan_plots import plan_plot
     from plait.measure.report.stage_memory import stage_memories
 
     stages = stage_memories(plan.model, plan.cluster, plan.job, plan.layout, params)
-    image = plan_plot(plan, stages, path)
+    image = plan_plot(plan, stages, path, pricing)
     text = ("Left: the planner's memory of every pipeline stage (the first holds the embedding and the most "
             "micro-batches in flight, the last the LM head and the logits); hatched items are outside the "
             "allocator's count (CUDA context, NCCL buffers, fragmentation). Right: the step time as a waterfall of "
             "its critical-path items - communication is what stays exposed after overlap, by kind.")
     body = tuple((s.stage, f"{s.allocated / GIB:.3f}", f"{s.total / GIB:.3f}", f"{100 * s.total / s.capacity:.1f}%")
                  for s in stages)
+    if pricing:
+        text += f" Priced with: {pricing}."
     return Section("Memory per stage and step time", [text],
                    Table(("stage", "allocated GiB", "total GiB", "of capacity"), body), image=image)

@@ -129,7 +129,9 @@ def memory_section(plans: list[tuple[SweepRow, Plan]], cluster: ClusterSpec, clu
     return Section(title, [caption], table, image=image)
 
 
-def timeline_section(plan: Plan | None, why: str, path: Path) -> Section:
+def timeline_section(plan: Plan | None, why: str, path: Path, pricing: str = "") -> Section:
+    """The pipeline schedule per rank of ``plan`` (``why``: which plan it is); ``pricing``: how the
+    plan was priced, in the picture's title and the text."""
     from plait.errors import PlaitError
     from plait.measure.report import plots
     from plait.measure.report.timeline import hidden_spans, plan_timeline, timeline_bubble_fraction, timeline_windows
@@ -150,6 +152,8 @@ def timeline_section(plan: Plan | None, why: str, path: Path) -> Section:
             f"and stage times from the planner (forward:backward = 1:2, recomputation in backward). Bubble "
             f"{100 * fraction:.1f}% of the busy time; the planner's step time has "
             f"{duration(plan.step.bubble)} of bubble in {duration(plan.step.step_time)}.")
+    if pricing:
+        text += f" Priced with: {pricing}."
     hidden = hidden_spans(windows)
     if hidden:
         left_out = sum(b - a for a, b in hidden)
@@ -159,7 +163,8 @@ def timeline_section(plan: Plan | None, why: str, path: Path) -> Section:
                  + "), where every rank is busy (steady state, no bubble); the picture shows the warm-up, "
                  "the edges of the steady state and the cool-down, so its share of bubble is larger than the "
                  "step's.")
-    image = plots.timeline_plot(intervals, path, f"{layout}: {schedule}, {m} micro-batches", windows)
+    image = plots.timeline_plot(intervals, path, f"{layout}: {schedule}, {m} micro-batches"
+                                + (f"\npriced with: {pricing}" if pricing else ""), windows)
     return Section(title, [text], image=image)
 
 

@@ -25,16 +25,18 @@ def fastest_cp_impl(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, lay: L
     the kernels apart (``plait.plan.context.exchange``), so the search tries this one rather than all four."""
     group = group_of(lay, cluster.gpus_per_node, ("cp",))
     recomputed = lay.ckpt in ("full", "selective")
+    if job.doc_len:  # document masks: PyTorch's ring takes none (rule runtime-doc-mask-cp-torch)
+        impls = tuple(impl for impl in impls if impl != "torch") or impls
     if is_extended(model):  # experts, MLA: their own layer times, which read more of the layout
         return _fastest(model, cluster, job.seq_len, params, lay, group, recomputed, impls)
     kernel_keys = Layout(tp=lay.tp, cp=lay.cp, mbs=lay.mbs, sp=lay.sp, attn=lay.attn, precision=lay.precision,
                          norm=lay.norm)  # what the dense layer's attention and exchange read
-    return _fastest(model, cluster, job.seq_len, params, kernel_keys, group, recomputed, impls)
+    return _fastest(model, cluster, job.seq_len, params, kernel_keys, group, recomputed, impls, job.doc_len)
 
 
 @lru_cache(maxsize=4096)
 def _fastest(model: ModelSpec, cluster: ClusterSpec, seq_len: int, params: CostParams, lay: Layout,
-             group: GroupPlacement, recomputed: bool, impls: tuple[str, ...]) -> str:
+             group: GroupPlacement, recomputed: bool, impls: tuple[str, ...], doc_len: int = 0) -> str:
     tokens = seq_len / lay.cp * lay.mbs
 
     def seconds(impl: str) -> float:
@@ -43,7 +45,7 @@ def _fastest(model: ModelSpec, cluster: ClusterSpec, seq_len: int, params: CostP
             times = moe_layer_times(model, cluster.gpu, params, candidate, tokens, seq_len)
         else:
             times = layer_times(model, cluster.gpu, params, tokens, seq_len, lay.tp, lay.cp, lay.sequence_parallel,
-                                lay.attn, lay.precision, lay.norm, "torch", impl)
+                                lay.attn, lay.precision, lay.norm, "torch", impl, doc_len)
         return (times.attn_fwd * (2.0 if recomputed else 1.0) + times.attn_bwd
                 + sum(cp_exchange(model, cluster, group, candidate, tokens, times.attn_fwd, times.attn_bwd, params)))
 

@@ -43,7 +43,6 @@ its norm output: 2·(2·r_q + 2·r_kv + d_rope) bytes per token, replicated).
 
 from __future__ import annotations
 
-from plait.plan.memo import by_layout_fields
 from plait.plan.states import sharded_states
 from plait.spec.layout import FP8_PRECISIONS, PRECISION_STORED_BYTES, Layout
 from plait.spec.moe.parts import moe_layer_count
@@ -58,14 +57,12 @@ MOE_ITEMS = ("moe_router_probs", "moe_combine_weights", "moe_dispatched", "moe_u
 INT64 = 8  # bytes of an index
 
 
-@by_layout_fields()
 def stage_layer_split(model, layout: Layout, layers: int) -> tuple[int, int]:
     """(dense, MoE) layers on the most loaded stage of ``layers`` layers (module docstring)."""
     moe = min(layers, moe_layer_count(model)) if model.moe is not None else 0
     return layers - moe, moe
 
 
-@by_layout_fields("tp")
 def dense_layer_local(model, layout: Layout, moe_layer: bool) -> float:
     """Non-expert parameters of one layer on one rank (matmul weights split by tp)."""
     t = layout.tp

@@ -42,7 +42,7 @@ Hidden communication slows the compute it shares the GPU with by ``CostParams.ov
 
 from __future__ import annotations
 
-from functools import lru_cache
+from plait.plan.memo import by_layout_fields
 
 from plait.plan import comm
 from plait.plan.kernels import LayerTimes, cp_keys_per_query, gemm_time, layer_times
@@ -69,7 +69,7 @@ def grouped_gemm_time(gpu: GpuSpec, params: CostParams, groups: float, m: float,
     return max(groups * one, weights) + gpu.kernel_overhead
 
 
-@lru_cache(maxsize=16384)
+@by_layout_fields("tp", "sp", "cp", "mbs", "ep", "etp", "precision")
 def moe_mlp_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tokens: float,
                   seq_len: int) -> tuple[float, float, float]:
     """Forward (router, shared experts, routed experts) GEMM seconds of one MoE layer, one micro-batch."""
@@ -101,7 +101,7 @@ def _attention_gemms(model, gpu: GpuSpec, params: CostParams, tokens: float, t: 
     return gemm_time(gpu, params, tokens, h, (q + 2 * g) / t, p) + gemm_time(gpu, params, tokens, q / t, h, p)
 
 
-@lru_cache(maxsize=16384)
+@by_layout_fields("tp", "sp", "cp", "cp_impl", "mbs", "ep", "etp", "attn", "norm", "precision")
 def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tokens: float, seq_len: int,
                     runtime: str = "torch") -> LayerTimes:
     """Kernel times of the model's mean layer for ``tokens`` on this rank (module docstring)."""
@@ -164,6 +164,8 @@ def expert_a2a(model, cluster: ClusterSpec, layout: Layout, seq_len: int, params
     return seconds
 
 
+@by_layout_fields("tp", "sp", "cp", "cp_impl", "dp", "pp", "mbs", "ep", "etp", "attn", "norm", "precision",
+                  "moe_overlap", "order")
 def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, seq_len: int,
                    params: CostParams, runtime: str = "torch") -> tuple[float, float]:
     """(forward, backward) exposed all-to-all seconds of one MoE layer and micro-batch."""

@@ -127,8 +127,8 @@ def prepare(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, tokeniz
     files_with_text: set[int] = set()
     bar = ProgressBar("tokenizing", len(units), enabled=progress, lines=False, clock="remaining")
     try:
-        with TokenWriter(out, vocab, tok.name) as train, \
-                (TokenWriter(opts.val_out, vocab, tok.name) if opts.val_out else nullcontext()) as val, \
+        with TokenWriter(out, vocab, tok.name, eos) as train, \
+                (TokenWriter(opts.val_out, vocab, tok.name, eos) if opts.val_out else nullcontext()) as val, \
                 closing(_encoded(tok, opts.tokenizer, jobs, opts.workers)) as parts:  # closed: the pool ends
             for unit, part in zip(units, parts):
                 if len(part.lengths):

@@ -39,6 +39,15 @@ def header_name(name: str) -> str:
     return ascii_name if len(ascii_name) <= NAME_BYTES else ascii_name[-NAME_BYTES:]
 
 
+def eos_field(eos_id: int | None) -> int:
+    """The header's end-of-text field for ``eos_id``: eos_id + 1, or 0 when the file records none."""
+    if eos_id is None:
+        return 0
+    if not 0 <= eos_id < 2**32 - 1:
+        raise PlaitError(f"end-of-text id {eos_id} does not fit the token file header (0..2**32-2)")
+    return eos_id + 1
+
+
 def _write_chunk(f, array: np.ndarray) -> None:
     """Append one array's bytes to the open file (a hook the tests use to simulate a failed write)."""
     f.write(array.tobytes())
@@ -48,15 +57,17 @@ class TokenWriter:
     """``with TokenWriter(path, vocab_size, name) as w: w.append(ids)`` - the file lands at ``path``
     on a clean exit only (an older file there stays untouched otherwise; no temporary file is left).
 
-    ``append`` takes any integer array; ids must be < ``vocab_size`` (checked per chunk). The parent
+    ``eos_id``: the end-of-text id ``prepare`` puts after every document, recorded in the header
+    (``plait train --doc-mask`` cuts sequences into documents at it). ``append`` takes any integer array; ids must be < ``vocab_size`` (checked per chunk). The parent
     directory is created. OSError becomes a PlaitError naming the file.
     """
 
-    def __init__(self, path: str | os.PathLike, vocab_size: int, name: str) -> None:
+    def __init__(self, path: str | os.PathLike, vocab_size: int, name: str, eos_id: int | None = None) -> None:
         self.path = Path(path)
         if self.path.is_dir():
             raise PlaitError(f"output {self.path} is a directory; give a file name such as {self.path / 'tokens.tok'}")
         self.vocab_size = vocab_size
+        self.eos_id = eos_id  # the end-of-text id after every document; the header keeps eos_id + 1 (0: none)
         self.dtype = token_dtype(vocab_size)
         self.name = header_name(name)
         self.n_tokens = 0
@@ -99,7 +110,7 @@ class TokenWriter:
                                      "least 2")
                 self._file.seek(0)
                 self._file.write(HEADER.pack(MAGIC, VERSION, self.dtype.itemsize, self.vocab_size, self.n_tokens,
-                                             self.crc, 0, self.name.encode("ascii")))
+                                             self.crc, eos_field(self.eos_id), self.name.encode("ascii")))
             except BaseException as failure:  # the header could not be written: drop the file
                 self._stack.__exit__(type(failure), failure, failure.__traceback__)
                 if isinstance(failure, OSError):

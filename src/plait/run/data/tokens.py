@@ -25,7 +25,8 @@ window is read exactly once per epoch.
         16    8  vocab_size (uint64): token ids are < vocab_size
         24    8  n_tokens (uint64)
         32    4  CRC-32 (zlib.crc32) of the token bytes (uint32)
-        36    4  reserved, zero
+        36    4  end-of-text id + 1 (uint32): the id after every document; 0: not recorded
+                 (files of plait before it recorded one, raw imports)
         40   24  tokenizer name, ASCII, NUL-padded
         64       n_tokens * bytes-per-token bytes of tokens, nothing after them
 
@@ -57,6 +58,7 @@ __all__ = ["HEADER", "HEADER_SIZE", "MAGIC", "VERSION", "SyntheticTokens", "Toke
 VERIFY_ON_OPEN_BYTES = 256 * 2**20  # token data below this size (bytes) is checksummed on open
 CHUNK_BYTES = 16 * 2**20  # read size (bytes) for checksums and scans; a multiple of 4
 PREPARE_HINT = "make one with `plait data prepare`"
+DOC_SAMPLE_TOKENS = 2**24  # tokens read to measure the mean document length (--doc-mask's planner input)
 
 
 def _check_request(step: int, positions: Sequence[int], seq_len: int, global_batch: int | None) -> None:
@@ -102,12 +104,13 @@ class TokenFile:
         if seed < 0:
             raise PlaitError(f"data seed must be >= 0, got {seed}")
         header = self._read_header()
-        _, _, itemsize, vocab, n_tokens, crc, _, name = header
+        _, _, itemsize, vocab, n_tokens, crc, eos_field, name = header
         self.dtype = np.dtype("<u2" if itemsize == 2 else "<u4")
         self.vocab_size = vocab
         self.n_tokens = n_tokens
         self.checksum = crc
         self.tokenizer = name
+        self.eos_id = eos_field - 1 if eos_field else None  # end of every document (None: not recorded)
         if n_tokens * itemsize < VERIFY_ON_OPEN_BYTES:
             self.verify()
         try:
@@ -201,6 +204,14 @@ class TokenFile:
             raise self._fail(f"has {self.n_tokens} tokens but one sequence of seq_len {seq_len} "
                              f"needs {seq_len + 1}; use a shorter --seq-len or more text")
         return (self.n_tokens - 1) // seq_len
+
+    def mean_document_length(self, sample_tokens: int = DOC_SAMPLE_TOKENS) -> int | None:
+        """Mean tokens per document (its end-of-text id included) over the file's first
+        ``sample_tokens`` tokens, rounded; None when the file records no end-of-text id."""
+        if self.eos_id is None:
+            return None
+        head = np.asarray(self.tokens[:sample_tokens])
+        return max(1, round(head.size / max(1, int(np.count_nonzero(head == self.eos_id)))))
 
     def permutation(self, seq_len: int, epoch: int) -> np.ndarray:
         """Window order of one epoch: a permutation of range(n_samples) seeded by (seed, epoch)."""

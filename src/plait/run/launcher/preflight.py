@@ -14,7 +14,7 @@ from plait.run.device import gpu_from_device_name, local_accelerator, uses_gpu
 from plait.run.launcher.launch import LaunchOptions
 from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_gpu
 from plait.spec.units import DEFAULT_GPU, GIB
-from plait.spec.validate import errors_of, validate
+from plait.spec.validate import errors_of, past_positions_warning, validate
 
 
 def runs_on_gpu(config: RunConfig, nproc_per_node: int) -> bool:
@@ -75,6 +75,7 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
     if problems:
         raise PlaitError(f"layout {layout}: " + "; ".join(problems))
     warnings = [v.message for v in violations if v.severity == "warning"]
+    warnings += [w for w in [past_positions_warning(model, job.seq_len)] if w]  # RoPE past max_position_embeddings
     on_gpu = runs_on_gpu(config, options.nproc_per_node)
     config = resolve_gpu(config, on_gpu)
     if not on_gpu:  # the OS kills a CPU worker that runs out of memory: check the host's before launching

@@ -102,6 +102,7 @@ def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarge
         from plait.run.checkpoint.hf.files import check_model_dir
 
         init_from = str(check_model_dir(request.init_from))
+        check_weight_table(init_from)
     model = target.model
     if target.plan is None:
         if not (model or init_from):
@@ -118,10 +119,35 @@ def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarge
         job=TrainJob(model=model, layout=target.layout or Layout(dp=options.world_size),
                      global_batch=target.global_batch, seq_len=target.seq_len,
                      **{**job, "data": data, "init_from": init_from}, data_id=data_id,
+                     **documents_of(data, job["doc_mask"]),
                      token_ids=hf_token_ids(init_from) if init_from else hf_token_ids(request.model)),
         optim=optim, runtime=section_of(request, RuntimeConfig, gpu=request.gpu or target.gpu),
         observe=section_of(request, LogConfig))
     return dataclasses.replace(config, eval=eval_config(request, config.job))
+
+
+def documents_of(data: str, doc_mask: bool) -> dict:
+    """--doc-mask's ``eos_id`` and ``doc_len`` (mean document length, tokens) of the token file
+    ``data``, read from its header and its first tokens; {} without --doc-mask or a token file
+    (``TrainJob`` then refuses synthetic data in one line)."""
+    if not doc_mask or data == "synthetic":
+        return {}
+    from plait.run.data.tokens import TokenFile
+
+    tokens = TokenFile(data)
+    return {"eos_id": tokens.eos_id, "doc_len": tokens.mean_document_length()}
+
+
+def check_weight_table(directory: str) -> None:
+    """One line, before any worker starts, for an ``--init-from`` checkpoint whose family has no weight-name
+    table (``plait.run.checkpoint.hf.map``: DeepSeek-V3, GPT-OSS...); the tensors are checked by the workers."""
+    from plait.run.checkpoint.hf.files import read_config
+    from plait.run.checkpoint.hf.map import family_of_model_type
+
+    try:
+        family_of_model_type(str(read_config(directory).get("model_type", "")).lower())
+    except PlaitError as exc:
+        raise PlaitError(f"--init-from {directory}: {exc}") from None
 
 
 def check_decay_fraction(request: TrainRequest, optim: OptimConfig) -> None:

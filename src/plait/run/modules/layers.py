@@ -1,5 +1,5 @@
 """The element-wise pieces of plait's transformer (``plait.run.model``): norms, rotary embeddings
-and the attention kernels with their options (sliding window, score soft-capping, scale).
+(every rope_scaling type: ``rope_tables``) and the attention kernels with their options (sliding window, score soft-capping, scale).
 
 Attention kernels are called as ``kernel(q, k, v, dropout_p, **options)`` on (batch, heads, seq,
 head_dim) tensors; ``options`` (``Attention.kernel_options``) holds only what a model sets:
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plait.errors import PlaitError
+from plait.run.modules.documents import flex_document_attention, flex_runs, row_mask
 from plait.spec.capabilities import RUNTIME_ROPE_SCALINGS
 from plait.spec.model import ModelSpec
 
@@ -83,24 +84,53 @@ def make_norm(spec: ModelSpec, dim: int | None = None) -> nn.Module:
     return LayerNorm(dim, eps=spec.norm_eps)
 
 
-def rope_inverse_frequencies(head_dim: int, device, theta: float = ROPE_THETA, scaling: tuple = ()) -> torch.Tensor:
-    """Rotary frequencies (head_dim // 2,), fp32, with ``scaling`` (ModelSpec.rope_scaling) applied:
-    ``linear`` divides every frequency by ``factor``; ``llama3`` divides the low frequencies
-    (wavelength > original_max_position_embeddings / low_freq_factor) by ``factor``, keeps the high
-    ones (wavelength < .../high_freq_factor) and interpolates smoothly between."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+def rope_inverse_frequencies(head_dim: int, device, theta: float = ROPE_THETA, scaling: tuple = (), *,
+                             seq_len: int | None = None, max_positions: int | None = None) -> torch.Tensor:
+    """Rotary frequencies (head_dim // 2,) in radians per position, fp32, with ``scaling``
+    (ModelSpec.rope_scaling) applied for sequences of ``seq_len`` tokens; ``max_positions`` is the
+    config's max_position_embeddings (ModelSpec.max_seq_len). ``seq_len`` None: the frequencies
+    transformers builds before it sees a sequence (dynamic's at max_positions, longrope's short ones).
+
+    The types follow transformers 5.24 (``transformers.modeling_rope_utils``, written here from
+    its formulas, not copied):
+      * ``linear``: every frequency divided by ``factor``.
+      * ``dynamic`` (NTK): for S = max(seq_len, max_positions) tokens the base becomes
+        theta·(factor·S/max_positions - (factor - 1))^(d/(d-2)), d = head_dim; S <= max_positions
+        leaves plain RoPE (transformers recomputes per forward from the longest position seen).
+      * ``llama3``: the low frequencies (wavelength > original/low_freq_factor) divided by
+        ``factor``, the high ones (wavelength < original/high_freq_factor) kept, a smooth
+        interpolation between (original = original_max_position_embeddings).
+      * ``yarn``: interpolated (divided by ``factor``) and extrapolated (plain) frequencies blended by
+        a ramp over the pair index i, 0 below the pair turning ``beta_fast`` (default 32) times over
+        the original length and 1 above the pair turning ``beta_slow`` (default 1) times:
+        d·ln(original/(2π·rotations))/(2·ln theta), floored/ceiled unless ``truncate`` is false.
+      * ``longrope``: frequency i divided by ``long_factor[i]`` when seq_len > original, else by
+        ``short_factor[i]``.
+    The cos/sin scale of yarn and longrope is ``rope_attention_factor``.
+    """
+    exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
     options = dict(scaling)
     kind = options.get("rope_type", "default")
-    if not options or kind == "default":
+    if kind == "default":
         return inv_freq
     if kind not in ROPE_SCALINGS:
-        raise PlaitError(f"rope_scaling type {kind!r} is not run by plait's runtime (it runs {', '.join(ROPE_SCALINGS)}); "
-                         "plan with it, or train with a config without it")
-    factor = float(options["factor"])
+        raise PlaitError(f"rope_scaling type {kind!r} is not one of default, {', '.join(ROPE_SCALINGS)}")
+    positions = max_positions if max_positions is not None else seq_len
     if kind == "linear":
-        return inv_freq / factor
-    low, high = float(options["low_freq_factor"]), float(options["high_freq_factor"])
+        return inv_freq / float(options["factor"])
+    if kind == "dynamic":
+        factor, length = float(options["factor"]), max(seq_len or positions, positions)
+        base = theta * (factor * length / positions - (factor - 1)) ** (head_dim / (head_dim - 2))
+        return 1.0 / (base ** exponents)
     original = float(options["original_max_position_embeddings"])
+    if kind == "longrope":
+        chosen = options["long_factor"] if seq_len and seq_len > original else options["short_factor"]
+        return 1.0 / (torch.tensor(chosen, dtype=torch.float32, device=device) * theta ** exponents)
+    factor = float(options["factor"])
+    if kind == "yarn":
+        return _yarn_frequencies(inv_freq, head_dim, theta, factor, original, options)
+    low, high = float(options["low_freq_factor"]), float(options["high_freq_factor"])
     wavelength = 2 * math.pi / inv_freq
     smooth = (original / wavelength - low) / (high - low)
     scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
@@ -108,20 +138,76 @@ def rope_inverse_frequencies(head_dim: int, device, theta: float = ROPE_THETA, s
     return torch.where(middle, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
 
 
+def _yarn_frequencies(inv_freq: torch.Tensor, head_dim: int, theta: float, factor: float, original: float,
+                      options: dict) -> torch.Tensor:
+    """YaRN's blend of plain and interpolated frequencies (``rope_inverse_frequencies``)."""
+    def pair_turning(rotations: float) -> float:  # the (fractional) pair index turning ``rotations`` times
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = pair_turning(options.get("beta_fast") or 32), pair_turning(options.get("beta_slow") or 1)
+    if options.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    pair = torch.arange(head_dim // 2, device=inv_freq.device, dtype=torch.float32)
+    interpolated = ((pair - low) / (high - low)).clamp(0, 1)  # 0: keep the frequency, 1: divide it by factor
+    return inv_freq / factor * interpolated + inv_freq * (1 - interpolated)
+
+
+def rope_attention_factor(scaling: tuple, max_positions: int) -> float:
+    """The factor yarn and longrope multiply cos and sin by (so q·k by its square); 1 for the rest.
+
+    yarn: ``attention_factor`` when given, else m(factor, mscale) / m(factor, mscale_all_dim) when
+    both are set, else m(factor, 1), with m(s, k) = 0.1·k·ln(s) + 1 (1 for s <= 1). longrope:
+    ``attention_factor`` when given, else sqrt(1 + ln(factor)/ln(original)) for factor > 1, factor
+    defaulting to max_positions / original (transformers 5.24, ``modeling_rope_utils``)."""
+    options = dict(scaling)
+    kind = options.get("rope_type", "default")
+    if kind not in ("yarn", "longrope"):
+        return 1.0
+    if options.get("attention_factor") is not None:
+        return float(options["attention_factor"])
+    original = float(options["original_max_position_embeddings"])
+    factor = float(options.get("factor") or max_positions / original)
+    if kind == "longrope":
+        return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+
+    def m(scale: float, k: float = 1.0) -> float:
+        return 0.1 * k * math.log(scale) + 1.0 if scale > 1 else 1.0
+
+    mscale, all_dim = options.get("mscale"), options.get("mscale_all_dim")
+    return m(factor, mscale) / m(factor, all_dim) if mscale and all_dim else m(factor)
+
+
+def rope_depends_on_length(scaling: tuple) -> bool:
+    """Whether the tables change with the sequence length (dynamic and longrope do)."""
+    return dict(scaling).get("rope_type", "default") in ("dynamic", "longrope")
+
+
 def rope_tables(head_dim: int, max_seq_len: int, device: torch.device | str, theta: float = ROPE_THETA,
-                scaling: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables of rotary embeddings, each (max_seq_len, head_dim // 2), fp32."""
-    inv_freq = rope_inverse_frequencies(head_dim, device, theta, scaling)
+                scaling: tuple = (), *, seq_len: int | None = None,
+                max_positions: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of rotary embeddings for positions 0..max_seq_len-1, each (max_seq_len,
+    head_dim // 2), fp32, times ``rope_attention_factor``; ``seq_len`` and ``max_positions`` (default
+    ``max_seq_len``) as in ``rope_inverse_frequencies``."""
+    positions = max_seq_len if max_positions is None else max_positions
+    inv_freq = rope_inverse_frequencies(head_dim, device, theta, scaling, seq_len=seq_len, max_positions=positions)
     angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+    factor = rope_attention_factor(scaling, positions)
+    if factor == 1.0:
+        return angles.cos(), angles.sin()
+    return angles.cos() * factor, angles.sin() * factor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., 2i], x[..., 2i+1]) of x (batch, seq, heads, head_dim)."""
+    """Rotate pairs (x[..., 2i], x[..., 2i+1]) of x (batch, seq, heads, head_dim); ``cos``/``sin`` are
+    (seq, head_dim // 2) tables, or (batch, seq, head_dim // 2) when each row has its own positions
+    (packed documents, ``plait.run.modules.documents``)."""
     pairs = x.float().unflatten(-1, (-1, 2))
     real, imag = pairs[..., 0], pairs[..., 1]
-    cos = cos[None, :, None, :]
-    sin = sin[None, :, None, :]
+    cos = (cos if cos.dim() == 3 else cos[None])[:, :, None, :]
+    sin = (sin if sin.dim() == 3 else sin[None])[:, :, None, :]
     rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
     return rotated.flatten(-2).type_as(x)
 
@@ -135,21 +221,30 @@ def attention_mask(seq: int, window: int, device) -> torch.Tensor:
 
 
 def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, *, window: int = 0,
-                   scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
+                   scale: float | None = None, softcap: float = 0.0,
+                   documents: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of (batch, heads, seq, head_dim) tensors; K/V heads are repeated for GQA.
 
     A sliding window passes its boolean mask to SDPA (the memory-efficient or math kernel: the
-    flash kernel takes no mask). Soft-capped scores need the eager kernel (``attn=eager``)."""
+    flash kernel takes no mask). Soft-capped scores need the eager kernel (``attn=eager``).
+    ``documents`` (batch, seq): within-document attention, by FlexAttention's block mask on CUDA
+    without dropout, else SDPA with the boolean mask (``plait.run.modules.documents``)."""
     if softcap:
         raise PlaitError("attention soft-capping (Gemma-2's attn_logit_softcapping) runs only with eager "
                          "attention: use attn=eager")
-    mask = attention_mask(q.shape[2], window, q.device) if window else None
+    if documents is not None and flex_runs(q, dropout_p):
+        return flex_document_attention(q, k, v, documents, window, scale)
+    if documents is not None:
+        mask = row_mask(documents, window)
+    else:
+        mask = attention_mask(q.shape[2], window, q.device) if window else None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None,
                                           scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, *, window: int = 0,
-                    scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
+                    scale: float | None = None, softcap: float = 0.0,
+                    documents: torch.Tensor | None = None) -> torch.Tensor:
     """The same as ``core_attention`` with the (seq × seq) probabilities materialized (attn=eager).
 
     Plain PyTorch attention as Hugging Face's and Megatron's unfused paths write it: the softmax
@@ -164,7 +259,7 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    mask = ~attention_mask(seq, window, q.device)
+    mask = ~(attention_mask(seq, window, q.device) if documents is None else row_mask(documents, window))
     probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
     probs = F.dropout(probs, p=dropout_p)
     return probs @ v

@@ -36,6 +36,11 @@ mean LM loss + Σ_layers mean over micro-batches of aux. The reported loss is th
 Every layout splits the global batch into the same micro-batches (mbs sequences), so the sum is
 the same under any dp/ep/tp/pp split: parity holds.
 
+Router health (``plait.run.observe.router``): every training forward (not a recomputation in the
+backward) also adds, on the device and without a host read, its routed pairs per expert to
+``expert_load`` (``route``), the pairs that capacity dropped to ``dropped``, and its aux loss (coef included,
+without gradient) and one forward to ``aux_sum``; the step's logging collects and zeroes them.
+
 Parameters (names in checkpoints): ``router.weight`` (E, h); ``experts.w1`` / ``experts.w3``
 (E, h, f) and ``experts.w2`` (E, f, h): expert-major, so expert parallelism shards dim 0;
 ``shared.w1/w2/w3`` (nn.Linear); ``shared_gate.weight`` (1, h); the sigmoid router's ``score_bias``
@@ -138,9 +143,11 @@ class SharedExperts(nn.Module):
 class MoEFeedForward(nn.Module):
     """The MLP of an MoE layer (module docstring); takes and returns (batch, seq, hidden)."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, layer: int = 0):
         super().__init__()
         moe = spec.moe
+        self.layer = layer  # the block's index in the model (router health is reported per MoE layer)
+        self.counted = True  # False: forwards that are no training step's (pipelining's shape inference)
         self.n_experts, self.top_k, self.norm_topk = moe.n_experts, moe.top_k, moe.norm_topk
         self.aux_coef = moe.aux_loss_coef
         self.capacity_factor = moe.capacity_factor  # 0: dropless
@@ -150,6 +157,8 @@ class MoEFeedForward(nn.Module):
             self.register_buffer("score_bias", torch.zeros(moe.n_experts, dtype=torch.float32))
         # routed pairs per expert since the last optimizer step (training forwards; not checkpointed)
         self.register_buffer("expert_load", torch.zeros(moe.n_experts, dtype=torch.float32), persistent=False)
+        # router health since the last step's logging: [pairs dropped, aux loss summed, training forwards]
+        self.register_buffer("health", torch.zeros(3, dtype=torch.float32), persistent=False)
         self.router = nn.Linear(spec.hidden, moe.n_experts, bias=moe.router_bias)
         self.experts = GroupedExperts(moe.n_experts, spec.hidden, moe.expert_ffn)
         self.shared = SharedExperts(spec.hidden, moe.n_shared * moe.shared_width) if moe.n_shared else None
@@ -175,14 +184,26 @@ class MoEFeedForward(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if self.route_scale != 1.0:
             weights = weights * self.route_scale
-        if self.training and torch._C._current_graph_task_id() == -1:  # not a recomputation in backward
+        if self.counting():
             with torch.no_grad():
                 self.expert_load += torch.bincount(ids.reshape(-1), minlength=self.n_experts).to(self.expert_load)
         return probs, weights, ids, scores
 
+    def counting(self) -> bool:
+        """Whether this forward counts in the load and health buffers: training, ``counted``, not a
+        recomputation in the backward."""
+        return self.training and self.counted and torch._C._current_graph_task_id() == -1
+
+    @torch.no_grad()
+    def count(self, counts: torch.Tensor, kept: torch.Tensor, aux: torch.Tensor | None) -> None:
+        """Add a training forward's dropped pairs and aux loss to ``health`` (``route`` counts the load)."""
+        dropped = (counts - kept).sum() if self.capacity_factor else counts.new_zeros(())
+        self.health += torch.stack([dropped.to(self.health), (aux.detach().to(self.health) if aux is not None
+                                                              else self.health.new_zeros(())), self.health.new_ones(())])
+
     @torch.no_grad()
     def reset_buffers(self) -> None:
-        """Zero the balancing bias and the load counts (after ``to_empty`` off the meta device)."""
+        """Zero the balancing bias, the load counts and the health sums (after ``to_empty`` off the meta device)."""
         for buffer in self.buffers(recurse=False):
             buffer.zero_()
 
@@ -247,6 +268,9 @@ class MoEFeedForward(nn.Module):
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(x)) * shared
             y = y + shared
-        if self.aux_coef and torch.is_grad_enabled():
-            y = AuxLossGradient.apply(y, self.aux_loss(probs, counts), self.aux_grad_scale)
+        aux = self.aux_loss(probs, counts) if self.aux_coef and torch.is_grad_enabled() else None
+        if self.counting():
+            self.count(counts, kept, aux)
+        if aux is not None:
+            y = AuxLossGradient.apply(y, aux, self.aux_grad_scale)
         return y.reshape(shape)

@@ -28,7 +28,7 @@ from plait.run.config import EVAL_SEED
 from plait.run.data.tokens import open_tokens
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.parallel.parallelize import ModelParts
-from plait.run.step import compute_context, local_batch, loss_context, pipeline_loss
+from plait.run.step import batch_of, compute_context, loss_context, pipeline_loss
 
 
 def _full(loss: torch.Tensor) -> torch.Tensor:
@@ -36,18 +36,21 @@ def _full(loss: torch.Tensor) -> torch.Tensor:
 
 
 def forward_loss(parts: ModelParts, pdims: ParallelDims, inputs: torch.Tensor, labels: torch.Tensor,
-                 n_microbatches: int) -> torch.Tensor | None:
+                 n_microbatches: int, documents: torch.Tensor | None = None) -> torch.Tensor | None:
     """This rank's mean token loss of one batch, forward only (call under ``torch.no_grad()``); None
-    on ranks that compute no loss (pipeline stages before the last)."""
+    on ranks that compute no loss (pipeline stages before the last). ``documents``: --doc-mask's
+    document ids of the rows (``plait.run.step.batch_of``)."""
     if parts.schedule is not None:
-        loss = pipeline_loss(parts, pdims, inputs, labels, "eval")
+        loss = pipeline_loss(parts, pdims, inputs, labels, "eval", documents)
         return None if loss is None else loss.float()
     model = parts.chunks[0]
     positions = parts.token_positions(inputs.shape[1], inputs.device)
     total = torch.zeros((), device=inputs.device)
+    docs = [None] * n_microbatches if documents is None else documents.chunk(n_microbatches)
     with loss_context(pdims), compute_context(parts, inputs.device):
-        for x, y in zip(inputs.chunk(n_microbatches), labels.chunk(n_microbatches)):
-            total += _full(parts.loss_fn(model(x, positions=positions), y)).float() / n_microbatches
+        for x, y, d in zip(inputs.chunk(n_microbatches), labels.chunk(n_microbatches), docs):
+            extra = {} if d is None else {"documents": d}
+            total += _full(parts.loss_fn(model(x, positions=positions, **extra), y)).float() / n_microbatches
     return total
 
 
@@ -75,8 +78,8 @@ class Evaluator:
         try:
             with torch.no_grad():
                 for k in range(self.batches):
-                    inputs, labels = local_batch(self.source, setup.config.job, pdims, k, device)
-                    local = forward_loss(parts, pdims, inputs, labels, setup.n_micro)
+                    inputs, labels, documents = batch_of(self.source, setup.config.job, pdims, k, device)
+                    local = forward_loss(parts, pdims, inputs, labels, setup.n_micro, documents)
                     if local is not None and pdims.loss_owner:
                         total += local
         finally:

@@ -8,6 +8,13 @@ One JSON object per line (rank 0 writes them):
 * step records (``plait.run.metrics.StepRecord.to_dict``): ``step`` (optimizer steps counted from 1),
   ``loss``, ``lr``, ``grad_norm``, ``step_time_s`` (seconds), ``tokens_per_s``, ``mfu`` (0..1 or
   null), ``time`` (Unix seconds), and ``"profiled": true`` on a step run under the memory profiler;
+  an MoE model's records add its routers' health (``plait.run.observe.router``, per step over the
+  MoE layers; a pair is a token routed to one of its top-k experts): ``moe_tokens_per_expert_min``
+  / ``_max`` (pairs of the least / most loaded expert of any layer), ``moe_tokens_per_expert_cv``
+  (std / mean of the pairs per expert, averaged over the layers) and ``_cv_max`` (worst layer),
+  ``moe_dropped_pairs`` and ``moe_dropped_frac`` (over capacity; 0 when dropless),
+  ``moe_aux_loss`` (Σ over layers of the mean over micro-batches, coefficient included) and, for
+  the sigmoid router, ``moe_bias_spread`` (max - min of the balancing bias, largest layer);
 * eval records: ``step``, ``eval_loss`` (mean per token), ``eval_tokens``, ``eval_s`` (seconds);
 * events: ``event`` (``resume``, ``checkpoint``, ``init_from``, ``replayed``, ...) with their fields;
 * the closing summary (``plait.run.metrics.RunSummary.to_dict``): ``"summary": true`` and the run's

@@ -25,6 +25,7 @@ import torch
 
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.model import Transformer, build_model
+from plait.run.modules.moe import MoEFeedForward
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
 from plait.spec.validate import stage_layer_counts
@@ -59,6 +60,28 @@ def build_stage_module(spec: ModelSpec, layout: Layout, stage_id: int) -> Transf
     return model
 
 
+def uncounted_shape_inference(stage) -> None:
+    """torch's pipelining runs each stage's module once more in the first step, to infer the shapes
+    it sends (``_forward_metadata_inference``, on placeholder tensors): the MoE layers leave that
+    forward out of their routing counts (``MoEFeedForward.counted``), which feed the sigmoid routers'
+    balancing and the router-health figures."""
+    infer = getattr(stage, "_forward_metadata_inference", None)
+    if infer is None:
+        return
+    routers = [m for m in stage.submod.modules() if isinstance(m, MoEFeedForward)]
+
+    def infer_uncounted(*args, **kwargs):
+        for router in routers:
+            router.counted = False
+        try:
+            return infer(*args, **kwargs)
+        finally:
+            for router in routers:
+                router.counted = True
+
+    stage._forward_metadata_inference = infer_uncounted
+
+
 def build_schedule(chunks: list[torch.nn.Module], stage_ids: list[int], pdims: ParallelDims,
                    n_microbatches: int, loss_fn: Callable, device: torch.device):
     """The pipeline schedule driving this rank's stage chunks (modules already parallelized).
@@ -77,6 +100,8 @@ def build_schedule(chunks: list[torch.nn.Module], stage_ids: list[int], pdims: P
     group = pdims.group("pp")
     stages = [PipelineStage(chunk, stage_id, n_stages, device, group=group)
               for chunk, stage_id in zip(chunks, stage_ids)]
+    for stage in stages:
+        uncounted_shape_inference(stage)
     if layout.schedule == "gpipe":
         return ScheduleGPipe(stages[0], n_microbatches, loss_fn=loss_fn)
     if layout.schedule == "1f1b":

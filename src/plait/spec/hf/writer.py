@@ -3,7 +3,8 @@
 ``plait export`` writes the config of the family the spec was read from (``ModelSpec.family``),
 or, for a spec of plait's own (a preset, a model JSON), the first family whose config expresses
 it: Llama, Mistral, Qwen2, Qwen3, OLMo-2, Gemma-2 for arch llama; GPT-2, then GPT-BigCode (multi-
-query attention) for arch gpt. Every config written is read back with plait's reader: the spec
+query attention) for arch gpt; Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE for a mixture-of-experts
+spec (``plait.spec.moe.hf_write``). Every config written is read back with plait's reader: the spec
 it gives must be the exported one (its name aside), or export refuses, naming the fields the
 family's config cannot hold. Dropout is not written for llama-like families (their configs'
 dropout keys are refused by the reader; an exported model is for inference).
@@ -18,6 +19,7 @@ from plait.errors import PlaitError
 from plait.spec.hf.families import LLAMA_FAMILIES
 from plait.spec.hf_config import model_from_hf_dict
 from plait.spec.model import ModelSpec
+from plait.spec.moe import hf_write
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -33,8 +35,14 @@ IGNORED = ("name", "family")  # fields that a round trip may change
 
 
 def _rope(spec: ModelSpec) -> dict:
-    params = {"rope_type": "default", **dict(spec.rope_scaling), "rope_theta": spec.rope_theta}
-    return {"rope_theta": spec.rope_theta, "rope_parameters": params}
+    """rope_theta and rope_parameters; the original context also at the top level, where Phi-3 reads
+    it first (its config class defaults it to 4096, over the dict's: ``hf_rope_scaling``)."""
+    scaling = dict(spec.rope_scaling)
+    params = {"rope_type": "default", **scaling, "rope_theta": spec.rope_theta}
+    out = {"rope_theta": spec.rope_theta, "rope_parameters": params}
+    if "original_max_position_embeddings" in scaling:
+        out["original_max_position_embeddings"] = scaling["original_max_position_embeddings"]
+    return out
 
 
 def _layer_types(spec: ModelSpec) -> list[str]:
@@ -97,9 +105,13 @@ def _gpt(spec: ModelSpec, family: str) -> dict:
 
 def config_for(spec: ModelSpec, family: str, dtype: str = "float32") -> dict:
     """The config.json of ``spec`` as a ``family`` model (``dtype``: the weights' dtype name), unchecked."""
-    body = _llama_like(spec, family) if family in LLAMA_FAMILIES else _gpt(spec, family)
+    if family in hf_write.ARCHITECTURES:
+        body = hf_write.moe_config_for(spec, family, _rope(spec))
+    else:
+        body = _llama_like(spec, family) if family in LLAMA_FAMILIES else _gpt(spec, family)
     ids = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
-    return {"architectures": [ARCHITECTURES[family]], "model_type": family, **body, **ids,
+    architecture = {**ARCHITECTURES, **hf_write.ARCHITECTURES}[family]
+    return {"architectures": [architecture], "model_type": family, **body, **ids,
             "dtype": dtype, "torch_dtype": dtype}
 
 
@@ -117,13 +129,19 @@ def differences(spec: ModelSpec, config: dict, family: str) -> list[str]:
 def hf_config_of(spec: ModelSpec, dtype: str = "float32") -> dict:
     """The config.json of ``spec``: its own family's, or the first candidate's that reads back as ``spec``;
     PlaitError naming what no family's config can hold."""
-    families = (spec.family,) if spec.family else CANDIDATES[spec.arch]
-    if spec.moe is not None or spec.mla is not None:  # the MoE families' tables come with their runtime
-        raise PlaitError(f"model {spec.name}: mixture-of-experts and MLA models cannot be exported in a Hugging "
-                         "Face format yet (plait train does not run them yet either)")
-    if spec.family and spec.family not in ARCHITECTURES:
+    moe = spec.moe is not None or spec.mla is not None
+    families = (spec.family,) if spec.family else (hf_write.CANDIDATES if moe else CANDIDATES[spec.arch])
+    missing = hf_write.unwritten(spec)
+    if missing:
+        raise PlaitError(f"model {spec.name}: plait cannot export {missing} in a Hugging Face format yet (it exports "
+                         f"the mixture-of-experts families {', '.join(hf_write.ARCHITECTURES)})")
+    if spec.family and (spec.family in hf_write.ARCHITECTURES) != moe and spec.family in {**ARCHITECTURES,
+                                                                                          **hf_write.ARCHITECTURES}:
+        raise PlaitError(f"model {spec.name}: a {spec.family} config.json cannot express "
+                         f"{'its mixture-of-experts layers' if moe else 'a dense model'}")
+    if spec.family and spec.family not in ARCHITECTURES and spec.family not in hf_write.ARCHITECTURES:
         raise PlaitError(f"model {spec.name}: plait cannot write a config.json of model_type {spec.family!r} "
-                         f"(it writes {', '.join(ARCHITECTURES)})")
+                         f"(it writes {', '.join([*ARCHITECTURES, *hf_write.ARCHITECTURES])})")
     first_problem = None
     for family in families:
         config = config_for(spec, family, dtype)

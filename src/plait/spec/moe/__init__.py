@@ -5,4 +5,5 @@
   layout    expert parallelism on a layout: the validator's rules, the expert groups' placement
   presets   Mixtral, Qwen3-MoE, OLMoE, DeepSeek-V3, GPT-OSS and tiny-moe, with sources
   hf        a Hugging Face mixture-of-experts config.json -> ModelSpec
+  hf_write  a mixture-of-experts ModelSpec -> config.json (Mixtral, Qwen2/3-MoE, OLMoE), for plait export
 """

@@ -165,7 +165,28 @@ def moe_from_hf_config(config: dict, source: Path, name: str) -> ModelSpec:
         vocab=_int(config, source, "vocab_size"),
         max_seq_len=_int(config, source, "max_position_embeddings", default=2048),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)), moe=moe, mla=mla,
-        rope_theta=_float(config, "rope_theta", 10000.0), rope_scaling=dict(config.get("rope_scaling") or {}),
+        rope_theta=_rope_theta(config), rope_scaling=_rope_scaling(config, source),
         norm_eps=_float(config, "rms_norm_eps", 1e-6 if kind.startswith(("qwen", "deepseek")) else 1e-5),
         family=kind, **features,
     )
+
+
+def _rope_theta(config: dict) -> float:
+    """The rotary base: transformers 5 writes it inside ``rope_parameters`` only, older configs at the top."""
+    params = config.get("rope_parameters")
+    inner = params.get("rope_theta") if isinstance(params, dict) else None
+    return _float({"rope_theta": inner}, "rope_theta", _float(config, "rope_theta", 10000.0))
+
+
+def _rope_scaling(config: dict, source: Path) -> dict:
+    """The config's rope_scaling (or transformers 5's ``rope_parameters``) as plait records it
+    (``plait.spec.hf.families.hf_rope_scaling``)."""
+    from plait.spec.hf.families import hf_rope_scaling
+
+    scaling = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(scaling, dict):
+        raise PlaitError(f"{source}: rope_scaling must be a JSON object")
+    scaling = {k: v for k, v in scaling.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    original = config.get("original_max_position_embeddings")
+    return hf_rope_scaling(scaling, _int(config, source, "max_position_embeddings", default=2048),
+                           None if original is None else _int(config, source, "original_max_position_embeddings"))

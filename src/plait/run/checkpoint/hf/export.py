@@ -110,7 +110,7 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
         if shapes[name] != tuple(param.shape):
             raise PlaitError(f"checkpoint {found.path}: model.{name} has shape {list(shapes[name])}, model "
                              f"{spec.name} has {list(param.shape)}")
-    rows = row_instances(family, full)
+    rows = row_instances(family, full, spec)
     dtype = DTYPES[options.dtype]
     item = torch.empty((), dtype=dtype).element_size()
     sizes = [(hf_name, row.codec.to_hf(tuple(full[n] for n in names), spec).numel() * item)

@@ -7,12 +7,16 @@ epsilon and placement, activation, soft-caps, sliding window...), every plait pa
 Hugging Face tensor with the shape the model needs, every Hugging Face tensor has a place in the
 model - and refuses with the first problem by name. Then each rank reads, from the memory-mapped safetensors files, the full tensors of the parameters it holds (a
 pipeline stage only its own layers'), converts them (``plait.run.checkpoint.hf.map``) and keeps
-its shard, as ``plait.run.model.init_weights`` does with random values: no communication.
+its shard, as ``plait.run.model.init_weights`` does with random values: no communication. An MoE
+layer's routed experts are one plait tensor (E, in, out) and E Hugging Face tensors: a rank reads
+the E of its layers and keeps its experts (``row_instances`` lists them one by one, ``read_row``
+stacks them).
 The optimizer starts fresh (AdamW state zero at step 0).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Iterable
@@ -22,7 +26,16 @@ import torch
 
 from plait.errors import PlaitError
 from plait.run.checkpoint.hf.files import CONFIG, TensorEntry, read_config, tensor_table
-from plait.run.checkpoint.hf.map import Family, Row, concrete, family_of_model_type, row_for
+from plait.run.checkpoint.hf.map import (
+    EXPERT,
+    Family,
+    OneExpert,
+    Row,
+    concrete,
+    expert_names,
+    family_of_model_type,
+    row_for,
+)
 from plait.run.model import build_model, canonical_name
 from plait.run.modules.layers import ROPE_SCALINGS
 from plait.spec.hf_config import model_from_hf_dict
@@ -53,6 +66,9 @@ def runtime_mismatches(config: dict, directory: str | Path, spec: ModelSpec) -> 
         value = config.get(key, default)
         if name == family and value != used:
             out.append(f"{key}={value!r} (plait's runtime runs {used!r})")
+    routing = [(moe and dataclasses.replace(moe, aux_loss_coef=0.0, capacity_factor=0.0)) for moe in (read.moe, spec.moe)]
+    if routing[0] != routing[1]:  # top-k, normalization, router: outputs; the training knobs are the run's
+        out.append(f"moe={read.moe} (model {spec.name} has {spec.moe})")
     kind = dict(read.rope_scaling).get("rope_type", "default")
     if kind not in ("default",) + ROPE_SCALINGS:
         out.append(f"rope_scaling type {kind!r} (plait's runtime applies {', '.join(ROPE_SCALINGS)})")
@@ -80,13 +96,39 @@ def unique_parameters(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, to
     return out
 
 
-def row_instances(family: Family, params: dict[str, torch.Tensor]) -> dict[str, tuple[Row, list[str]]]:
-    """{Hugging Face name: (row, the plait names of its parts)} for the rows that ``params`` needs."""
+def row_patterns(family: Family, params: dict[str, torch.Tensor]) -> dict[str, tuple[Row, list[str]]]:
+    """{a row's Hugging Face name for its layer (``{e}`` kept for an expert row): (row, the plait names
+    of its parts)} for the rows that ``params`` needs."""
     out: dict[str, tuple[Row, list[str]]] = {}
     for name in params:
         row, _, layer = row_for(family, name)
         out.setdefault(concrete(row.hf, layer), (row, [concrete(p, layer) for p in row.plait]))
     return out
+
+
+def row_instances(family: Family, params: dict[str, torch.Tensor], spec: ModelSpec | None = None
+                  ) -> dict[str, tuple[Row, list[str]]]:
+    """{Hugging Face name: (row, the plait names of its parts)} for the tensors that ``params`` needs; an
+    expert row once per routed expert of ``spec`` (the model the parameters are of), with a ``OneExpert``
+    codec."""
+    out: dict[str, tuple[Row, list[str]]] = {}
+    for hf_name, (row, names) in row_patterns(family, params).items():
+        if EXPERT not in hf_name:
+            out[hf_name] = (row, names)
+            continue
+        if spec is None or spec.moe is None:
+            raise PlaitError(f"{hf_name}: an expert row needs the model's mixture-of-experts spec")
+        for e, name in enumerate(expert_names(hf_name, spec)):
+            out[name] = (dataclasses.replace(row, hf=name, codec=OneExpert(e, row.codec)), names)
+    return out
+
+
+def read_row(hf_name: str, row: Row, spec: ModelSpec, read) -> tuple[torch.Tensor, ...]:
+    """The plait tensors of row ``row`` (``hf_name``: its name for one layer), their Hugging Face
+    tensors read by ``read(name)``: an expert row's E tensors stacked on a new dim 0."""
+    names = expert_names(hf_name, spec)
+    value = torch.stack([read(name) for name in names]) if EXPERT in hf_name else read(hf_name)
+    return row.codec.to_plait(value, spec)
 
 
 def check_checkpoint(directory: str | Path, spec: ModelSpec) -> tuple[Family, dict[str, TensorEntry], dict[str, str]]:
@@ -101,7 +143,7 @@ def check_checkpoint(directory: str | Path, spec: ModelSpec) -> tuple[Family, di
     table = tensor_table(directory)
     full = unique_parameters(build_model(spec, "meta").named_parameters())
     located: dict[str, str] = {}
-    for hf_name, (row, plait_names) in row_instances(family, full).items():
+    for hf_name, (row, plait_names) in row_instances(family, full, spec).items():
         where = resolve_name(hf_name, table, family)
         if where is None:
             tied = " (the checkpoint ties its LM head to the embedding: tie_word_embeddings)" \
@@ -139,12 +181,16 @@ def plait_state_from_hf(hf_state: dict[str, torch.Tensor], spec: ModelSpec) -> d
     full = unique_parameters(build_model(spec, "meta").named_parameters())
     out: dict[str, torch.Tensor] = {}
     used = set()
-    for hf_name, (row, names) in row_instances(family, full).items():
+
+    def read(hf_name: str) -> torch.Tensor:
         where = resolve_name(hf_name, hf_state, family)
         if where is None:
-            raise PlaitError(f"no tensor {hf_name} for plait parameter {names[0]} of model {spec.name}")
-        out.update(zip(names, row.codec.to_plait(hf_state[where], spec)))
+            raise PlaitError(f"no tensor {hf_name} for a plait parameter of model {spec.name}")
         used.add(where)
+        return hf_state[where]
+
+    for hf_name, (row, names) in row_patterns(family, full).items():
+        out.update(zip(names, read_row(hf_name, row, spec, read)))
     ignored = [re.compile(pattern) for pattern in family.ignored]
     for name in hf_state:
         tied_head = name == "lm_head.weight" and spec.tied_embeddings
@@ -191,16 +237,20 @@ def load_hf_weights(directory: str | Path, named: Iterable[tuple[str, torch.Tens
     handles: dict = {}
     converted: dict[str, tuple[torch.Tensor, ...]] = {}  # a fused tensor's parts, kept until all are copied
     params = unique_parameters(named)
-    waiting = {hf_name: set(names) & set(params) for hf_name, (_, names) in row_instances(family, params).items()}
+    waiting = {hf_name: set(names) & set(params) for hf_name, (_, names) in row_patterns(family, params).items()}
     read = 0
+
+    def read_one(hf_name: str) -> torch.Tensor:
+        nonlocal read
+        where = located[hf_name]
+        read += 1
+        return _read_tensor(directory, table[where].file, where, handles).to(device=device, dtype=torch.float32)
+
     for name, param in params.items():
         row, position, layer = row_for(family, name)
         hf_name = concrete(row.hf, layer)
         if hf_name not in converted:
-            where = located[hf_name]
-            value = _read_tensor(directory, table[where].file, where, handles).to(device=device, dtype=torch.float32)
-            converted[hf_name] = row.codec.to_plait(value, spec)
-            read += 1
+            converted[hf_name] = read_row(hf_name, row, spec, read_one)
         full = converted[hf_name][position].to(param.dtype)
         if isinstance(param, DTensor):
             local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()

@@ -19,17 +19,31 @@ their biases, and the q/k norm weights) are permuted within each head: plait row
 is Hugging Face row r·d/2 + j (``RopeRows``; ``QkNorm`` for q/k norm weights, one head's
 width or the whole projection's). GPT-2 has no rotary positions; its ``Conv1D``
 layers store weights as (in, out), the transpose of ``nn.Linear``'s (``Conv1D``).
+
+Mixture-of-experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a row whose ``hf`` name holds
+``{e}`` stands for one Hugging Face tensor per routed expert (e = 0 .. n_experts - 1, the per-expert
+``nn.Linear`` weights that transformers' ``save_pretrained`` writes); its codec converts the E
+of them stacked on a new dim 0 (``Experts``: plait's expert-major (E, in, out) is the transpose of
+the stacked (E, out, in)). ``expert_names`` lists the E names, ``OneExpert`` is the codec of one.
+The router (``gate``), shared expert and its sigmoid gate are plain rows. A family whose layers
+plait's runtime does not build (DeepSeek-V3's multi-head latent attention, GPT-OSS's sinks and
+biased experts) has no table: ``family_of_model_type`` refuses it by name.
+
+Torch is imported only inside the codecs that build tensors, so that ``plait train`` can ask
+``family_of_model_type`` before any worker starts without importing torch.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from plait.errors import PlaitError
 from plait.spec.model import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Codec:
@@ -139,8 +153,47 @@ class Fused(Codec):
         if self.rope:
             pieces[0] = _pairs_to_halves(pieces[0], spec.n_heads)
             pieces[1] = _pairs_to_halves(pieces[1], spec.n_kv_heads)
+        import torch
+
         fused = torch.cat(pieces, dim=0)
         return fused.t().contiguous() if self.conv1d else fused
+
+
+class Experts(Codec):
+    """The routed experts' weights: the E per-expert ``nn.Linear`` weights (out, in) of Hugging Face,
+    stacked on a new dim 0 (E, out, in), are plait's expert-major (E, in, out) transposed."""
+
+    def to_plait(self, hf, spec):
+        return (hf.transpose(1, 2).contiguous(),)
+
+    def to_hf(self, plait, spec):
+        return plait[0].transpose(1, 2).contiguous()
+
+
+@dataclass(frozen=True)
+class OneExpert(Codec):
+    """Expert ``expert``'s Hugging Face tensor of an ``{e}`` row (export writes them one by one); import
+    reads the E of a row together (``expert_names``) and converts them with the row's own codec."""
+
+    expert: int
+    of: Codec
+
+    def to_plait(self, hf, spec):
+        raise NotImplementedError("an expert row is read whole: stack its expert_names, then row.codec")
+
+    def to_hf(self, plait, spec):
+        return self.of.to_hf(plait, spec)[self.expert]
+
+
+EXPERT = "{e}"  # the routed-expert index in a row's Hugging Face name
+
+
+def expert_names(hf: str, spec: ModelSpec) -> list[str]:
+    """The Hugging Face names a row's (layer-concrete) name stands for: one per routed expert when it
+    holds ``{e}``, else itself."""
+    if EXPERT not in hf:
+        return [hf]
+    return [hf.replace(EXPERT, str(e)) for e in range(spec.moe.n_experts)]
 
 
 @dataclass(frozen=True)
@@ -223,6 +276,33 @@ PHI3_ROWS = [
 ]
 
 
+def _moe_rows(block: str, gate: str, up: str, down: str) -> list[Row]:
+    """An MoE layer's MLP under ``model.layers.{i}.<block>``: the router (``gate``), the routed experts
+    (``experts.{e}.<gate|up|down>.weight``), Qwen2-MoE's shared expert and its sigmoid gate."""
+    mlp = _HF + block + "."
+    ff = _L + "feed_forward."
+    return [
+        _row(mlp + "gate.weight", ff + "router.weight"),
+        _row(f"{mlp}experts.{EXPERT}.{gate}.weight", ff + "experts.w1", Experts()),
+        _row(f"{mlp}experts.{EXPERT}.{up}.weight", ff + "experts.w3", Experts()),
+        _row(f"{mlp}experts.{EXPERT}.{down}.weight", ff + "experts.w2", Experts()),
+        _row(mlp + "shared_expert.gate_proj.weight", ff + "shared.w1.weight"),
+        _row(mlp + "shared_expert.up_proj.weight", ff + "shared.w3.weight"),
+        _row(mlp + "shared_expert.down_proj.weight", ff + "shared.w2.weight"),
+        _row(mlp + "shared_expert_gate.weight", ff + "shared_gate.weight"),
+    ]
+
+
+_PRE_NORMS = _norms(input_layernorm="attention_norm", post_attention_layernorm="ffn_norm")
+# Mixtral: Llama's attention; experts w1 (gate), w3 (up), w2 (down) under block_sparse_moe.
+MIXTRAL_ROWS = [*_ENDS, *_attention(q_norm=False), *_moe_rows("block_sparse_moe", "w1", "w3", "w2"), *_PRE_NORMS]
+# Qwen2-MoE (Q/K/V biases, shared expert), Qwen3-MoE (per-head q/k norms), OLMoE (q/k norms over the
+# whole projections): experts gate_proj, up_proj, down_proj under mlp; dense layers (mlp_only_layers)
+# as Llama's MLP.
+QWEN_MOE_ROWS = [*_ENDS, *_attention(q_norm=True), *_GATED_MLP,
+                 *_moe_rows("mlp", "gate_proj", "up_proj", "down_proj"), *_PRE_NORMS]
+
+
 def _gpt_rows(conv1d: bool) -> list[Row]:
     """GPT-2 (``conv1d``: weights stored (in, out)) and GPT-BigCode (``nn.Linear`` weights): Q, K and V
     fused in c_attn, LayerNorms with biases, learned positions."""
@@ -268,7 +348,12 @@ PHI3 = Family("phi3", tuple(PHI3_ROWS), ("phi3",), "model.", ignored=_ROTARY)
 GPT2 = Family("gpt2", tuple(GPT2_ROWS), ("gpt2",), "transformer.", ignored=(r".*\.attn\.(bias|masked_bias)$",))
 GPT_BIGCODE = Family("gpt_bigcode", tuple(GPT_BIGCODE_ROWS), ("gpt_bigcode",), "transformer.",
                      ignored=(r".*\.attn\.(bias|masked_bias)$",))
-FAMILIES = (LLAMA, OLMO2, GEMMA2, PHI3, GPT2, GPT_BIGCODE)
+MIXTRAL = Family("mixtral", tuple(MIXTRAL_ROWS), ("mixtral",), "model.", ignored=_ROTARY)
+QWEN_MOE = Family("qwen_moe", tuple(QWEN_MOE_ROWS), ("qwen2_moe", "qwen3_moe", "olmoe"), "model.", ignored=_ROTARY)
+FAMILIES = (LLAMA, OLMO2, GEMMA2, PHI3, GPT2, GPT_BIGCODE, MIXTRAL, QWEN_MOE)
+# Families that plait reads (plait.spec.moe.hf) but whose layers the runtime does not build: no table.
+NO_TABLE = {"deepseek_v2": "multi-head latent attention", "deepseek_v3": "multi-head latent attention",
+            "gpt_oss": "attention sinks, router and expert biases and the clamped SwiGLU"}
 
 
 def family_of_model_type(model_type: str) -> Family:
@@ -277,6 +362,9 @@ def family_of_model_type(model_type: str) -> Family:
         if model_type in family.model_types:
             return family
     known = ", ".join(t for family in FAMILIES for t in family.model_types)
+    if model_type in NO_TABLE:
+        raise PlaitError(f"Hugging Face model_type {model_type!r} has no weight-name table in plait: plait's "
+                         f"runtime does not build its {NO_TABLE[model_type]} yet (tables for: {known})")
     raise PlaitError(f"Hugging Face model_type {model_type!r} has no weight-name table in plait "
                      f"(plait.run.checkpoint.hf.map; tables for: {known})")
 

@@ -6,7 +6,10 @@ share (grouped-query attention), keys and values (b, kv_heads, sk, d), all fp32.
 group is folded into the query rows, so each K/V head is one batched matmul (and dK, dV come
 out summed over the query heads that share them). The block's scores (group·sq × sk) are
 materialized: these kernels are written for correctness on any device, not for speed.
-``causal`` masks the block's upper triangle (a diagonal block, sq == sk).
+``causal`` masks the block's upper triangle (a diagonal block, sq == sk); ``allowed`` (bool
+(b, sq, sk), packed documents: ``plait.run.modules.documents``) masks every score it is False
+at, for all heads. A query that sees no key of the block gets a zero output and a log-sum-exp
+of -inf, which the merge then ignores.
 """
 
 from __future__ import annotations
@@ -19,22 +22,27 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0], x.shape[1], x.shape[2] * x.shape[3], *x.shape[4:])
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
-    """(b, kv_heads, group·sq, sk) scaled scores, -inf above the diagonal when ``causal``."""
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool,
+            allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """(b, kv_heads, group·sq, sk) scaled scores, -inf above the diagonal when ``causal`` and
+    where ``allowed`` (b, sq, sk) is False."""
     scores = (_rows(q) @ k.transpose(-2, -1)).mul_(scale)
+    group, sq, sk = q.shape[2], q.shape[3], k.shape[2]
     if causal:
-        group, sq, sk = q.shape[2], q.shape[3], k.shape[2]
         mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(1).repeat(group, 1)
         scores.masked_fill_(mask, float("-inf"))
+    if allowed is not None:  # the query rows of every head of a group share their tokens' mask
+        scores.masked_fill_(~allowed.repeat(1, group, 1)[:, None], float("-inf"))
     return scores
 
 
 def block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                  causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                  causal: bool, allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(softmax(q kᵀ·scale) v with q's shape, log-sum-exp of each query's scores (b, kv_heads, group, sq))."""
-    scores = _scores(q, k, scale, causal)
+    scores = _scores(q, k, scale, causal, allowed)
     lse = scores.logsumexp(dim=-1)
-    out = scores.sub_(lse.unsqueeze(-1)).exp_() @ v
+    shift = lse if allowed is None else lse.masked_fill(lse == float("-inf"), 0.0)  # rows seeing no key: 0
+    out = scores.sub_(shift.unsqueeze(-1)).exp_() @ v
     return out.view(q.shape), lse.view(q.shape[:-1])
 
 
@@ -47,13 +55,14 @@ def merge_partials(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor,
 
 
 def block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
-                   delta: torch.Tensor, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   delta: torch.Tensor, scale: float, causal: bool,
+                   allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This block's share of (dq, dk, dv), given the *final* log-sum-exp and
     delta = rowsum(grad_out ∘ out) of the queries (FlashAttention's backward).
 
     dq has q's shape; dk and dv have k's, summed over the query heads sharing them.
     """
-    probs = _scores(q, k, scale, causal).sub_(_rows(lse).unsqueeze(-1)).exp_()
+    probs = _scores(q, k, scale, causal, allowed).sub_(_rows(lse).unsqueeze(-1)).exp_()
     dout = _rows(grad_out)
     dv = probs.transpose(-2, -1) @ dout
     dscores = (dout @ v.transpose(-2, -1)).sub_(_rows(delta).unsqueeze(-1)).mul_(probs)

@@ -26,6 +26,13 @@ The first two run on gloo (CPU) and NCCL and compute in fp32 with the (seq/cp ×
 materialized per block (``plait.run.parallel.context.ops``): exact and portable, not fast.
 ``Layout.cp_impl`` (ring | allgather | torch | ulysses) picks one. No attention dropout
 (``plait.run.config`` refuses cp with dropout models).
+
+Packed documents (``plait train --doc-mask``): the kernels take ``documents``, the document ids
+of the whole rows (batch, seq) in position order, which every cp rank holds; each block's mask
+(same document, on top of the causal mask) is taken from it at the global positions of the
+block's queries and keys (``SequenceShard.positions``), so no mask travels. The ring computes
+every block whole (a block no document crosses is still computed); all-gather and Ulysses pass
+SDPA the boolean mask. ``cp_impl=torch`` takes no mask (rule ``runtime-doc-mask-cp-torch``).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from plait.run.modules.documents import document_mask
 from plait.run.parallel.context.ops import block_backward, block_forward, merge_partials
 from plait.run.parallel.context.shard import SequenceShard, sequence_shard_of
 
@@ -74,24 +82,27 @@ class _RingAttentionFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, group):
+    def forward(ctx, q, k, v, group, documents=None):
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         kv_heads, seq, half = k.shape[1], q.shape[2], q.shape[2] // 2
         scale = q.shape[-1] ** -0.5
         qg = _grouped(q, kv_heads)
         kv = torch.stack((k.float(), v.float()))  # (2, b, kv_heads, s, d), sent as one buffer
+        masks = _BlockDocuments(documents, rank, size, seq)
         out = lse = None
         for step in range(size):
             pending = _ring_exchange(kv, group) if step < size - 1 else None
             src = (rank - step) % size
             keys, values = kv[0], kv[1]
             if step == 0:
-                out, lse = block_forward(qg, keys, values, scale, causal=True)
+                out, lse = block_forward(qg, keys, values, scale, causal=True, allowed=masks(src))
             elif src < rank:
-                part, part_lse = block_forward(qg, keys[..., :half, :], values[..., :half, :], scale, causal=False)
+                part, part_lse = block_forward(qg, keys[..., :half, :], values[..., :half, :], scale, causal=False,
+                                               allowed=masks(src, keys=slice(None, half)))
                 out, lse = merge_partials(out, lse, part, part_lse)
             else:
-                part, part_lse = block_forward(qg[..., half:, :], keys, values, scale, causal=False)
+                part, part_lse = block_forward(qg[..., half:, :], keys, values, scale, causal=False,
+                                               allowed=masks(src, queries=slice(half, None)))
                 tail, tail_lse = merge_partials(out[..., half:, :], lse[..., half:], part, part_lse)
                 out = torch.cat((out[..., :half, :], tail), dim=-2)
                 lse = torch.cat((lse[..., :half], tail_lse), dim=-1)
@@ -99,7 +110,7 @@ class _RingAttentionFunction(torch.autograd.Function):
                 _wait(pending[1])
                 kv = pending[0]
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group = group
+        ctx.group, ctx.documents = group, documents
         b, h, _, d = q.shape
         return out.reshape(b, h, seq, d).to(q.dtype)
 
@@ -115,24 +126,27 @@ class _RingAttentionFunction(torch.autograd.Function):
         dq = torch.zeros_like(qg)
         kv = torch.stack((k.float(), v.float()))
         dkv = torch.zeros_like(kv)  # gradient accumulator of the K/V in hand; travels with it
+        masks = _BlockDocuments(ctx.documents, rank, size, q.shape[2])
         for step in range(size):
             pending = _ring_exchange(kv, group) if step < size - 1 else None
             src = (rank - step) % size
             keys, values = kv[0], kv[1]
             if step == 0:
-                dq_part, dk, dv = block_backward(qg, keys, values, dout, lse, delta, scale, causal=True)
+                dq_part, dk, dv = block_backward(qg, keys, values, dout, lse, delta, scale, causal=True,
+                                                 allowed=masks(src))
                 dq += dq_part
                 dkv[0] += dk
                 dkv[1] += dv
             elif src < rank:
                 dq_part, dk, dv = block_backward(qg, keys[..., :half, :], values[..., :half, :], dout, lse, delta,
-                                                 scale, causal=False)
+                                                 scale, causal=False, allowed=masks(src, keys=slice(None, half)))
                 dq += dq_part
                 dkv[0, ..., :half, :] += dk
                 dkv[1, ..., :half, :] += dv
             else:
                 dq_part, dk, dv = block_backward(qg[..., half:, :], keys, values, dout[..., half:, :],
-                                                 lse[..., half:], delta[..., half:], scale, causal=False)
+                                                 lse[..., half:], delta[..., half:], scale, causal=False,
+                                                 allowed=masks(src, queries=slice(half, None)))
                 dq[..., half:, :] += dq_part
                 dkv[0] += dk
                 dkv[1] += dv
@@ -143,7 +157,24 @@ class _RingAttentionFunction(torch.autograd.Function):
                 _wait(pending[1])
                 kv = pending[0]
         b, h, seq, d = q.shape
-        return dq.reshape(b, h, seq, d).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
+        return dq.reshape(b, h, seq, d).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
+
+
+class _BlockDocuments:
+    """The same-document masks of a rank's ring blocks, from the rows' document ids (batch, seq):
+    ``masks(src, queries, keys)`` is bool (b, local queries, src's keys), sliced as the block is;
+    None without documents."""
+
+    def __init__(self, documents: torch.Tensor | None, rank: int, size: int, local: int) -> None:
+        self.documents, self.size, self.local = documents, size, local
+        if documents is not None:
+            self.mine = documents[:, SequenceShard(rank, size).positions(local, documents.device)]
+
+    def __call__(self, src: int, queries: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor | None:
+        if self.documents is None:
+            return None
+        theirs = self.documents[:, SequenceShard(src, self.size).positions(self.local, self.documents.device)]
+        return self.mine[:, queries, None] == theirs[:, None, keys]
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,10 +183,11 @@ class RingAttention:
 
     group: dist.ProcessGroup
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                 documents: torch.Tensor | None = None) -> torch.Tensor:
         if dropout_p:
             raise ValueError("context-parallel attention has no dropout")
-        return _RingAttentionFunction.apply(q, k, v, self.group)
+        return _RingAttentionFunction.apply(q, k, v, self.group, documents)
 
 
 # ------------------------------------------------------------------------------- all-gather
@@ -185,7 +217,8 @@ class AllGatherAttention:
 
     group: dist.ProcessGroup
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                 documents: torch.Tensor | None = None) -> torch.Tensor:
         if dropout_p:
             raise ValueError("context-parallel attention has no dropout")
         size = dist.get_world_size(self.group)
@@ -193,7 +226,10 @@ class AllGatherAttention:
         k_all, v_all = _GatherSequence.apply(k, self.group), _GatherSequence.apply(v, self.group)
         q_pos = sequence_shard_of(self.group).positions(local, q.device)
         k_pos = torch.cat([SequenceShard(r, size).positions(local, q.device) for r in range(size)])
-        mask = q_pos[:, None] >= k_pos[None, :]  # True: may attend
+        if documents is not None:  # (b, 1, local, seq): causal and the same document
+            mask = document_mask(documents[:, q_pos], documents[:, k_pos], q_pos, k_pos)[:, None]
+        else:
+            mask = q_pos[:, None] >= k_pos[None, :]  # True: may attend
         return torch.nn.functional.scaled_dot_product_attention(
             q, k_all, v_all, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
 
@@ -225,4 +261,5 @@ def apply_context_parallel(model, cp_mesh: DeviceMesh, impl: str = "ring") -> Se
     kernel = cp_kernel(impl, cp_mesh)
     for block in model.layers.values():
         block.attention.kernel = kernel
+    model.sequence_parts = cp_mesh.size()  # RoPE tables for the whole sequence (Transformer.rope_for)
     return sequence_shard_of(cp_mesh.get_group())

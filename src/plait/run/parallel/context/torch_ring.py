@@ -92,9 +92,12 @@ class TorchRingAttention:
 
     mesh: DeviceMesh
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                 documents: torch.Tensor | None = None) -> torch.Tensor:
         if dropout_p:
             raise ValueError("context-parallel attention has no dropout")
+        if documents is not None:  # refused before launch (rule runtime-doc-mask-cp-torch)
+            raise ValueError("cp_impl=torch takes no document mask; use cp_impl=ring, allgather or ulysses")
         if k.shape[1] != q.shape[1]:  # GQA: the fused kernels want one K/V head per query head
             repeat = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)

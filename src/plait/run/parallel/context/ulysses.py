@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from plait.run.modules.documents import row_mask
 from plait.run.parallel.context.shard import SequenceShard
 
 
@@ -78,7 +79,10 @@ class UlyssesAttention:
 
     group: dist.ProcessGroup
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                 documents: torch.Tensor | None = None) -> torch.Tensor:
+        """``documents``: the rows' document ids (batch, seq) with --doc-mask (whole sequences here:
+        SDPA's boolean mask of causal, same-document pairs)."""
         if dropout_p:
             raise ValueError("context-parallel attention has no dropout")
         size = dist.get_world_size(self.group)
@@ -88,7 +92,9 @@ class UlyssesAttention:
         gathered_positions = torch.cat([SequenceShard(r, size).positions(local, q.device) for r in range(size)])
         order = torch.argsort(gathered_positions)  # gathered (rank-major) tokens → position order
         q, k, v = (_HeadsToSequence.apply(t, self.group)[:, :, order] for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        mask = None if documents is None else row_mask(documents)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                             enable_gqa=k.shape[1] != q.shape[1])
         unsorted = torch.empty_like(order)
         unsorted[order] = torch.arange(order.numel(), device=order.device)
         return _SequenceToHeads.apply(out[:, :, unsorted], self.group)

@@ -1,0 +1,58 @@
+"""A mixture-of-experts ModelSpec as a Hugging Face ``config.json`` (the inverse of
+``plait.spec.moe.hf``; no torch), for the families whose weights plait's runtime trains and
+exports (``plait.run.checkpoint.hf.map``): Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE.
+
+``plait.spec.hf.writer.hf_config_of`` calls ``moe_config_for`` for each candidate family and
+keeps the first whose config reads back as the spec. DeepSeek-V2/V3 (multi-head latent
+attention) and GPT-OSS (sinks, biased and clamped experts) are read by plait but have no
+writer: ``NOT_WRITTEN`` says why, for export's refusal.
+"""
+
+from __future__ import annotations
+
+from plait.spec.model import ModelSpec
+
+ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+CANDIDATES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe")  # tried in order for a spec of no family
+NOT_WRITTEN = {"deepseek_v2": "multi-head latent attention", "deepseek_v3": "multi-head latent attention",
+               "gpt_oss": "attention sinks, router and expert biases and the clamped SwiGLU"}
+
+
+def unwritten(spec: ModelSpec) -> str | None:
+    """What of ``spec`` no family plait writes can hold (``NOT_WRITTEN``'s words), or None."""
+    moe = spec.moe
+    if spec.mla is not None or spec.family.startswith("deepseek"):
+        return NOT_WRITTEN["deepseek_v3"]
+    if spec.sinks or spec.family == "gpt_oss" or (moe is not None and (moe.router_bias or moe.expert_bias
+                                                                          or moe.activation != "silu")):
+        return NOT_WRITTEN["gpt_oss"]
+    return None
+
+
+def moe_config_for(spec: ModelSpec, family: str, rope: dict) -> dict:
+    """The body of the config.json of MoE ``spec`` as a ``family`` model (``rope``: rope_theta and
+    rope_parameters, as ``plait.spec.hf.writer`` writes them), unchecked."""
+    moe = spec.moe
+    out = {"vocab_size": spec.vocab, "hidden_size": spec.hidden, "num_hidden_layers": spec.n_layers,
+           "num_attention_heads": spec.n_heads, "num_key_value_heads": spec.n_kv_heads, "head_dim": spec.head_dim,
+           "max_position_embeddings": spec.max_seq_len, "rms_norm_eps": spec.norm_eps, "hidden_act": "silu",
+           **rope, "attention_dropout": 0.0, "tie_word_embeddings": spec.tied_embeddings,
+           "num_experts_per_tok": moe.top_k, "router_aux_loss_coef": moe.aux_loss_coef,
+           "output_router_logits": False}
+    if family == "mixtral":
+        out.update(intermediate_size=moe.expert_ffn, num_local_experts=moe.n_experts,
+                   sliding_window=spec.sliding_window or None)
+    elif family in ("qwen2_moe", "qwen3_moe"):
+        out.update(intermediate_size=spec.ffn_hidden, moe_intermediate_size=moe.expert_ffn,
+                   num_experts=moe.n_experts, decoder_sparse_step=moe.every,
+                   mlp_only_layers=list(range(moe.first_dense)), norm_topk_prob=moe.norm_topk,
+                   use_sliding_window=False, sliding_window=None, max_window_layers=0)
+        if family == "qwen2_moe":
+            out["shared_expert_intermediate_size"] = moe.shared_width if moe.n_shared else 0
+        else:
+            out["attention_bias"] = spec.qkv_bias
+    elif family == "olmoe":
+        out.update(intermediate_size=moe.expert_ffn, num_experts=moe.n_experts, norm_topk_prob=moe.norm_topk,
+                   attention_bias=spec.qkv_bias, clip_qkv=None)
+    return out
