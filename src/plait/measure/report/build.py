@@ -19,12 +19,13 @@ memory and predictions, and the top-1 tolerance of its summary JSON.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
 from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
-from plait.measure.report.render import Section, render_html, render_markdown
+from plait.measure.report.render import Section, render_html, render_markdown, with_relative_paths
 from plait.measure.sweep.csv_file import SweepRow, read_sweep, summary_path
 from plait.measure.sweep.stats import summarize
 from plait.plan.calibration import Calibration
@@ -138,6 +139,12 @@ def _timeline_plan(plan: Plan | None, plan_path: str | None, plans: list[tuple[S
     return None, "no swept layout has pp > 1 and no --plan was given: no pipeline to draw"
 
 
+def _recorded_paths(rows: list[SweepRow]) -> list[str]:
+    """The files a sweep's rows name: its calibrations, and its model when that is a file."""
+    named = {r.calibration for r in rows if r.calibration} | {r.model for r in rows if r.model}
+    return sorted(p for p in named if os.sep in p)
+
+
 def _require_matplotlib() -> None:
     import importlib.util
 
@@ -147,10 +154,16 @@ def _require_matplotlib() -> None:
 
 
 def _sweep_sections(csv_path: Path, rows: list[SweepRow], out: Path, plan_path: str | None
-                    ) -> tuple[list[Section], str]:
-    """The sections of a sweep (and of the plan given beside it) and the report's title."""
+                    ) -> tuple[list[Section], list[tuple[str, str]]]:
+    """The sections of a sweep (and of the plan given beside it) and what the title names (``report_title``)."""
     from plait.measure.report import plots
-    from plait.measure.report.sections import memory_section, rows_section, summary_section, timeline_section
+    from plait.measure.report.sections import (
+        memory_section,
+        mfu_section,
+        rows_section,
+        summary_section,
+        timeline_section,
+    )
 
     saved = saved_summary(csv_path)
     cluster, cluster_note = prediction_cluster(rows, saved)
@@ -166,10 +179,7 @@ def _sweep_sections(csv_path: Path, rows: list[SweepRow], out: Path, plan_path: 
                             missing="no layout ran" if step_png is None else "",
                             notes=["Whiskers: the fastest and the slowest steady-state step of a layout around "
                                    "its median."] if step_png is not None and plots.spread_errors(rows) else []))
-    mfu_png = plots.mfu_plot(rows, out / "mfu.png")
-    sections.append(Section("MFU per layout", [], image=mfu_png,
-                            missing="no MFU known: CPU runs have no GPU peak and no predictions were recorded"
-                            if mfu_png is None else ""))
+    sections.append(mfu_section(rows, out / "mfu.png"))
     sections.append(memory_section(plans, cluster, cluster_note, out / "memory.png"))
     plan, pricing = None, ""
     if plan_path:
@@ -184,10 +194,13 @@ def _sweep_sections(csv_path: Path, rows: list[SweepRow], out: Path, plan_path: 
         sections.append(plan_picture_section(plan, priced.params, out / "plan.png", pricing))
     timeline_plan, why = _timeline_plan(plan, plan_path, plans)
     sections.append(timeline_section(timeline_plan, why, out / "timeline.png", pricing if plan is not None else ""))
-    return sections, f"plait sweep report: {rows[0].model or 'model'} ({csv_path.name})"
+    titles = [("sweep", f"{rows[0].model or 'model'} ({csv_path.name})")]
+    if plan is not None:
+        titles.append(("plan", f"{plan.model.name}, {plan.layout}"))
+    return sections, titles
 
 
-def _plan_sections(plan_path: str, out: Path) -> tuple[list[Section], str]:
+def _plan_sections(plan_path: str, out: Path) -> tuple[list[Section], list[tuple[str, str]]]:
     """A report of one saved plan without a sweep: its prediction, memory per stage, waterfall, timeline."""
     from plait.measure.report.plan_pricing import price_saved_plan
     from plait.measure.report.plan_sections import plan_picture_section, plan_summary_section
@@ -199,7 +212,16 @@ def _plan_sections(plan_path: str, out: Path) -> tuple[list[Section], str]:
                 plan_picture_section(plan, DEFAULT_PARAMS, out / "plan.png")]
     why = f"the plan in {plan_path}" if plan.layout.pp > 1 else "the plan has no pipeline (pp = 1): nothing to draw"
     sections.append(timeline_section(plan if plan.layout.pp > 1 else None, why, out / "timeline.png"))
-    return sections, f"plait plan report: {plan.model.name}, {plan.layout}"
+    return sections, [("plan", f"{plan.model.name}, {plan.layout}")]
+
+
+def report_title(parts: list[tuple[str, str]]) -> str:
+    """The report's title from what it shows, in order ((kind, what) pairs: sweep, plan, training,
+    published runs): ``plait sweep report: tiny (s.csv)`` for one kind, ``plait report: sweep tiny
+    (s.csv) + training run.jsonl`` for several."""
+    if len(parts) == 1:
+        return f"plait {parts[0][0]} report: {parts[0][1]}"
+    return "plait report: " + " + ".join(f"{kind} {what}" for kind, what in parts)
 
 
 def write_report(sweep_path: str | None, out_dir: str, plan_path: str | None = None,
@@ -228,21 +250,24 @@ def write_report(sweep_path: str | None, out_dir: str, plan_path: str | None = N
     for name in REPORT_IMAGES:  # a reused --out directory must not show another report's plots
         (out / name).unlink(missing_ok=True)
     sections: list[Section] = []
-    title = ""
+    parts: list[tuple[str, str]] = []
     if sweep_path:
-        sections, title = _sweep_sections(Path(sweep_path), rows, out, plan_path)
+        sections, parts = _sweep_sections(Path(sweep_path), rows, out, plan_path)
     elif plan_path:
-        sections, title = _plan_sections(plan_path, out)
+        sections, parts = _plan_sections(plan_path, out)
     if curves is not None:
         from plait.measure.report.train_log import loss_plot, loss_summary
 
         image = loss_plot(curves, out / "loss.png", f"Loss per step: {Path(train_log).name}")
         sections.append(Section("Training loss", [f"{Path(train_log).name}: {loss_summary(curves)}"], image=image))
-        title = title or f"plait training report: {Path(train_log).name}"
+        parts.append(("training", Path(train_log).name))
     if runs_path:
         from plait.measure.report.sections import validation_section
 
         sections.append(validation_section(runs_path))
+        parts.append(("published runs", Path(runs_path).name))
+    inputs = [sweep_path, plan_path, runs_path, train_log, *_recorded_paths(rows)]
+    title, sections = with_relative_paths(report_title(parts), sections, inputs, out)
     written = [out / "report.html", out / "report.md"]
     atomic_write_text(written[0], render_html(title, sections), "report")
     atomic_write_text(written[1], render_markdown(title, sections), "report")

@@ -5,6 +5,7 @@ matplotlib, no torch) so that tests check the numbers behind a picture, not its 
   waterfall_bars  a step time's items as a waterfall: each bar starts where the previous ended
   step_spread     min and max of a measured step time, as error-bar lengths
   duration        seconds as text in s, ms or µs
+  measured_mfu    a swept layout's measured MFU; on a CPU, against the calibration's measured peak
 """
 
 from __future__ import annotations
@@ -77,3 +78,16 @@ def duration(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds * 1e6:.1f} µs"
+
+
+def measured_mfu(row) -> float | None:
+    """The measured MFU of sweep row ``row`` (a fraction): the run's own; for a CPU run, which has no
+    GPU peak, the predicted MFU times predicted over measured step time. Both MFUs divide the same
+    model FLOPs per step by the same peak - the FLOP/s of the sweep's calibration, a CPU profile's
+    measured rate - so MFU_measured = FLOPs / (t_measured · peak) = MFU_predicted · t_predicted / t_measured.
+    None when the row has neither (a CPU sweep without a calibration records no prediction)."""
+    if row.measured_mfu is not None:
+        return row.measured_mfu
+    if row.device == "cpu" and row.predicted_mfu and row.predicted_step_time_s and row.measured_step_time_s:
+        return row.predicted_mfu * row.predicted_step_time_s / row.measured_step_time_s
+    return None

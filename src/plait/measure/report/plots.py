@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from plait.measure.report.chart_data import memory_axis, step_spread
+from plait.measure.report.chart_data import measured_mfu, memory_axis, step_spread
 from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.report.timeline import BACKWARD, BUBBLE, FORWARD, Interval
 from plait.plan.memory import OVERHEAD_ITEMS, allocated_bytes
@@ -52,6 +52,14 @@ def spread_errors(rows: list[SweepRow]) -> list[list[float]] | None:
     return [[s[0] if s else 0.0 for s in spreads], [s[1] if s else 0.0 for s in spreads]]
 
 
+def device_label(rows: list[SweepRow]) -> str:
+    """What the rows' predictions are for: the GPU preset, else (a CPU sweep with a calibration) the CPU."""
+    gpu = next((r.gpu for r in rows if r.gpu), "")
+    if gpu:
+        return gpu
+    return "CPU, the calibration's prediction" if any(r.device == "cpu" for r in rows) else "device not recorded"
+
+
 def step_time_plot(rows: list[SweepRow], path: Path) -> Path | None:
     """Predicted vs measured step time with the y = x line; without predictions (a CPU sweep),
     the measured step time of each layout in the planner's order. Whiskers: the fastest and the
@@ -79,7 +87,7 @@ def step_time_plot(rows: list[SweepRow], path: Path) -> Path | None:
         ax.set_ylim(low, high)
         ax.set_xlabel("predicted step time (s)")
         ax.set_ylabel("measured step time (s)")
-        ax.set_title(f"Step time: predicted vs measured ({pairs[0].gpu})")
+        ax.set_title(f"Step time: predicted vs measured ({device_label(pairs)})")
         ax.legend(loc="upper left", fontsize=8)
     else:
         ordered = sorted(ok, key=lambda r: (r.planner_rank is None, r.planner_rank or 0))
@@ -97,8 +105,10 @@ def step_time_plot(rows: list[SweepRow], path: Path) -> Path | None:
 
 
 def mfu_plot(rows: list[SweepRow], path: Path) -> Path | None:
-    """Predicted and measured MFU per layout (grouped bars); None when no MFU is known."""
-    shown = [r for r in rows if r.predicted_mfu is not None or r.measured_mfu is not None]
+    """Predicted and measured MFU per layout (grouped bars; a CPU run's measured MFU against the
+    calibration's peak: ``chart_data.measured_mfu``); None when no MFU is known."""
+    measured = {id(r): measured_mfu(r) for r in rows}
+    shown = [r for r in rows if r.predicted_mfu is not None or measured[id(r)] is not None]
     if not shown:
         return None
     fig, ax = plt.subplots(figsize=(max(6.4, 0.8 * len(shown)), 4.4))
@@ -106,11 +116,14 @@ def mfu_plot(rows: list[SweepRow], path: Path) -> Path | None:
     width = 0.4
     ax.bar([p - width / 2 for p in positions], [100 * (r.predicted_mfu or 0) for r in shown], width,
            label="predicted", color="#AAAAAA")
-    ax.bar([p + width / 2 for p in positions], [100 * (r.measured_mfu or 0) for r in shown], width,
+    ax.bar([p + width / 2 for p in positions], [100 * (measured[id(r)] or 0) for r in shown], width,
            label="measured", color=COLORS[FORWARD])
     ax.set_xticks(list(positions), [row_label(r) for r in shown], rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("MFU (%)")
-    ax.set_title("MFU per layout (a missing bar: not known)")
+    cpu = all(r.device == "cpu" for r in shown)
+    ax.set_title("MFU per layout (a missing bar: not known)"
+                 + ("\nCPU: against the calibration's measured FLOP/s per process, not a GPU's peak" if cpu else ""),
+                 fontsize=9 if cpu else None)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)

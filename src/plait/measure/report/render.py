@@ -1,9 +1,13 @@
 """Render report sections as one self-contained HTML page (inline style; PNGs referenced by
-name, next to the page) or as Markdown."""
+name, next to the page) or as Markdown; ``with_relative_paths`` writes the input files' paths
+relative to the report's directory, so that the report reads the same wherever it is moved with them."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import os
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,6 +34,40 @@ class Section:
     image: Path | None = None
     missing: str = ""  # why there is no image/table, said instead of drawing an empty one
     notes: list[str] = field(default_factory=list)
+
+
+def path_forms(paths, directory: Path) -> dict[str, str]:
+    """{a way the report's text may write one of ``paths`` (as given, absolute, resolved): that path
+    relative to ``directory``}; forms without a directory part (a bare file name) are left alone."""
+    forms: dict[str, str] = {}
+    base = Path(directory).resolve()
+    for path in paths:
+        if not path:
+            continue
+        relative = os.path.relpath(Path(path).resolve(), base)
+        for form in (str(path), str(Path(path).absolute()), str(Path(path).resolve())):
+            if os.sep in form and form != relative:
+                forms[form] = relative
+    return forms
+
+
+def with_relative_paths(title: str, sections: list[Section], paths, directory: Path
+                        ) -> tuple[str, list[Section]]:
+    """``title`` and ``sections`` with each of ``paths`` written relative to ``directory`` (the report's)."""
+    forms = path_forms(paths, directory)
+    # one pass, the longest form first (/a/b/c.csv before b/c.csv): a replacement is never replaced again
+    pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True))) if forms else None
+
+    def fix(text: str) -> str:
+        return pattern.sub(lambda m: forms[m.group(0)], text) if pattern and text else text
+
+    def fix_section(s: Section) -> Section:
+        table = s.table if s.table is None else dataclasses.replace(
+            s.table, rows=tuple(tuple(fix(c) for c in row) for row in s.table.rows))
+        return dataclasses.replace(s, title=fix(s.title), paragraphs=[fix(p) for p in s.paragraphs], table=table,
+                                   missing=fix(s.missing), notes=[fix(n) for n in s.notes])
+
+    return fix(title), [fix_section(s) for s in sections]
 
 
 def _stamp() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plait.measure.report.chart_data import duration
+from plait.measure.report.chart_data import duration, measured_mfu
 from plait.measure.report.render import Section, Table
 from plait.measure.sweep.csv_file import SweepRow
 from plait.measure.sweep.stats import top1_text
@@ -49,6 +49,26 @@ def summary_section(rows: list[SweepRow], summary: dict, csv_path: Path, calibra
     return Section("Summary", paragraphs, Table(("what", "value"), tuple(rows_out), (0, 1)), notes=notes)
 
 
+def mfu_section(rows: list[SweepRow], path: Path) -> Section:
+    """Predicted and measured MFU per layout; on a CPU, measured against the calibration's FLOP/s, and
+    without one, why there is no MFU (instead of an empty chart)."""
+    from plait.measure.report import plots
+
+    image = plots.mfu_plot(rows, path)
+    cpu = [r for r in rows if r.device == "cpu" and r.status == "ok"]
+    notes = []
+    if image is not None and cpu and any(measured_mfu(r) is not None for r in cpu):
+        notes.append("CPU runs: measured MFU = the model's FLOPs per step / (measured step time × the FLOP/s of the "
+                     "sweep's calibration, a CPU profile), the peak the predictions use; not comparable with a GPU's "
+                     "MFU.")
+    missing = ""
+    if image is None:
+        missing = ("no MFU: a CPU run has no peak FLOP/s to measure MFU against until a CPU profile measures one "
+                   "(plait profile --device cpu --out cal.json, then plait sweep --calibration cal.json)"
+                   if cpu else "no MFU known: no layout recorded a predicted or measured MFU")
+    return Section("MFU per layout", [], image=image, missing=missing, notes=notes)
+
+
 def rows_section(rows: list[SweepRow]) -> Section:
     header = ("layout", "status", "planner rank", "pred s/step", "meas s/step", "meas range s", "step err",
               "pred mem GiB",
@@ -64,7 +84,7 @@ def rows_section(rows: list[SweepRow]) -> Section:
             _pct(r.step_time_error),
             _num(r.predicted_memory_bytes / GIB if r.predicted_memory_bytes is not None else None, ".2f"),
             _num(r.measured_memory_bytes / GIB if r.measured_memory_bytes is not None else None, ".2f"),
-            r.memory_kind, _pct(r.predicted_mfu, False), _pct(r.measured_mfu, False), _num(r.tokens_per_s, ",.0f"),
+            r.memory_kind, _pct(r.predicted_mfu, False), _pct(measured_mfu(r), False), _num(r.tokens_per_s, ",.0f"),
             r.reason))
     return Section("Layouts", [("Errors are measured / predicted - 1; meas s/step is the median of the steady-state "
                                 "steps, meas range their fastest and slowest. Planner ranks cover the layouts the "
