@@ -148,11 +148,12 @@ def test_what_cannot_be_written_is_said_in_one_line(tmp_path):
     done = export_checkpoint(checkpoint, tmp_path / "synthetic")
     assert "synthetic tokens" in done.note and "--tokenizer" in done.note
     tiktoken_file = tmp_path / "tt.tok"
-    with TokenWriter(tiktoken_file, VOCAB, "tiktoken:gpt2") as writer:
-        writer.append([1, 2, 3])
+    with TokenWriter(tiktoken_file, VOCAB, "tiktoken:gpt2", eos_id=7) as writer:
+        writer.append([1, 2, 7])
     checkpoint, _ = checkpoint_of(tmp_path / "t", spec, data=str(tiktoken_file))
     done = export_checkpoint(checkpoint, tmp_path / "tiktoken")
     assert "tiktoken:gpt2" in done.note and "\n" not in done.note
+    assert json.loads((tmp_path / "tiktoken" / "config.json").read_text())["eos_token_id"] == 7  # the header's
     with pytest.raises(Exception, match="--tokenizer"):
         export_checkpoint(checkpoint, tmp_path / "bad", ExportOptions(tokenizer=str(tmp_path / "nothing")))
 

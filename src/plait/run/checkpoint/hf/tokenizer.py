@@ -15,7 +15,7 @@ The tokenizer comes from, first to last:
 Token ids (``bos_token_id``, ``eos_token_id``, ``pad_token_id``): those of the model's Hugging Face
 config.json recorded at launch (``TrainJob.token_ids``, from ``--model config.json`` or
 ``--init-from``; a config's 0 stays 0), else those of the ``--init-from`` config.json if it is still
-there; an end-of-text id missing from both is the tokenizer's. ``generation_config.json`` holds the
+there; an end-of-text id missing from both is the tokenizer's (or the one the token file's header records). ``generation_config.json`` holds the
 same ids (the one of ``--init-from`` is copied as it is, when there is one).
 """
 
@@ -105,18 +105,20 @@ def _copy_from(source: Path, directory: Path) -> list[str]:
     return copied
 
 
-def _data_tokenizer(job) -> str | None:
-    """The tokenizer name in the header of the run's token file (None: synthetic data, or the file is gone)."""
+def _data_tokenizer(job) -> tuple[str | None, int | None]:
+    """(tokenizer name, end-of-text id) in the header of the run's token file ((None, None): synthetic
+    data, or the file is gone; the id is None in a file that records none)."""
     if not job.data or job.data == "synthetic" or not Path(job.data).is_file():
-        return None
+        return None, None
     from plait.run.data.token_format import HEADER
 
     try:
         with open(job.data, "rb") as handle:
-            name = HEADER.unpack(handle.read(HEADER.size))[-1]
+            fields = HEADER.unpack(handle.read(HEADER.size))
     except (OSError, struct.error):  # struct.error: a file shorter than a header
-        return None
-    return name.rstrip(b"\0").decode("ascii", errors="replace")
+        return None, None
+    eos_field = fields[-2]  # the end-of-text id + 1, 0: none (plait.run.data.token_format.eos_field)
+    return fields[-1].rstrip(b"\0").decode("ascii", errors="replace"), eos_field - 1 if eos_field else None
 
 
 def _eos_of(directory: Path) -> tuple[str, int] | None:
@@ -162,7 +164,7 @@ def write_tokenizer(job, directory: Path, tokenizer: str | None = None) -> Token
         copied = _copy_from(Path(job.init_from), directory)
         if copied:
             return _finish(directory, copied, max_length)
-    name = _data_tokenizer(job)
+    name, eos_id = _data_tokenizer(job)
     if name == "bytes":
         (directory / "tokenizer.json").write_text(byte_tokenizer_json(), encoding="utf-8")
         (directory / "tokenizer_config.json").write_text(_tokenizer_config(BYTE_EOS, max_length), encoding="utf-8")
@@ -171,7 +173,8 @@ def write_tokenizer(job, directory: Path, tokenizer: str | None = None) -> Token
         why = "the run trained on synthetic tokens" if job.data in (None, "synthetic") else \
             f"the run's token file {job.data} is gone"
         return TokenizerFiles(note=f"no tokenizer files written: {why} (pass --tokenizer PATH to add one)")
-    return TokenizerFiles(note=f"no tokenizer files written: the run's tokens came from {name}, whose files the "
+    return TokenizerFiles(token_ids={"eos_token_id": eos_id} if eos_id is not None else None,
+                          note=f"no tokenizer files written: the run's tokens came from {name}, whose files the "
                                "token file does not keep (pass --tokenizer PATH: its tokenizer.json or directory)")
 
 
