@@ -49,16 +49,9 @@ def packed_file(path: str, n_docs: int = 400, seed: int = 0) -> int:
 
 def train_packed(layout: str, path: str, **kwargs) -> dict:
     """``runtime_tasks.train_layout`` on the packed file with --doc-mask (2 steps)."""
-    from plait.run.trainer import run_training
-
     config = runtime_tasks.make_config(layout, data=path, **{"steps": 2, **kwargs})
     config = dataclasses.replace(config, job=dataclasses.replace(config.job, doc_mask=True, eos_id=EOS, doc_len=7))
-    result = run_training(config, device=torch.device("cpu"))
-    params = runtime_tasks.full_parameters(result.parts)
-    out = {"losses": [r.loss for r in result.records], "grad_norms": [r.grad_norm for r in result.records]}
-    if dist.get_rank() == 0:
-        out["params"] = params
-    return out
+    return runtime_tasks.train_config(config)
 
 
 def reference_packed(path: str, **kwargs) -> dict:

@@ -19,16 +19,8 @@ def tied_spec(model: str = "tiny-gpt"):
 
 def train_spec(layout: str, spec, **kwargs) -> dict:
     """``runtime_tasks.train_layout`` for a model spec that is not a preset (e.g. ``tied_spec()``)."""
-    from plait.run.trainer import run_training
-
     config = runtime_tasks.make_config(layout, **kwargs)
-    config = dataclasses.replace(config, job=dataclasses.replace(config.job, model=spec))
-    result = run_training(config, device=torch.device("cpu"))
-    params = runtime_tasks.full_parameters(result.parts)
-    out = {"losses": [r.loss for r in result.records], "grad_norms": [r.grad_norm for r in result.records]}
-    if dist.get_rank() == 0:
-        out["params"] = params
-    return out
+    return runtime_tasks.train_config(dataclasses.replace(config, job=dataclasses.replace(config.job, model=spec)))
 
 
 def reference_spec(spec, **kwargs) -> dict:

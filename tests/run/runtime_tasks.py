@@ -57,9 +57,14 @@ def full_parameters(parts) -> dict[str, torch.Tensor]:
 def train_layout(layout: str, part_fields: tuple[str, ...] = ("checkpointed",), **kwargs) -> dict:
     """Train and return {'losses', 'params', 'grad_norms'} (the same on every rank) and the
     ``ModelParts`` attributes named in ``part_fields``."""
+    return train_config(make_config(layout, **kwargs), part_fields)
+
+
+def train_config(config, part_fields: tuple[str, ...] = ()) -> dict:
+    """``train_layout`` for a ready ``RunConfig`` (a model spec that is no preset, a changed job)."""
     from plait.run.trainer import run_training
 
-    result = run_training(make_config(layout, **kwargs), device=torch.device("cpu"))
+    result = run_training(config, device=torch.device("cpu"))
     params = full_parameters(result.parts)
     out = {"losses": [r.loss for r in result.records], "grad_norms": [r.grad_norm for r in result.records],
            **{name: getattr(result.parts, name) for name in part_fields}}

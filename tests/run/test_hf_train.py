@@ -69,13 +69,7 @@ def check_round_trip(hf_model, source, records, exported, checkpoint):
 
     reloaded = hf_models.load(exported)
     trained = hf_models.plait_model(model_from_hf_config(exported), checkpoint)
-    with torch.no_grad():
-        want = trained(rows[:, :-1])
-        got = reloaded(input_ids=rows[:, :-1]).logits
-        start = hf_model(input_ids=rows[:, :-1]).logits
-    scale = want.abs().max().item()
-    assert (got - want).abs().max().item() <= RTOL * scale
-    assert (start - want).abs().max().item() > 1e3 * RTOL * scale  # the export holds the trained weights
+    hf_models.assert_export_holds_trained(trained, reloaded, hf_model, rows[:, :-1], RTOL)
 
 
 def test_llama_in_and_out_under_tensor_parallelism(tmp_path, capsys):

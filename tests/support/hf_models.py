@@ -163,3 +163,17 @@ def save_checkpoint(model, spec, root: Path, step: int = 1) -> Path:
     run = RunConfig(TrainJob(model=spec, layout=Layout.parse("dp=1"), global_batch=1, seq_len=8, steps=step))
     store.write_manifest(path, step, store.file_records(path, store.data_files(path)), run.to_dict(), {})
     return path
+
+
+def assert_export_holds_trained(trained, reloaded, hf_model, inputs: torch.Tensor, rtol: float) -> None:
+    """The reloaded export gives the trained plait model's logits (within ``rtol`` of their largest
+    magnitude), and they are far from the starting Hugging Face model's: the export holds the trained
+    weights, not the ones it started from."""
+    with torch.no_grad():
+        want = trained(inputs)
+        got = reloaded(input_ids=inputs).logits
+        start = hf_model(input_ids=inputs).logits
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() <= rtol * scale
+    assert (start - want).abs().max().item() > 1e3 * rtol * scale
+
