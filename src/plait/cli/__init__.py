@@ -6,7 +6,7 @@ commands call below ``plait.cli`` takes typed values. Every user error ends with
 stderr and exit status 2, never a traceback (``plait.cli.support.common.exit_status``).
 
   plan.py validate.py stacks.py models.py clusters.py   the planner's commands
-  train.py data.py export.py                            the runtime's commands
+  train.py data.py export.py generate.py                the runtime's commands
   profile.py calibrate.py sweep.py report.py            the measuring commands
   support/   what the command modules share: console, one-line errors, plan tables
   jobfile/   --config TOML job files: flags in TOML, read and written
@@ -21,6 +21,7 @@ from plait.cli import (
     clusters,
     data,
     export,
+    generate,
     models,
     plan,
     profile,
@@ -34,7 +35,8 @@ from plait.cli.support import common
 
 # name -> module, in the order of ``plait --help``
 COMMANDS = {"plan": plan, "validate": validate, "train": train, "profile": profile, "calibrate": calibrate,
-            "data": data, "export": export, "models": models, "clusters": clusters,
+            "data": data, "export": export, "generate": generate,
+            "models": models, "clusters": clusters,
             "stacks": stacks, "sweep": sweep, "report": report}
 
 

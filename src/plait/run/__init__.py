@@ -14,6 +14,7 @@
   metrics.py   step metrics: tokens/s, MFU, memory
   faults.py    FaultPlan: injected failures for tests and drills
   replan.py    a new layout for a resumed run on another world size
+  generate.py  plait generate: sample tokens from a checkpoint or a Hugging Face directory, one process
   modules/     the transformer's building blocks (norms, RoPE, attention, the MoE MLP)
   parallel/    parallelism, one module per dimension, and the one mesh
   memory/      activation checkpointing and offload

@@ -34,6 +34,7 @@ from plait.run.checkpoint.hf.tokenizer import token_ids, write_generation_config
 from plait.run.checkpoint.safe_reader import SafeFileSystemReader, read_metadata_file
 from plait.run.model import build_model
 from plait.spec.hf.writer import hf_config_of
+from plait.spec.model import ModelSpec
 
 DTYPES = {name: getattr(torch, name) for name in hf_files.EXPORT_DTYPES}
 
@@ -86,11 +87,34 @@ def _saved_shapes(path: Path, names: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def saved_model(found: store.Checkpoint) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """(the run's ModelSpec, {plait name: meta parameter}, a tied matrix once) of a verified checkpoint;
+    PlaitError when a model tensor is missing from it or has another shape."""
+    from plait.run.config import RunConfig
+
+    spec = RunConfig.from_dict(found.run).job.model
+    full = unique_parameters(build_model(spec, "meta").named_parameters())
+    shapes = _saved_shapes(found.path, list(full))
+    for name, param in full.items():
+        if shapes[name] != tuple(param.shape):
+            raise PlaitError(f"checkpoint {found.path}: model.{name} has shape {list(shapes[name])}, model "
+                             f"{spec.name} has {list(param.shape)}")
+    return spec, full
+
+
+def read_model_tensors(path: Path, wanted: dict[str, torch.Tensor]) -> None:
+    """Fill ``wanted`` ({"model.<plait name>": full tensor}) from the DCP checkpoint at ``path``, in this one
+    process (no process group; whatever layout and world size wrote it); the optimizer state is not read."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # DCP warns that it loads in one process, which is the intent
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(wanted, storage_reader=SafeFileSystemReader(str(path)), no_dist=True)
+
+
 def export_checkpoint(checkpoint: str | Path, target: str | Path,
                       options: ExportOptions = ExportOptions()) -> Exported:
     """Write the model of a plait checkpoint (any layout) as a Hugging Face model directory ``target``."""
-    import torch.distributed.checkpoint as dcp
-
     from plait.run.config import RunConfig
 
     if options.dtype not in DTYPES:
@@ -104,12 +128,7 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
     spec = saved.job.model
     config = hf_config_of(spec, options.dtype)  # refuses what the family's config cannot express
     family = family_of_model_type(config["model_type"])
-    full = unique_parameters(build_model(spec, "meta").named_parameters())
-    shapes = _saved_shapes(found.path, list(full))
-    for name, param in full.items():
-        if shapes[name] != tuple(param.shape):
-            raise PlaitError(f"checkpoint {found.path}: model.{name} has shape {list(shapes[name])}, model "
-                             f"{spec.name} has {list(param.shape)}")
+    spec, full = saved_model(found)
     rows = row_instances(family, full, spec)
     dtype = DTYPES[options.dtype]
     item = torch.empty((), dtype=dtype).element_size()
@@ -129,9 +148,7 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path,
         for group, file in zip(groups, files):
             wanted = {f"model.{n}": torch.empty(full[n].shape, dtype=full[n].dtype)
                       for hf_name in group for n in rows[hf_name][1]}
-            with warnings.catch_warnings():  # DCP warns that it loads in one process, which is the intent
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(wanted, storage_reader=SafeFileSystemReader(str(found.path)), no_dist=True)
+            read_model_tensors(found.path, wanted)
             tensors = {}
             for hf_name in group:
                 row, names = rows[hf_name]

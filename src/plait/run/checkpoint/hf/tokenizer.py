@@ -105,7 +105,7 @@ def _copy_from(source: Path, directory: Path) -> list[str]:
     return copied
 
 
-def _data_tokenizer(job) -> tuple[str | None, int | None]:
+def data_tokenizer(job) -> tuple[str | None, int | None]:
     """(tokenizer name, end-of-text id) in the header of the run's token file ((None, None): synthetic
     data, or the file is gone; the id is None in a file that records none)."""
     if not job.data or job.data == "synthetic" or not Path(job.data).is_file():
@@ -164,7 +164,7 @@ def write_tokenizer(job, directory: Path, tokenizer: str | None = None) -> Token
         copied = _copy_from(Path(job.init_from), directory)
         if copied:
             return _finish(directory, copied, max_length)
-    name, eos_id = _data_tokenizer(job)
+    name, eos_id = data_tokenizer(job)
     if name == "bytes":
         (directory / "tokenizer.json").write_text(byte_tokenizer_json(), encoding="utf-8")
         (directory / "tokenizer_config.json").write_text(_tokenizer_config(BYTE_EOS, max_length), encoding="utf-8")
