@@ -194,7 +194,7 @@ def test_bad_checkpoints_are_one_line(capsys, checkpoint, tmp_path):
     data = next(p for p in (damaged / "step_00000001").iterdir() if p.suffix == ".distcp")
     data.write_bytes(b"\0" * data.stat().st_size)
     cases.append((damaged, "no valid checkpoint"))
-    cases.append((broken_hf_directory(tmp_path / "mamba", "mamba"), "mamba"))
+    cases.append((broken_hf_directory(tmp_path / "ssm", "mamba"), "mamba"))
     for target, expected in cases:
         code, out, err = generate(capsys, "--checkpoint", str(target), "--prompt", PROMPT)
         assert code == 2 and out == "", target

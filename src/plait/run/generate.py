@@ -110,21 +110,28 @@ def load_checkpoint_model(target: str | Path):
     return model, spec, RunConfig.from_dict(found.run).job, found.path
 
 
-@torch.no_grad()
-def load_hf_model(directory: str | Path):
-    """(model, spec) of a Hugging Face model directory, read and checked as ``--init-from`` reads it."""
+def hf_spec(directory: str | Path) -> ModelSpec:
+    """The ModelSpec of a Hugging Face model directory's config.json (PlaitError for a family or a
+    feature plait's runtime does not build), its weights' headers checked readable."""
     from plait.run.checkpoint.hf.files import check_model_dir
-    from plait.run.checkpoint.hf.load import load_hf_weights
     from plait.spec.hf_config import model_from_hf_config
 
-    path = check_model_dir(directory, "--checkpoint")
-    spec = model_from_hf_config(path)
+    return model_from_hf_config(check_model_dir(directory, "--checkpoint"))
+
+
+@torch.no_grad()
+def load_hf_model(directory: str | Path, spec: ModelSpec):
+    """plait's model ``spec`` with the weights of a Hugging Face model directory, read and checked as
+    ``--init-from`` reads them."""
+    from plait.run.checkpoint.hf.load import load_hf_weights
+
+    path = Path(directory).resolve()
     model = _fresh_model(spec)
     try:
         load_hf_weights(path, model.named_parameters(), spec, "cpu")
     except PlaitError as exc:
         raise PlaitError(str(exc).replace("--init-from", "--checkpoint", 1)) from None
-    return model, spec
+    return model
 
 
 def run_tokenizer(job, tokenizer: str | None):
@@ -227,8 +234,9 @@ def generate(checkpoint: str | Path, prompt: str, options: SamplingOptions = Sam
     if not target.is_dir():
         raise PlaitError(f"--checkpoint {checkpoint}: no such directory")
     if is_hf_directory(target):
+        spec = hf_spec(target)
         tok = hf_tokenizer(target, tokenizer)
-        model, spec = load_hf_model(target)
+        model = load_hf_model(target, spec)
         source = target
     else:
         model, spec, job, source = load_checkpoint_model(target)
