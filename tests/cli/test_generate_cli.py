@@ -117,6 +117,12 @@ def transformers_greedy(export: Path, prompt_ids: list[int], new: int) -> list[i
     return out[0, len(prompt_ids):].tolist()
 
 
+def importlib_find(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
 def check_greedy_parity(capsys, checkpoint: Path, export: Path) -> None:
     """Greedy ids from the plait checkpoint == from its export read by plait == transformers' on the export."""
     ours = generated_ids(capsys, checkpoint, "--temperature", "0")
@@ -124,12 +130,6 @@ def check_greedy_parity(capsys, checkpoint: Path, export: Path) -> None:
     assert_no_near_ties(checkpoint, ours["prompt_ids"] + ours["new_ids"])
     if importlib_find("transformers"):
         assert transformers_greedy(export, ours["prompt_ids"], NEW) == ours["new_ids"]
-
-
-def importlib_find(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
 
 
 def test_greedy_matches_transformers_on_the_export(capsys, checkpoint, tmp_path):

@@ -6,7 +6,8 @@
              and the codecs that convert between the two (a new family adds rows here)
   load.py    ``plait train --init-from DIR``: each rank checks the checkpoint against its model and
              fills the parameters it holds (``init_from_hf``, ``load_hf_weights``)
-  export.py  ``plait export``: a plait (DCP) checkpoint as a Hugging Face model directory
+  export.py  ``plait export``: a plait (DCP) checkpoint as a Hugging Face model directory (its
+             one-process checkpoint reading is also ``plait generate``'s)
   tokenizer.py  what makes an export self-contained: the tokenizer files (copied, or the byte
              tokenizer's written), the special token ids, ``generation_config.json``
 """

@@ -2,7 +2,8 @@
 
 The checkpoint's manifest holds the run's ModelSpec; DCP's metadata holds every parameter's
 global shape, so one process reads the checkpoint with no process group (``dcp.load`` with
-``no_dist``), whatever layout and world size wrote it, and never reads the optimizer state.
+``no_dist``), whatever layout and world size wrote it, and never reads the optimizer state (``saved_model``,
+``read_model_tensors``: also how ``plait generate`` reads a checkpoint).
 The weights are read and written one shard at a time: at most ``max_shard_bytes`` of them (plus
 the largest tensor) are in memory. The output is ``config.json`` (of the spec's family:
 ``plait.spec.hf.writer``; token ids from the ``--init-from`` directory's config) and
