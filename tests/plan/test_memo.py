@@ -77,14 +77,20 @@ def test_a_cached_dict_is_the_callers_to_change():
     assert layer_items(model, layout, 4096, runtime="torch") != {}
 
 
-def test_an_equal_model_built_again_is_priced_like_the_first():
-    # keyed by identity: a second, equal ModelSpec object misses the cache and computes the same bytes
-    from plait.spec.models import get_model as fresh
-
+def test_models_are_told_apart_by_identity_not_confused():
+    # keyed by identity: an equal copy of the model (another object) prices alike, and a model that
+    # differs in one field, priced after the first filled the caches, gets its own bytes (its cold ones)
     job, cluster = JobSpec(64, 4096), get_cluster("dgx-h100", 8)
-    layout = next(iter(candidate_layouts(get_model("mixtral-8x7b"), cluster, job)))
-    first = estimate_memory(get_model("mixtral-8x7b"), cluster, job, layout)
-    assert estimate_memory(fresh("mixtral-8x7b"), cluster, job, layout) == first
+    model = get_model("mixtral-8x7b")
+    layout = next(iter(candidate_layouts(model, cluster, job)))
+    memo.clear_caches()
+    first = estimate_memory(model, cluster, job, layout)
+    copy = replace(model)
+    assert copy is not model and estimate_memory(copy, cluster, job, layout) == first
+    wider = replace(model, vocab=2 * model.vocab)
+    warm = estimate_memory(wider, cluster, job, layout)
+    memo.clear_caches()
+    assert warm == estimate_memory(wider, cluster, job, layout) and warm.total != first.total
 
 
 @pytest.mark.parametrize("name,cluster_name,gpus,job", CASES[:3], ids=[c[0] for c in CASES[:3]])
