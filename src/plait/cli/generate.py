@@ -6,7 +6,7 @@ HELP = "sample text from a checkpoint or a Hugging Face model directory (one pro
 
 
 def add_arguments(parser) -> None:
-    from plait.run.generate import SamplingOptions
+    from plait.run.sampling import SamplingOptions
 
     defaults = SamplingOptions()
     parser.add_argument("--checkpoint", required=True, metavar="CKPT",
@@ -37,7 +37,8 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import json
 
-    from plait.run.generate import SamplingOptions, generate
+    from plait.run.generate import generate
+    from plait.run.sampling import SamplingOptions
 
     options = SamplingOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, seed=args.seed)

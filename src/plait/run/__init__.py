@@ -15,6 +15,7 @@
   faults.py    FaultPlan: injected failures for tests and drills
   replan.py    a new layout for a resumed run on another world size
   generate.py  plait generate: sample tokens from a checkpoint or a Hugging Face directory, one process
+  sampling.py  plait generate's sampling options and their checks (no torch: the parser reads them)
   modules/     the transformer's building blocks (norms, RoPE, attention, the MoE MLP)
   parallel/    parallelism, one module per dimension, and the one mesh
   memory/      activation checkpointing and offload
