@@ -269,7 +269,7 @@ def test_no_plait_train_marks_on_another_stacks_plan(capsys):
 
 
 def test_the_table_says_why_a_slower_layout_ranks_first():
-    from plait.cli.plan import _why_first
+    from plait.cli.support.tables import why_first as _why_first
     from plait.plan.search import search
 
     result = search(LLAMA13B, CLUSTERS["dgx-a100"].with_gpus(64), JobSpec(global_batch=1024, seq_len=2048))

@@ -51,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-mbs", type=int, default=16, help="largest micro-batch size to search")
     parser.add_argument("--schedule", help="only this pipeline schedule (gpipe, 1f1b, interleaved-1f1b, zero-bubble)")
     parser.add_argument("--no-offload", action="store_true", help="never offload to make a layout fit")
+    parser.add_argument("--exhaustive", action="store_true",
+                        help="evaluate every layout (counts of all that fit) instead of skipping those a lower "
+                             "bound on their step time shows slower than the --top shown (the same top either way)")
     parser.add_argument("--explain", action="store_true",
                         help="itemized memory and time of the best (or given) layout")
     parser.add_argument("--plot", metavar="FILE",
@@ -189,6 +192,7 @@ def _given(args, request: _Request) -> _Result:
 
 def _ranked(args, request: _Request) -> _Result:
     """No ``--layout``: search, and rank the layouts that fit."""
+    from plait.cli.support import tables
     from plait.plan.search import SearchConstraints, require_plans, search
     from plait.spec.layout import Layout
 
@@ -204,14 +208,14 @@ def _ranked(args, request: _Request) -> _Result:
     if own and not args.any_runtime:
         _refuse_unrunnable_model(r.model, r.job)
     found = search(r.model, r.cluster, r.job, constraints, r.params, runnable=own and not args.any_runtime,
-                   headroom=r.headroom, runtime=r.stack.runtime, cp_impls=r.stack.cp_impls)
+                   headroom=r.headroom, runtime=r.stack.runtime, cp_impls=r.stack.cp_impls,
+                   keep=None if args.exhaustive else args.top)
     plans = require_plans(r.model, r.cluster, r.job, found, constraints)
     which = ("fitting layouts" if args.any_runtime else "fitting layouts that plait train runs") if own else \
         f"fitting layouts, priced for {r.stack.name} ({r.stack.summary})"
     title = (f"{_heading(r)} ({r.cluster.name}), global batch {r.job.global_batch} x {r.job.seq_len}: "
-             f"top {min(args.top, len(plans))} of {len(plans)} {which}")
-    stats = (f"searched {found.evaluated:,} layouts in {found.seconds:.2f} s "
-             f"({found.layouts_per_second:,.0f}/s); {found.rejected_oom:,} do not fit")
+             f"top {min(args.top, len(plans))}{'' if found.skipped else f' of {len(plans)}'} {which}")
+    stats = tables.search_stats(found, args.top)
     hidden = 0 if args.any_runtime or not own else found.unrunnable_ahead(1)
     if hidden:
         stats += (f"; {hidden:,} faster fitting layout(s) that plait train does not run yet are not ranked "
@@ -255,7 +259,7 @@ def _print_tables(args, request: _Request, result: _Result) -> None:
     out.print(tables.plans_table(shown, result.title, headroom))
     if result.stats:
         out.print(f"[dim]{result.stats}[/dim]")
-    why_first = _why_first(shown, headroom) if args.layout is None else ""
+    why_first = tables.why_first(shown, headroom) if args.layout is None else ""
     if why_first:
         out.print(f"[dim]{why_first}[/dim]")
     if result.completed:
@@ -301,25 +305,6 @@ def _refuse_unrunnable_model(model, job) -> None:
         raise PlaitError(f"plait train runs no layout of {model.name} for this job ("
                          + "; ".join(f"{v.rule}: {v.message}" for v in blockers)
                          + "); plait plan --any-runtime ranks them anyway, or --stack NAME for the software you run")
-
-
-def _why_first(plans, headroom: float) -> str:
-    """A line when the first row is not the fastest shown: the ranking rule (``plan.search.
-    rank_with_headroom``) that put it there, with the numbers; "" otherwise."""
-    from plait.plan.memory import is_risky
-
-    if len(plans) < 2:
-        return ""
-    best, fastest = plans[0], max(plans, key=lambda p: p.step.tokens_per_s_per_gpu)
-    if fastest is best or fastest.step.tokens_per_s_per_gpu <= best.step.tokens_per_s_per_gpu:
-        return ""
-    slower = 100 * (1 - best.step.tokens_per_s_per_gpu / fastest.step.tokens_per_s_per_gpu)
-    if is_risky(fastest.memory, headroom):
-        return (f"#1 ranks above a {slower:.1f}% faster layout that leaves less than the {100 * headroom:.0f}% "
-                "memory headroom (--memory-headroom)")
-    freed = (best.memory.headroom - fastest.memory.headroom) / GIB
-    return (f"#1 is {slower:.1f}% slower than the fastest shown but keeps {freed:.1f} GiB more free memory: "
-            "among layouts within 1% of the fastest, the roomiest ranks first")
 
 
 def _for_stack(name: str, calibration, params, cluster):

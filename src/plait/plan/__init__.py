@@ -13,7 +13,8 @@
   context/        the context-parallel side: what each kernel sends, the searched kernel
   moe/            the mixture-of-experts side: memory and layer timing
   plan.py         Plan (a priced layout) and evaluate
-  search.py       the layout search
+  search.py       the layout search (with a step-time lower bound for the top plans)
+  candidates.py   the layouts the search enumerates, grouped for the bound
   complete.py     a partial layout -> the fastest that fits, completed knobs named
   memo.py         planner functions cached by the layout fields they read
 """

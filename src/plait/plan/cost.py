@@ -141,6 +141,59 @@ def _groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
     }
 
 
+# what a group's layouts may differ in for ``step_lower_bounds`` (everything else is the same)
+BOUND_FREE_KEYS = ("zero", "hsdp", "ckpt", "loss", "offload", "opt_offload", "cp_impl")
+
+
+def step_lower_bounds(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
+                      params: CostParams = DEFAULT_PARAMS, runtime: str = "torch", cp_impls: tuple[str, ...] = (),
+                      ckpts: tuple[str, ...] = ("none",)) -> dict[str, float]:
+    """For each checkpoint policy of ``ckpts``: seconds no longer than ``estimate_step(...).step_time``
+    of any layout with that policy that differs from ``layout`` only in ``BOUND_FREE_KEYS`` (with
+    ``cp_impl`` one of ``cp_impls``, or ``layout``'s when empty): the terms those keys do not change, and
+    the recomputation, each at its smallest over the kernels, and none of the terms they do change.
+
+    Per micro-batch on the slowest stage: the layers' kernels and element-wise passes, the recomputation
+    of the checkpointed layers, the LM head with the unfused loss (the chunked one adds a GEMM), the
+    tensor-parallel and pipeline transfers, the expert all-to-all without recomputation, the host time
+    without recomputation and with FSDP2's only where the layout runs it at ZeRO-0 (the fewest
+    mechanisms); then the bubble of that much work. Left out, each >= 0: the context-parallel exchange,
+    offload, the data-parallel communication, the optimizer. The search skips the layouts whose bound
+    is slower than the plans it has to show (``plait.plan.search``); ``tests/plan/test_search_bound.py``
+    checks the bound under every layout of several searches."""
+    lay = layout.variant(zero=0, hsdp=1, ckpt="none", loss="unfused", offload=0.0, opt_offload=False)
+    m = lay.micro_batches(job.global_batch)
+    tokens = job.seq_len / lay.cp * lay.mbs
+    groups = _groups(lay, cluster.gpus_per_node)
+    layers = stage_layers(model, lay) * lay.vpp
+    act_bytes = cluster.gpu.element_bytes * tokens * model.hidden
+    tp_one_way, tp_per_layer = tp_layer(cluster, groups["tp"], lay, act_bytes, params)
+    by_kernel = []  # (per micro-batch, recomputation per checkpointed layer by policy) for each cp_impl
+    for impl in cp_impls or (lay.cp_impl,):
+        kernel_lay = lay if impl == lay.cp_impl else lay.variant(cp_impl=impl)
+        if is_extended(model):
+            times = moe_layer_times(model, cluster.gpu, params, kernel_lay, tokens, job.seq_len, runtime)
+        else:
+            times = layer_times(model, cluster.gpu, params, tokens, job.seq_len, lay.tp, lay.cp,
+                                lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime, impl, job.doc_len)
+        ep_mb, moe_overhead_mb = ep_microbatch(model, cluster, kernel_lay, tokens, job.seq_len, layers, 0, params,
+                                                runtime)
+        kernels_mb = layers * (times.gemm_fwd * 3 + times.attn_fwd + times.attn_bwd + 3 * times.elementwise_fwd
+                               + tp_per_layer) + ep_mb + moe_overhead_mb
+        by_kernel.append((kernels_mb, {ckpt: recompute_layer(kernel_lay.variant(ckpt=ckpt), times, tp_one_way)
+                                       for ckpt in ckpts}))
+    head_mb = head_time(model, cluster.gpu, params, tokens, lay.tp, "bf16", "unfused")
+    overhead_mb, host_ends = overhead_microbatch(params, lay, layers, 0)
+    fixed_mb = pp_microbatch(cluster, groups["pp"], lay, act_bytes, params) + overhead_mb
+    out = {}
+    for ckpt in ckpts:
+        n_ckpt = checkpointed_layer_count(model, lay.variant(ckpt=ckpt), layers)
+        body_mb = fixed_mb + min(kernels_mb + n_ckpt * recompute[ckpt] for kernels_mb, recompute in by_kernel)
+        average_mb = body_mb + (head_mb + host_ends) / lay.pp
+        out[ckpt] = m * (body_mb + head_mb + host_ends) + bubble(lay, m, average_mb) + params.step_overhead_s
+    return out
+
+
 def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
                   params: CostParams = DEFAULT_PARAMS, runtime: str = "torch") -> StepBreakdown:
     """Predicted time of one optimizer step of ``job`` under ``layout`` (assumed valid).

@@ -24,41 +24,37 @@ where cp divides the K/V heads) whose attention and exchange the planner prices 
 
 Every plan carries the runtime rules it breaks (``plait.spec.capabilities``); with
 ``runnable=True`` only the layouts that ``plait train`` runs are kept.
+
+The enumeration (``plait.plan.candidates``) yields groups of layouts that differ only in ZeRO stage,
+hybrid sharding and checkpoint policy. Asked for the first ``keep`` plans (``plait plan --top``), the
+search prices each group's step-time lower bound (``plait.plan.cost.step_lower_bounds``), evaluates
+the groups fastest bound first and skips the layouts whose bound is slower than the ``keep`` plans it
+has to show; and, per ZeRO stage and hybrid sharding, it prices ckpt=full with the chunked loss and all
+offload first: when that does not fit, neither does any other policy's layout (full keeps the fewest
+activations). The plans shown are the exhaustive search's (``tests/plan/test_search_bound.py``).
 """
 
 from __future__ import annotations
 
+import heapq
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from plait.errors import PlaitError
-from plait.plan.context.choice import fastest_cp_impl
-from plait.plan.cost import estimate_step
+from plait.plan.candidates import CKPT_ORDER, SearchConstraints, candidate_groups, group_layouts, options
+from plait.plan.candidates import candidate_layouts  # noqa: F401 (the search's layouts, imported from here too)
+from plait.plan.cost import estimate_step, step_lower_bounds
 from plait.plan.memory import DEFAULT_HEADROOM, estimate_memory, is_risky
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.plan import Plan
 from plait.spec.capabilities import runtime_violations
 from plait.spec.hardware import ClusterSpec
-from plait.spec.layout import CKPT_POLICIES, RUNTIME_CP_IMPLS, JobSpec, Layout
+from plait.spec.layout import RUNTIME_CP_IMPLS, JobSpec, Layout
 from plait.spec.model import ModelSpec
-from plait.spec.units import GIB, divisors
-from plait.spec.validate import errors_of, validate
+from plait.spec.units import GIB
+from plait.spec.validate import errors_of, ulysses_splits_heads, validate
 
-CKPT_ORDER = CKPT_POLICIES  # tried in this order: cheapest recompute first
-# keys the enumeration does not vary (see the module docstring), with the value it uses unless pinned
-KERNEL_DEFAULTS = {"precision": "bf16", "attn": "flash", "norm": "fused", "loss": "unfused", "moe_overlap": "none"}
-
-
-@dataclass(frozen=True)
-class SearchConstraints:
-    fixed: tuple[tuple[str, object], ...] = ()  # (key, value) pairs every layout must have
-    max_pp: int = 128
-    max_mbs: int = 16
-    schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "zero-bubble")
-    allow_offload: bool = True
-
-    def fixed_value(self, key: str):
-        return dict(self.fixed).get(key)
+NEAR = 0.01  # plans this close to the fastest are "as fast" (rank_with_headroom prefers the most free memory)
 
 
 @dataclass
@@ -66,11 +62,13 @@ class SearchResult:
     plans: list[Plan]  # fitting layouts, fastest first (with runnable=True: only those plait train runs)
     candidates: int  # layouts the enumeration produced (before validation and memory)
     evaluated: int  # valid layouts whose memory was predicted
-    rejected_oom: int
+    rejected_oom: int  # layouts that do not fit (``implied_oom`` of them not evaluated)
     seconds: float
     smallest: Plan | None  # the smallest-memory layout seen (for "nothing fits" messages)
     rule_errors: tuple = ()  # the broken rules of the first candidate, when none was valid
     fitting: list[Plan] | None = None  # every fitting layout, fastest first, runnable or not (None: = plans)
+    skipped: int = 0  # layouts not evaluated: slower than the plans ``keep`` asked for (``search``)
+    implied_oom: int = 0  # of rejected_oom, not evaluated: ckpt=full with every memory saving does not fit
 
     def all_fitting(self) -> list[Plan]:
         """Every fitting layout, fastest first, including those ``runnable=True`` dropped."""
@@ -94,165 +92,156 @@ class SearchResult:
         return self.evaluated / self.seconds if self.seconds > 0 else float("inf")
 
 
-def _options(constraints: SearchConstraints, key: str, default: list) -> list:
-    value = constraints.fixed_value(key)
-    return [value] if value is not None else default
-
-
-def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-                      constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS,
-                      cp_impls: tuple[str, ...] = RUNTIME_CP_IMPLS):
-    """Yield the layouts the search considers (before the memory check); ``params`` price the
-    context-parallel kernels a cp > 1 layout gets (the fastest of ``cp_impls``: ``fastest_cp_impl``)."""
-    n = cluster.n_gpus
-    heads_gcd = _gcd(model.n_heads, model.n_kv_heads, model.ffn_hidden)
-    tps = _options(constraints, "tp", [t for t in divisors(heads_gcd) if n % t == 0 and t <= cluster.gpus_per_node])
-    cps = _options(constraints, "cp", [c for c in divisors(n) if c & (c - 1) == 0 and job.seq_len % (2 * c) == 0
-                                         and (c == 1 or job.seq_len // c >= 4096)])
-    zeros = _options(constraints, "zero", [0, 1, 2, 3])
-    ckpts = _options(constraints, "ckpt", list(CKPT_ORDER))
-    kernels = {key: _options(constraints, key, [default])[0] for key, default in KERNEL_DEFAULTS.items()}
-    for tp in tps:
-        for cp in cps:
-            if n % (tp * cp):
-                continue
-            rest = n // (tp * cp)
-            pps = _options(constraints, "pp", [p for p in divisors(rest) if p <= min(constraints.max_pp, model.n_layers)])
-            for pp in pps:
-                if rest % pp:
-                    continue
-                dp = rest // pp
-                if constraints.fixed_value("dp") not in (None, dp) or job.global_batch % dp:
-                    continue
-                per_rank = job.global_batch // dp
-                mbss = _options(constraints, "mbs", [m for m in divisors(per_rank) if m <= constraints.max_mbs])
-                for mbs in mbss:
-                    if per_rank % mbs:
-                        continue
-                    micro = per_rank // mbs
-                    for schedule, vpp in _schedules(model, pp, micro, constraints):
-                        split = "even" if model.n_layers % (pp * vpp) == 0 else "uneven"
-                        for zero in zeros:
-                            if zero and dp * cp == 1:
-                                continue
-                            for hsdp in _hsdp_options(zero, dp, tp * cp, cluster.gpus_per_node, constraints):
-                                for ep, etp in _expert_options(model, tp, tp * cp * dp, constraints):
-                                    for ckpt in ckpts:
-                                        layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, zero=zero,
-                                                        hsdp=hsdp, ckpt=ckpt, schedule=schedule, split=split,
-                                                        ep=ep, etp=etp, **kernels)
-                                        if cp > 1 and constraints.fixed_value("cp_impl") is None:
-                                            # the fastest context-parallel kernel (plait.plan.context.choice)
-                                            layout = replace(layout, cp_impl=fastest_cp_impl(
-                                                model, cluster, job, layout, params, cp_impls))
-                                        yield layout
-
-
-def _gcd(*values: int) -> int:
-    from math import gcd
-
-    out = 0
-    for v in values:
-        out = gcd(out, v)
-    return out
-
-
-def _schedules(model: ModelSpec, pp: int, micro: int, constraints: SearchConstraints):
-    if pp == 1:
-        yield "1f1b", 1
-        return
-    fixed_vpp = constraints.fixed_value("vpp")
-    for schedule in _options(constraints, "schedule", list(constraints.schedules)):
-        if schedule == "interleaved-1f1b":
-            for vpp in ([fixed_vpp] if fixed_vpp else (2, 4)):
-                if vpp > 1 and pp * vpp <= model.n_layers and micro % pp == 0:
-                    yield schedule, vpp
-        elif not fixed_vpp or fixed_vpp == 1:
-            yield schedule, 1
-
-
-def _expert_options(model: ModelSpec, tp: int, ranks: int, constraints: SearchConstraints):
-    """(ep, etp) pairs for ``ranks`` = tp·cp·dp ranks of a stage (module docstring)."""
-    if model.moe is None:
-        yield constraints.fixed_value("ep") or 1, constraints.fixed_value("etp") or 1
-        return
-    etps = _options(constraints, "etp", sorted({1, tp}))
-    for etp in etps:
-        for ep in _options(constraints, "ep", divisors(model.moe.n_experts)):
-            if ranks % (ep * etp) == 0 and model.moe.expert_ffn % etp == 0:
-                yield ep, etp
-
-
-def _hsdp_options(zero: int, dp: int, model_parallel: int, gpus_per_node: int, constraints: SearchConstraints):
-    fixed = constraints.fixed_value("hsdp")
-    if fixed is not None:
-        yield fixed
-        return
-    yield 1
-    shard_in_node = max(1, gpus_per_node // model_parallel)
-    if zero >= 1 and dp > shard_in_node and dp % shard_in_node == 0:
-        yield dp // shard_in_node  # shard inside a node, replicate across nodes
-
-
 def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
            constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS, *,
            runnable: bool = False, compile: bool = False, headroom: float = DEFAULT_HEADROOM,
-           runtime: str = "torch", cp_impls: tuple[str, ...] = RUNTIME_CP_IMPLS) -> SearchResult:
-    """All fitting layouts, fastest first (ties: less memory first), ranked by ``rank_with_headroom``.
-    ``runtime`` and ``cp_impls``: whose memory model and which context-parallel kernels (a stack's:
-    ``plait.spec.stack``; plait's runtime by default).
+           runtime: str = "torch", cp_impls: tuple[str, ...] = RUNTIME_CP_IMPLS, keep: int | None = None,
+           near: float = NEAR) -> SearchResult:
+    """All fitting layouts, fastest first (ties: less memory first, then the enumeration's order),
+    ranked by ``rank_with_headroom``. ``runtime`` and ``cp_impls``: whose memory model and which
+    context-parallel kernels (a stack's: ``plait.spec.stack``; plait's runtime by default).
 
     Each plan carries the runtime rules it breaks (``Plan.runtime_violations``, with ``plait train
     --compile`` when ``compile``); ``runnable``: keep only the plans that break none.
+
+    ``keep``: only the first ``keep`` plans are wanted (``plait plan --top``): groups of layouts
+    (``candidate_groups``) are evaluated in the order of a lower bound on their step time
+    (``plait.plan.cost.step_lower_bound``), and once ``keep`` fitting plans (runnable ones with
+    ``runnable``) outside the memory headroom are found, a group whose bound is slower than the
+    ``keep``-th of them by more than ``near`` is skipped (``SearchResult.skipped``): the first ``keep``
+    plans, and ``rank_with_headroom``'s choice among those within ``near`` of the fastest, are the
+    exhaustive search's (``tests/plan/test_search_bound.py``). The plans after them, and the counts,
+    then cover only the layouts evaluated.
     """
     check_cluster(cluster)
+    if keep is not None and keep < 1:
+        raise PlaitError(f"keep={keep}: at least one plan must be kept")
     start = time.perf_counter()
-    plans: list[Plan] = []
-    evaluated = rejected = 0
+    ranked: list[tuple[tuple, Plan]] = []
+    evaluated = rejected = skipped = implied = 0
     smallest = None
     first_errors = None
     candidates = 0
-    for layout in candidate_layouts(model, cluster, job, constraints, params, cp_impls):
-        candidates += 1
-        violations = validate(model, cluster, job, layout)
-        errors = errors_of(violations)
-        if errors:
-            first_errors = first_errors or errors
+    groups = list(candidate_groups(model, cluster, job, constraints))
+    if keep is None:
+        groups = [(None, group) for group in groups]
+    else:
+        groups = _by_bound(model, cluster, job, groups, constraints, params, runtime, cp_impls)
+    best_times: list[float] = []  # max-heap (negated) of the ``keep`` fastest wanted plans' step times
+    for bounds, group in groups:
+        if bounds is not None and len(best_times) == keep and min(bounds.values()) > -best_times[0] / (1 - near):
+            skipped += len(group.variants)  # this group's layouts are all slower than the plans to show
+            candidates += len(group.variants)
             continue
-        memory = estimate_memory(model, cluster, job, layout, params, runtime=runtime)
-        evaluated += 1
-        # the chunked loss shrinks the logits term: it helps only where that stage is the peak
-        if (not memory.fits and memory.logits > 0 and layout.loss == "unfused"
-                and constraints.fixed_value("loss") is None):
-            chunked = replace(layout, loss="fused")
-            chunked_memory = estimate_memory(model, cluster, job, chunked, params, runtime=runtime)
-            if chunked_memory.fits:
-                layout, memory = chunked, chunked_memory
-        if not memory.fits and constraints.allow_offload and layout.ckpt != "none":
-            layout, memory = _with_offload(model, cluster, job, layout, memory, params, runtime)
-        if smallest is None or memory.total < smallest[1].total:
-            smallest = (layout, memory)
-        if not memory.fits:
-            rejected += 1
-            continue
-        step = estimate_step(model, cluster, job, layout, params, runtime=runtime)
-        plans.append(Plan(model, cluster, job, layout, memory, step, tuple(violations),
-                          tuple(runtime_violations(model, layout, job, compile=compile))))
-    plans.sort(key=lambda p: (-p.step.tokens_per_s_per_gpu, p.memory.total))
+        too_big = set()  # (zero, hsdp) whose least-memory ckpt=full layout does not fit: no other does (``keep``)
+        for order, layout in group_layouts(model, cluster, job, group, constraints, params, cp_impls,
+                                           full_first=keep is not None):
+            candidates += 1
+            if (layout.zero, layout.hsdp) in too_big:
+                rejected += 1
+                implied += 1
+                continue
+            slow = bounds is not None and len(best_times) == keep and bounds[layout.ckpt] > -best_times[0] / (1 - near)
+            if slow and layout.ckpt != "full":
+                skipped += 1
+                continue
+            violations = validate(model, cluster, job, layout)
+            errors = errors_of(violations)
+            if errors:
+                first_errors = first_errors or errors
+                continue
+            if bounds is not None and layout.ckpt == "full":  # does the least memory of this sharding fit?
+                least = least_memory_variant(layout, constraints)
+                memory = estimate_memory(model, cluster, job, least, params, runtime=runtime)
+                if not memory.fits:
+                    evaluated += 1
+                    rejected += 1
+                    too_big.add((layout.zero, layout.hsdp))
+                    if smallest is None or memory.total < smallest[1].total:
+                        smallest = (least, memory)
+                    continue
+                if slow:
+                    skipped += 1
+                    continue
+            layout, memory = _fitted(model, cluster, job, layout, constraints, params, runtime)
+            evaluated += 1
+            if smallest is None or memory.total < smallest[1].total:
+                smallest = (layout, memory)
+            if not memory.fits:
+                rejected += 1
+                continue
+            step = estimate_step(model, cluster, job, layout, params, runtime=runtime)
+            plan = Plan(model, cluster, job, layout, memory, step, tuple(violations),
+                        tuple(runtime_violations(model, layout, job, compile=compile)))
+            ranked.append(((-step.tokens_per_s_per_gpu, memory.total, order), plan))
+            if keep is not None and not is_risky(memory, headroom) and not (runnable and plan.runtime_violations):
+                if len(best_times) < keep:
+                    heapq.heappush(best_times, -step.step_time)
+                elif step.step_time < -best_times[0]:
+                    heapq.heapreplace(best_times, -step.step_time)
+    ranked.sort(key=lambda item: item[0])
+    plans = [plan for _, plan in ranked]
     fitting = None
     if runnable:
-        fitting, plans = rank_with_headroom(plans, headroom), [p for p in plans if not p.runtime_violations]
-    plans = rank_with_headroom(plans, headroom)
+        fitting, plans = rank_with_headroom(plans, headroom, near), [p for p in plans if not p.runtime_violations]
+    plans = rank_with_headroom(plans, headroom, near)
     seconds = time.perf_counter() - start
     smallest_plan = None
     if smallest is not None:
         layout, memory = smallest
         smallest_plan = Plan(model, cluster, job, layout, memory, estimate_step(model, cluster, job, layout, params))
     return SearchResult(plans, candidates, evaluated, rejected, seconds, smallest_plan,
-                        tuple(first_errors or ()) if evaluated == 0 else (), fitting)
+                        tuple(first_errors or ()) if evaluated == 0 else (), fitting, skipped, implied)
 
 
-def rank_with_headroom(plans: list[Plan], headroom: float = DEFAULT_HEADROOM, near: float = 0.01) -> list[Plan]:
+def _by_bound(model, cluster, job, groups, constraints, params, runtime, cp_impls) -> list:
+    """(step-time lower bound by checkpoint policy, group) pairs, the fastest group first (ties: the
+    enumeration's order). A group whose first layout breaks a rule gets bound 0: evaluated, never skipped."""
+    choose = constraints.fixed_value("cp_impl") is None
+    ckpts = options(constraints, "ckpt", list(CKPT_ORDER))
+    out = []
+    for index, group in enumerate(groups):
+        base = group.base
+        if errors_of(validate(model, cluster, job, base)):
+            bounds = dict.fromkeys(ckpts, 0.0)
+        else:
+            impls = tuple(cp_impls) if base.cp > 1 and choose else ()
+            if impls:
+                impls = tuple(impl for impl in impls if impl != "ulysses" or ulysses_splits_heads(model, base))
+            bounds = step_lower_bounds(model, cluster, job, base, params, runtime, impls, tuple(ckpts))
+        out.append((min(bounds.values()), index, bounds, group))
+    out.sort(key=lambda item: (item[0], item[1]))
+    return [(bounds, group) for _, _, bounds, group in out]
+
+
+def least_memory_variant(layout: Layout, constraints: SearchConstraints) -> Layout:
+    """``layout`` (ckpt=full) with every memory saving the search may add (the chunked loss, then
+    offload: ``_fitted``): when it does not fit, no checkpoint policy of the same sharding does (full
+    keeps the fewest activations; ``tests/plan/test_search_bound.py``)."""
+    if constraints.fixed_value("loss") is None:
+        layout = layout.variant(loss="fused")
+    if constraints.allow_offload:
+        layout = layout.variant(**OFFLOAD_STEPS[-1])
+    return layout
+
+
+def _fitted(model, cluster, job, layout, constraints, params, runtime):
+    """(layout, memory): ``layout``, or, when it does not fit, the chunked loss and then offload
+    where they make it fit (module docstring)."""
+    memory = estimate_memory(model, cluster, job, layout, params, runtime=runtime)
+    # the chunked loss shrinks the logits term: it helps only where that stage is the peak
+    if (not memory.fits and memory.logits > 0 and layout.loss == "unfused"
+            and constraints.fixed_value("loss") is None):
+        chunked = layout.variant(loss="fused")
+        chunked_memory = estimate_memory(model, cluster, job, chunked, params, runtime=runtime)
+        if chunked_memory.fits:
+            layout, memory = chunked, chunked_memory
+    if not memory.fits and constraints.allow_offload and layout.ckpt != "none":
+        layout, memory = _with_offload(model, cluster, job, layout, memory, params, runtime)
+    return layout, memory
+
+
+def rank_with_headroom(plans: list[Plan], headroom: float = DEFAULT_HEADROOM, near: float = NEAR) -> list[Plan]:
     """``plans`` (fastest first) with those inside the memory headroom (``is_risky``) moved after the
     others, and first the one with the most free memory among the safe plans within ``near`` of
     the fastest safe one. Risky plans lead only when no plan fits with the headroom."""
@@ -278,12 +267,12 @@ def _with_offload(model, cluster, job, layout, memory, params, runtime: str = "t
     Each step holds no more on the GPU than the one before (``tests/plan/test_memo.py`` checks it),
     so the last is tried first: when it does not fit, neither does any other, and the search is
     spared the other two estimates of a layout that no offload saves."""
-    last = replace(layout, **OFFLOAD_STEPS[-1])
+    last = layout.variant(**OFFLOAD_STEPS[-1])
     last_memory = estimate_memory(model, cluster, job, last, params, runtime=runtime)
     if not last_memory.fits:
         return last, last_memory
     for changes in OFFLOAD_STEPS[:-1]:
-        candidate = replace(layout, **changes)
+        candidate = layout.variant(**changes)
         candidate_memory = estimate_memory(model, cluster, job, candidate, params, runtime=runtime)
         if candidate_memory.fits:
             return candidate, candidate_memory

@@ -12,12 +12,14 @@ default schedule of interleaved-1f1b when vpp > 1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
 from plait.spec.layout_keys import (
     as_int,
+    changed_problems,
     fields_set_by,
     format_value,
     key_specs,
@@ -171,6 +173,17 @@ class Layout:
         wrong = problems(self, LAYOUT_KEYS)
         if wrong:
             raise PlaitError("invalid layout: " + "; ".join(wrong))
+
+    def variant(self, **changes) -> Layout:
+        """``dataclasses.replace`` checking only the changed keys (each key on its own, as ``__post_init__``
+        does): the search makes ~10^5 layouts that differ from a checked one in a few keys."""
+        wrong = changed_problems(changes, LAYOUT_KEYS)
+        if wrong:
+            raise PlaitError("invalid layout: " + "; ".join(wrong))
+        copy = object.__new__(Layout)
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__.update(changes)
+        return copy
 
     # ------------------------------------------------------------ derived sizes
     @property
@@ -341,14 +354,19 @@ def placement(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
     ``gpus_per_node`` spans nodes. Computed for the group that holds rank 0 (all groups of a
     dimension are alike when the degrees divide the node size or are multiples of it).
     """
-    out: dict[str, GroupPlacement] = {}
-    stride = 1
-    for dim in layout.order.split("-"):
-        size = getattr(layout, dim)
+    dims = layout.order.split("-")
+    return dict(zip(dims, _placements(tuple(getattr(layout, dim) for dim in dims), gpus_per_node)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _placements(sizes: tuple[int, ...], gpus_per_node: int) -> tuple[GroupPlacement, ...]:
+    """``placement``'s groups for dimension sizes innermost first (the search asks for the same few)."""
+    out, stride = [], 1
+    for size in sizes:
         nodes = len({(i * stride) // gpus_per_node for i in range(size)}) if size > 1 else 1
-        out[dim] = GroupPlacement(size, stride, nodes, max(1, size // nodes))
+        out.append(GroupPlacement(size, stride, nodes, max(1, size // nodes)))
         stride *= size
-    return out
+    return tuple(out)
 
 
 def rank_strides(layout: Layout) -> dict[str, int]:

@@ -147,6 +147,21 @@ def problems(obj, keys: Mapping[str, tuple[KeySpec, Any]]) -> list[str]:
     return out
 
 
+def changed_problems(changes: Mapping[str, Any], keys: Mapping[str, tuple[KeySpec, Any]]) -> list[str]:
+    """``problems`` of just the ``changes`` (field name -> new value), for a copy of an object whose
+    other fields were checked already."""
+    out = []
+    for name, value in changes.items():
+        if name not in keys:
+            raise TypeError(f"no layout key {name!r}")  # a programming error, not user input
+        spec = keys[name][0]
+        if not _plainly_valid(spec, value):
+            wrong = problem(name, spec, value)
+            if wrong is not None:
+                out.append(wrong)
+    return out
+
+
 def problem(name: str, spec: KeySpec, value) -> str | None:
     """What is wrong with ``value`` for this key (one clause), or None."""
     what = f"{spec.label} {value!r}" if spec.label else f"{name}={value!r}"

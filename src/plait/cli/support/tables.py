@@ -238,3 +238,34 @@ def cross_validation_table(result) -> Table:
     table.add_row("[bold]all[/bold]", str(len(held)), f"[bold]{record['held_out_median_points']:.1f}[/bold]",
                   f"{100 * within(held):.0f}%", f"{record['in_sample_median_points']:.1f}")
     return table
+
+
+def search_stats(found, top: int) -> str:
+    """The line under the table: what the search evaluated, skipped and rejected."""
+    stats = (f"searched {found.evaluated:,} layouts in {found.seconds:.2f} s ({found.layouts_per_second:,.0f}/s); "
+             f"{found.rejected_oom:,} do not fit")
+    if found.implied_oom:
+        stats += f" ({found.implied_oom:,} of them known from their sharding's ckpt=full, which does not)"
+    if found.skipped:
+        stats += (f"; {found.skipped:,} skipped: a lower bound on their step time is slower than the top {top} "
+                  "(--exhaustive evaluates them)")
+    return stats
+
+
+def why_first(plans, headroom: float) -> str:
+    """A line when the first row is not the fastest shown: the ranking rule (``plan.search.
+    rank_with_headroom``) that put it there, with the numbers; "" otherwise."""
+    from plait.plan.memory import is_risky
+
+    if len(plans) < 2:
+        return ""
+    best, fastest = plans[0], max(plans, key=lambda p: p.step.tokens_per_s_per_gpu)
+    if fastest is best or fastest.step.tokens_per_s_per_gpu <= best.step.tokens_per_s_per_gpu:
+        return ""
+    slower = 100 * (1 - best.step.tokens_per_s_per_gpu / fastest.step.tokens_per_s_per_gpu)
+    if is_risky(fastest.memory, headroom):
+        return (f"#1 ranks above a {slower:.1f}% faster layout that leaves less than the {100 * headroom:.0f}% "
+                "memory headroom (--memory-headroom)")
+    freed = (best.memory.headroom - fastest.memory.headroom) / GIB
+    return (f"#1 is {slower:.1f}% slower than the fastest shown but keeps {freed:.1f} GiB more free memory: "
+            "among layouts within 1% of the fastest, the roomiest ranks first")

@@ -210,7 +210,8 @@ def top_k_entries(spec: SweepSpec, k: int) -> tuple[list[tuple[str, bool]], int]
     if k < 1:
         raise PlaitError("--top must be at least 1")
     constraints = SearchConstraints(max_pp=spec.nproc_per_node)
-    result = search(spec.model, spec.cluster, spec.job, constraints, spec.params, runnable=True, compile=spec.compile)
+    result = search(spec.model, spec.cluster, spec.job, constraints, spec.params, runnable=True, compile=spec.compile,
+                    keep=k)
     fitting = result.all_fitting()
     if fitting and not result.plans:
         raise PlaitError(f"none of the planner's {len(fitting)} fitting layouts is one plait train runs yet (the "
