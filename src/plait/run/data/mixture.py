@@ -109,6 +109,8 @@ def open_source(path: str, index: int, seed: int, tokenizer: str, text_key: str)
                              f"{', '.join('*' + s for s in STREAM_SUFFIXES)} shards")
     elif Path(path).is_file() and path.lower().endswith(STREAM_SUFFIXES):
         files = [Path(path)]
+    elif not Path(path).exists():
+        raise PlaitError(f"--data: source {path} not found (a token file, a directory or a glob of shards)")
     else:
         return TokenFile(path, seed=seed, stream=stream)
     streamed = [p.suffix.lower() in STREAM_SUFFIXES for p in files]
