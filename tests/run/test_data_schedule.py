@@ -127,8 +127,10 @@ def test_a_stream_reads_the_token_file_prepare_writes(corpora):
         assert state["tokens"] == {"shards": 10 * 8 * SEQ}
         resumed = open_data(str(corpora / "shards"), 512, seq_len=SEQ, text_key="body")
         resumed.restore(state)  # starts at the bookmarked unit, reads the same rows
-        assert resumed.sources[0]._starts[state["streams"]["shards"]["unit"]] == state["streams"]["shards"]["token"]
+        mark = state["streams"]["shards"]["unit"]
+        assert mark == 2  # 10 steps x 8 x 16 tokens lie in the third shard (~500 tokens each)
         assert np.array_equal(resumed.batch(10, range(8), SEQ, 8), stream.batch(10, range(8), SEQ, 8))
+        assert min(resumed.sources[0].encoded) == mark  # the shards before the bookmark were not tokenized
         resumed.close()
     finally:
         stream.close()
@@ -148,3 +150,16 @@ def test_mixed_vocabularies_and_bad_sources_are_one_line(corpora, tmp_path):
         open_data(str(corpora / "shards"), 512, seq_len=SEQ).batch(0, range(1), SEQ, 1)
     with pytest.raises(PlaitError, match="has vocab 257"):
         open_data(f"1:{corpora / 'a.tok'}", 100)
+
+
+def test_a_job_file_names_a_mixture_with_tables(tmp_path):
+    from plait.cli import build_parser
+    from plait.cli.jobfile.read import parse_args
+
+    job = tmp_path / "run.toml"
+    job.write_text('model = "tiny"\n[data]\ntext_key = "body"\n[[data.sources]]\npath = "a.tok"\nweight = 0.3\n'
+                   '[[data.sources]]\npath = "b/"\nweight = 0.7\n')
+    args = parse_args(build_parser(), ["train", "--config", str(job)])
+    assert (args.data, args.data_text_key, args.data_tokenizer) == ("0.3:a.tok,0.7:b/", "body", None)
+    args = parse_args(build_parser(), ["train", "--config", str(job), "--data", "x.tok"])
+    assert args.data == "x.tok"  # the command line wins, as for every flag

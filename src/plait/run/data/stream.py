@@ -20,6 +20,7 @@ the first shard (``restore``). Every rank reads the stream itself (and skips wha
 
 from __future__ import annotations
 
+import bisect
 import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -55,6 +56,8 @@ class StreamSource:
         self.tokenizer = header_name(self.tok.name)  # as a token file's header names it
         self._lock = threading.Lock()
         self._starts: dict[int, int] = {0: 0}  # unit -> stream token where it starts (the same every pass)
+        self._known = [0]  # the units of _starts, sorted (their starts grow with them)
+        self.encoded: set[int] = set()  # units tokenized so far (the read-ahead thread's too)
         self._pass_tokens: int | None = None  # tokens of one pass, once a pass has been read to its end
         self._unit = 0  # the next unit to read
         self._buf = np.empty(0, dtype=np.int64)  # tokens from stream token _buf_start to the end of unit _unit - 1
@@ -75,6 +78,7 @@ class StreamSource:
                 f"{self.text_key!r}, tokenizer {self.tok.name})")
 
     def _encode(self, unit: int) -> np.ndarray:
+        self.encoded.add(unit)
         return encode_unit(self.tok, self.units[unit], self.text_key, self.eos_id, self.dtype.str).tokens
 
     def _tokens_of(self, unit: int) -> np.ndarray:
@@ -89,11 +93,22 @@ class StreamSource:
                 self._ahead[ahead] = self._pool.submit(self._encode, ahead)
         return np.asarray(future.result() if future is not None else self._encode(unit), dtype=np.int64)
 
+    def _learn(self, unit: int, start: int) -> None:
+        if unit not in self._starts:
+            self._starts[unit] = start
+            bisect.insort(self._known, unit)
+
+    def _unit_at(self, token: int) -> int:
+        """The last known unit starting at or before stream token ``token``."""
+        starts = [self._starts[u] for u in self._known]  # sorted, as the units are
+        return self._known[bisect.bisect_right(starts, token) - 1]
+
     def _seek(self, token: int) -> None:
-        """Make the reader's buffer start at or before stream token ``token`` (from a known unit start)."""
-        if self._buf_start <= token:
+        """Make the reader's buffer start at or before stream token ``token``: read on from where it is,
+        unless it is past ``token`` or a known unit start lies between it and ``token`` (a bookmark)."""
+        unit = self._unit_at(token)
+        if self._buf_start <= token and unit <= self._unit:
             return
-        unit = max(u for u, start in self._starts.items() if start <= token)
         self._unit, self._buf_start, self._buf = unit, self._starts[unit], np.empty(0, dtype=np.int64)
 
     def _window(self, w: int, seq_len: int) -> np.ndarray | None:
@@ -111,7 +126,7 @@ class StreamSource:
             self._buf = np.concatenate([self._buf[keep:], tokens])
             self._buf_start += keep
             self._unit += 1
-            self._starts.setdefault(self._unit, self._buf_start + len(self._buf))
+            self._learn(self._unit, self._buf_start + len(self._buf))
         return self._buf[a - self._buf_start : b - self._buf_start]
 
     def _windows_per_pass(self, seq_len: int) -> int | None:
@@ -142,8 +157,7 @@ class StreamSource:
         """Where a reader of sample ``j`` may start: the last unit known to start at or before it."""
         with self._lock:
             n = self._windows_per_pass(seq_len)
-            token = (j if n is None else j % n) * seq_len
-            unit = max(u for u, start in self._starts.items() if start <= token)
+            unit = self._unit_at((j if n is None else j % n) * seq_len)
             return {"unit": unit, "token": self._starts[unit], "pass_tokens": self._pass_tokens,
                     "units": len(self.units)}
 
@@ -154,7 +168,7 @@ class StreamSource:
         unit, token = mark.get("unit"), mark.get("token")
         if isinstance(unit, int) and isinstance(token, int) and 0 <= unit <= len(self.units) and token >= 0:
             with self._lock:
-                self._starts[unit] = token
+                self._learn(unit, token)
                 if isinstance(mark.get("pass_tokens"), int):
                     self._pass_tokens = mark["pass_tokens"]
 
