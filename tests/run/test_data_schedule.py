@@ -163,3 +163,37 @@ def test_a_job_file_names_a_mixture_with_tables(tmp_path):
     assert (args.data, args.data_text_key, args.data_tokenizer) == ("0.3:a.tok,0.7:b/", "body", None)
     args = parse_args(build_parser(), ["train", "--config", str(job), "--data", "x.tok"])
     assert args.data == "x.tok"  # the command line wins, as for every flag
+
+
+def test_shards_without_pyarrow_name_the_pip_command(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "a.parquet").write_bytes(b"PAR1")
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.arrow").write_bytes(b"ARROW1")
+    for name in ("pyarrow", "pyarrow.parquet"):
+        monkeypatch.setitem(sys.modules, name, None)  # import pyarrow raises ImportError
+    with pytest.raises(PlaitError, match=r"pip install pyarrow"):
+        open_data(str(tmp_path / "s"), 512)
+    with pytest.raises(PlaitError, match=r"reading arrow files needs pyarrow: pip install pyarrow"):
+        open_data(str(tmp_path / "t"), 512).batch(0, range(1), SEQ, 1)
+
+
+@pytest.mark.parametrize("writer", ["new_stream", "new_file"])
+def test_arrow_shards_stream_as_prepare_reads_them(tmp_path, writer):
+    pa = pytest.importorskip("pyarrow")
+    (tmp_path / "arrow").mkdir()
+    for k in range(2):  # the stream format is what Hugging Face datasets writes
+        table = pa.table({"text": [f"arrow doc {k}.{i} " * (1 + i % 3) for i in range(30)] + [None]})
+        with getattr(pa.ipc, writer)(str(tmp_path / "arrow" / f"data-{k:05d}.arrow"), table.schema) as out:
+            out.write_table(table)
+    prepare([tmp_path / "arrow"], tmp_path / "arrow.tok")
+    prepared = TokenFile(tmp_path / "arrow.tok")
+    stream = open_data(str(tmp_path / "arrow" / "*.arrow"), 512, seq_len=SEQ)
+    try:
+        n = (prepared.n_tokens - 1) // SEQ
+        rows = stream.batch(0, range(n), SEQ, n)
+        assert all(np.array_equal(rows[w], prepared.tokens[w * SEQ: w * SEQ + SEQ + 1]) for w in range(n))
+    finally:
+        stream.close()

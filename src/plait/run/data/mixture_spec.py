@@ -133,9 +133,10 @@ def data_table(value: object, where: str) -> dict[str, object]:
     entries = []
     for index, source in enumerate(sources):
         extra = sorted(set(source) - {"path", "weight"})
-        if extra or not isinstance(source.get("path"), str):
-            raise PlaitError(f"{where}[[data.sources]] {index + 1}: "
-                             + (f"no key {extra[0]!r} (keys: path, weight)" if extra else "path must be a string"))
+        if extra or not isinstance(source.get("path"), str) or "," in source["path"]:
+            why = (f"no key {extra[0]!r} (keys: path, weight)" if extra else "path must be a string"
+                   if not isinstance(source.get("path"), str) else "a path with a comma cannot be a --data source")
+            raise PlaitError(f"{where}[[data.sources]] {index + 1}: {why}")
         weight = source.get("weight")
         if weight is None and len(sources) == 1:
             entries.append(source["path"])
