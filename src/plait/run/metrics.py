@@ -78,6 +78,8 @@ class RunSummary:
     def to_dict(self) -> dict:
         out = {"summary": True, **self.__dict__}
         out.update(out.pop("offload") or {})
+        if out["data_tokens"] is None:  # not a data mixture: the line as before mixtures
+            del out["data_tokens"]
         return out
 
     def comparison_line(self) -> str:
