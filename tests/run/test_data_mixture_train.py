@@ -15,6 +15,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 import checkpoint_tasks  # noqa: E402
+import runtime_tasks  # noqa: E402
 import tolerances  # noqa: E402
 
 from plait.run.checkpoint import store  # noqa: E402
@@ -45,12 +46,18 @@ def run_and_resume(pool, tmp_path, data: str, resume_layout: str) -> tuple[dict,
     return full, resumed, checkpoint.manifest
 
 
-def test_a_30_70_mixture_resumes_on_another_layout(dist_pool, tmp_path):
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory) -> str:
+    """--data of two small token files, 30/70."""
+    root = tmp_path_factory.mktemp("corpora")
     for name, seed in (("web", 1), ("books", 2)):
-        (tmp_path / f"{name}.txt").write_text(words(seed, 3000))
-        prepare([tmp_path / f"{name}.txt"], tmp_path / f"{name}.tok")
-    data = f"0.3:{tmp_path / 'web.tok'},0.7:{tmp_path / 'books.tok'}"
-    full, resumed, manifest = run_and_resume(dist_pool(2), tmp_path, data, "pp=2")
+        (root / f"{name}.txt").write_text(words(seed, 3000))
+        prepare([root / f"{name}.txt"], root / f"{name}.tok")
+    return f"0.3:{root / 'web.tok'},0.7:{root / 'books.tok'}"
+
+
+def test_a_30_70_mixture_resumes_on_another_layout(dist_pool, tmp_path, mixture):
+    full, resumed, manifest = run_and_resume(dist_pool(2), tmp_path, mixture, "pp=2")
     schedule = Schedule([Fraction("0.3"), Fraction("0.7")])
     for steps_done, tokens in ((STOP, manifest["data"]["tokens"]), (STEPS, full["summary"]["data_tokens"]),
                                (STEPS, resumed["summary"]["data_tokens"])):
@@ -77,3 +84,15 @@ def test_a_streamed_parquet_run_resumes_on_another_layout(dist_pool, tmp_path):
     mark = manifest["data"]["streams"]["shards"]
     assert manifest["data"]["tokens"] == {"shards": STOP * GLOBAL_BATCH * SEQ}
     assert 0 < mark["unit"] and mark["token"] <= STOP * GLOBAL_BATCH * SEQ  # where the next sample's unit starts
+
+
+def test_tensorboard_gets_a_scalar_per_source(tmp_path, mixture):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    runtime_tasks.in_one_process(checkpoint_tasks.train_logged, str(tmp_path / "run.jsonl"), str(tmp_path / "tb"),
+                                 steps=2, global_batch=GLOBAL_BATCH, seq_len=SEQ, data=mixture, log_every=1)
+    events = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    schedule = Schedule([Fraction("0.3"), Fraction("0.7")])
+    for index, name in enumerate(("web", "books")):
+        assert [(e.step, e.value) for e in events.Scalars(f"data_tokens/{name}")] == [
+            (step, schedule.counts(step * GLOBAL_BATCH)[index] * SEQ) for step in (1, 2)]
