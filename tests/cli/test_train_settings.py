@@ -145,6 +145,6 @@ def test_a_resumed_run_keeps_the_settings_that_define_the_run():
     saved = RunConfig(job=TrainJob(model=get_model("tiny"), layout=Layout(), global_batch=4, seq_len=16, seed=3))
     flags = _same_run_flags(TrainRequest(seed=5, lr=1e-3), saved, implicit=False)
     assert set(flags) == {d.spec.flag for d in settings_of(TrainJob, OptimConfig) if d.spec.same_run} == {
-        "--seed", "--data", "--doc-mask", "--lr", "--warmup-steps", "--weight-decay", "--grad-clip", "--lr-schedule", "--min-lr",
+        "--seed", "--data", "--data-tokenizer", "--data-text-key", "--doc-mask", "--lr", "--warmup-steps", "--weight-decay", "--grad-clip", "--lr-schedule", "--min-lr",
         "--decay-fraction"}
     assert flags["--seed"] == (5, 3) and flags["--lr"] == (1e-3, OptimConfig.lr) and flags["--data"] == (None, "synthetic")

@@ -100,8 +100,15 @@ class TrainJob:
                          "what", unset=True)  # counted from step 0 (a resumed run may ask for more)
     seed: int = setting(0, "--seed", "seed of weights, data order and dropout (default {default})", "what",
                         unset=True, same_run=True)
-    data: str = setting("synthetic", "--data", "synthetic, or a token file (plait data prepare)", "what",
-                        same_run=True)  # a token file as an absolute path
+    data: str = setting("synthetic", "--data", "synthetic, a token file (plait data prepare), or a mixture "
+                        "WEIGHT:SOURCE,WEIGHT:SOURCE,... of token files, directories or globs of token files or of "
+                        "parquet/arrow/jsonl shards (streamed)", "what",
+                        same_run=True)  # absolute paths (plait.run.data.mixture_spec.canonical)
+    data_tokenizer: str = setting(
+        "bytes", "--data-tokenizer", "tokenizer of the --data sources streamed from parquet/arrow/jsonl shards "
+        "(the names plait data prepare takes; default {default})", "what", unset=True, same_run=True)
+    data_text_key: str = setting("text", "--data-text-key", "column / JSON key holding the text of streamed "
+                                 "--data shards (default {default})", "what", unset=True, same_run=True)
     data_id: str | None = None  # the token file's fingerprint: "crc32=…,tokens=…,bytes=…" (its header and size)
     init_from: str | None = setting(
         None, "--init-from", "start from the weights of a local Hugging Face model directory (config.json + "

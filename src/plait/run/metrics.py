@@ -73,10 +73,13 @@ class RunSummary:
     # CPU runs: max over ranks of the counted peak of torch tensor storage, bytes, in the memory window
     # (the run's second step; plait.run.memory.counted); None on GPU or when the run ended before it
     peak_tensor_bytes: int | None = None
+    data_tokens: dict | None = None  # a data mixture's input tokens per source after the last step (cumulative)
 
     def to_dict(self) -> dict:
         out = {"summary": True, **self.__dict__}
         out.update(out.pop("offload") or {})
+        if out["data_tokens"] is None:  # not a data mixture: the line as before mixtures
+            del out["data_tokens"]
         return out
 
     def comparison_line(self) -> str:

@@ -201,6 +201,15 @@ class StepLedger:
         self.read(now)
         return self._emit(list(self.pending))
 
+    def _data_tokens(self, steps_done: int) -> dict[str, int]:
+        """A data mixture's input tokens per source after ``steps_done`` steps, as JSONL fields
+        ``data_tokens/NAME`` (TensorBoard scalars of that name); {} for one token file or synthetic data."""
+        consumed = getattr(self.setup.source, "tokens_consumed", None)
+        if consumed is None:
+            return {}
+        job = self.setup.config.job
+        return {f"data_tokens/{name}": n for name, n in consumed(steps_done, job.global_batch, job.seq_len).items()}
+
     def _emit(self, steps: list[PendingStep]) -> list[StepRecord]:
         """Records, JSONL lines and display lines of ``steps`` (read and checked), in order."""
         job = self.setup.config.job
@@ -219,7 +228,7 @@ class StepLedger:
                 self.display.message(f"step {pending.step + 1}: {pending.skipped} is not finite; optimizer step "
                                      "skipped (--on-nan skip)")
             self.log.write({**record.to_dict(), "time": pending.wall_time,
-                            **({"skipped": True} if pending.skipped else {})})
+                            **({"skipped": True} if pending.skipped else {}), **self._data_tokens(pending.step + 1)})
             self.display.step(record)
             out.append(record)
         emitted = {id(p) for p in steps}

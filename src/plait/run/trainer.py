@@ -29,7 +29,7 @@ from plait.run.checkpoint.select import check_same_run, nothing_to_train
 from plait.run.checkpoint.store import read_manifest
 from plait.run.config import RunConfig
 from plait.run.data.prefetch import prefetching
-from plait.run.data.tokens import open_tokens
+from plait.run.data.mixture import open_data
 from plait.run.env import RankEnv
 from plait.run.faults import FaultPlan
 from plait.run.device import rank_device
@@ -134,7 +134,8 @@ def build_setup(config: RunConfig, device: torch.device, faults: FaultPlan) -> S
                               offload_dir=offload_directory(config, dist.get_rank()),
                               fused_qkv=runtime.qkv == "fused")
     return StepSetup(config=config, pdims=pdims, parts=parts, optimizer=build_optimizer(parts.parameters(), config.optim),
-                     source=prefetching(open_tokens(job.data, job.model.vocab, job.seed), device),
+                     source=prefetching(open_data(job.data, job.model.vocab, job.seed, tokenizer=job.data_tokenizer,
+                                                  text_key=job.data_text_key), device),
                      device=device,
                      n_micro=n_micro, peak_flops=peak_flops(config, device), faults=faults)
 
@@ -155,6 +156,8 @@ def resume(setup: StepSetup, env: RankEnv) -> tuple[int, list[dict]]:
 
     load_checkpoint(path, setup.parts, setup.optimizer)
     place_step_counters(setup.optimizer)
+    if hasattr(setup.source, "restore"):  # a mixture: where its streams were (they start reading there)
+        setup.source.restore(manifest.get("data"))
     return start_step, [{"event": "resume", "step": start_step, "checkpoint": path,
                          "layout": str(job.layout), "world_size": job.layout.world_size,
                          "restart": env.restart_count, "load_s": time.perf_counter() - load_start,
@@ -172,7 +175,22 @@ def make_checkpointer(setup: StepSetup) -> Checkpointer | None:
 
     return Checkpointer(saving.dir, saving.every, saving.keep, run=config.to_dict(),
                         layout=str(config.job.layout), use_async=use_async, device=device, parts=setup.parts,
-                        optimizer=setup.optimizer, faults=setup.faults)
+                        optimizer=setup.optimizer, faults=setup.faults, data_state=data_state(setup))
+
+
+def data_state(setup: StepSetup):
+    """``steps_done -> dict`` of a mixture's state for the checkpoint manifest (per-source tokens, stream
+    bookmarks: ``MixtureSource.state``); None for synthetic data or a lone token file."""
+    source, job = setup.source, setup.config.job
+    if not hasattr(source, "state"):
+        return None
+    return lambda steps_done: source.state(steps_done, job.global_batch, job.seq_len)
+
+
+def data_tokens(setup: StepSetup, steps_done: int) -> dict[str, int] | None:
+    """Input tokens each mixture source gave to the first ``steps_done`` steps (None: not a mixture)."""
+    consumed, job = getattr(setup.source, "tokens_consumed", None), setup.config.job
+    return consumed(steps_done, job.global_batch, job.seq_len) if consumed is not None else None
 
 
 def run_training(config: RunConfig, device: torch.device | None = None, stop=None, env: RankEnv | None = None,
@@ -222,11 +240,16 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
         summary.start_step = start_step
         summary.stopped_early = stopped_at is not None
         summary.eval_loss = evaluator.last if evaluator is not None else None
+        summary.data_tokens = data_tokens(setup, start_step + len(records))
         if checkpointer is not None:
             summary.checkpoints = checkpointer.saved
             summary.checkpoint_stall_s = max(checkpointer.stall_s, default=None)
         log.write(summary.to_dict())
         display.message(summary.comparison_line())
+        if summary.data_tokens:
+            total = max(1, sum(summary.data_tokens.values()))
+            display.message("tokens per data source: " + ", ".join(
+                f"{name} {n:,} ({100 * n / total:.1f}%)" for name, n in summary.data_tokens.items()))
     finally:
         counter.close()
         display.close()

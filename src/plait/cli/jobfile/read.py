@@ -16,6 +16,7 @@ from pathlib import Path
 
 from plait.cli.jobfile.flags import Flag, flags_of, lookup
 from plait.errors import PlaitError
+from plait.run.data.mixture_spec import data_table
 from plait.spec.serialize import toml_module
 
 MAX_BYTES = 1 << 20  # a job file is a few hundred bytes; a larger file is not one
@@ -75,7 +76,10 @@ def settings(data: dict, flags: dict[str, Flag], where: str, command: str) -> di
 
     for key, value in data.items():
         name = key.replace("_", "-")
-        if isinstance(value, dict) and name in tables:
+        if name == "data" and isinstance(value, dict) and "data" in {f.key for f in flags.values()}:
+            for inner, item in data_table(value, where).items():  # [[data.sources]]: a mixture
+                put(inner, item, None)
+        elif isinstance(value, dict) and name in tables:
             for inner, item in value.items():
                 put(inner, item, name)
         else:

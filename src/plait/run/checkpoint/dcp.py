@@ -105,6 +105,7 @@ class PendingSave:
     records: dict | None = None  # size and CRC-32 of the files this rank wrote, once they are written
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    data: dict | None = None  # the data mixture's state at this step (``data_state``), for the manifest
 
 
 class Checkpointer:
@@ -119,8 +120,10 @@ class Checkpointer:
 
     def __init__(self, root: str | Path, every: int, keep: int, run: dict, layout: str, use_async: bool,
                  device: torch.device, parts: ModelParts | None = None,
-                 optimizer: torch.optim.Optimizer | None = None, faults: FaultPlan = NO_FAULTS):
+                 optimizer: torch.optim.Optimizer | None = None, faults: FaultPlan = NO_FAULTS,
+                 data_state=None):
         self.root = Path(root)
+        self.data_state = data_state  # steps_done -> the data mixture's state (per-source tokens, stream bookmarks)
         self.every = every
         self.keep = keep
         self.run = run
@@ -168,6 +171,7 @@ class Checkpointer:
         state = training_state(parts, optimizer)
         writer = FileSystemWriter(temporary, overwrite=False)
         pending = PendingSave(steps_done, temporary, final)
+        pending.data = self.data_state(steps_done) if self.data_state is not None and dist.get_rank() == 0 else None
         rank = dist.get_rank()
         if self.use_async:
             pending.future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group())
@@ -217,7 +221,8 @@ class Checkpointer:
                 unclaimed = [name for name in store.data_files(pending.temporary) if name not in files]
                 files.update(store.file_records(pending.temporary, unclaimed))
                 store.write_manifest(pending.temporary, pending.step, files, self.run,
-                                     {"layout": self.layout, "world_size": world, "torch": torch.__version__})
+                                     {"layout": self.layout, "world_size": world, "torch": torch.__version__,
+                                      **({"data": pending.data} if pending.data is not None else {})})
                 store.commit(pending.temporary, pending.final)
                 store.prune(self.root, self.keep)
 

@@ -37,16 +37,23 @@ def check_same_run(saved: RunConfig, model=None, global_batch: int | None = None
                          f"(asked: {seq_len}). Drop --seq-len")
 
 
-def data_of(data: str, model, seed: int, seq_len: int) -> tuple[str, str | None]:
+def data_of(data: str, model, seed: int, seq_len: int, tokenizer: str = "bytes",
+            text_key: str = "text") -> tuple[str, str | None]:
     """(the absolute path, the fingerprint) of a run's token file, opened and checked against the
     model (a PlaitError naming the file when it cannot be used); ("synthetic", None) for synthetic data.
-    The absolute path lets a resume from any working directory find it."""
+    The absolute path lets a resume from any working directory find it. A mixture
+    (``plait.run.data.mixture``): its spec with absolute paths, and every source's fingerprint."""
     if data == "synthetic":
         return data, None
-    from plait.run.data.tokens import open_tokens
+    from plait.run.data.mixture import open_data
+    from plait.run.data.mixture_spec import canonical, is_mixture
 
-    tokens = open_tokens(data, model.vocab, seed, seq_len=seq_len, model_name=model.name)
-    return os.path.abspath(data), tokens.fingerprint
+    tokens = open_data(data, model.vocab, seed, seq_len=seq_len, model_name=model.name, tokenizer=tokenizer,
+                       text_key=text_key)
+    if not is_mixture(data):
+        return os.path.abspath(data), tokens.fingerprint
+    tokens.close()
+    return canonical(data), tokens.fingerprint
 
 
 def check_same_data(saved_id: str | None, data: str, data_id: str | None, allow_change: bool,

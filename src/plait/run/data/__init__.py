@@ -10,4 +10,8 @@
   import_bin.py      a raw token array (nanoGPT's train.bin) as a token file
   tokenizer.py       tokenizers by name (byte-level, tokenizer.json, tiktoken)
   tokenizer_libs.py  tokenizers from libraries (tokenizers, tiktoken)
+  mixture.py         --data with several weighted sources (token files, shard directories, streams)
+  mixture_spec.py    the --data syntax (WEIGHT:PATH,...) and the job file's [[data.sources]]
+  schedule.py        which source each global sample reads: exact proportions, layout-independent
+  stream.py          parquet/arrow/jsonl shards tokenized on the fly, resumable from a bookmark
 """

@@ -2,13 +2,14 @@
 
 Input kinds by file name: ``.txt`` (the whole file is one document; also any other name given
 explicitly), ``.jsonl``/``.ndjson`` (one JSON object per line, its ``text_key`` field is the
-document), ``.json`` (a list of such objects, one object, or JSON lines), ``.parquet`` (the
-``text_key`` column, one document per row; needs pyarrow). A directory means every such file
+document), ``.json`` (a list of such objects, one object, or JSON lines), ``.parquet`` and ``.arrow``
+(Arrow IPC, file or stream format, as Hugging Face ``datasets`` writes it): the ``text_key``
+column, one document per row; needs pyarrow. A directory means every such file
 under it, recursively, in sorted order. Empty texts and JSON ``null`` are skipped; a record
 without ``text_key`` is an error naming the key and the keys the record has.
 
 A unit is what one worker reads: a whole text or JSON file, a part of about ``UNIT_BYTES`` of a
-JSON-lines file (cut at line ends), or one parquet row group. Units depend only on the inputs (never
+JSON-lines file (cut at line ends), or one parquet row group (an arrow file is one unit). Units depend only on the inputs (never
 on the number of workers), so any worker count produces the same documents in the same order.
 No torch here; pyarrow is imported only for parquet inputs.
 """
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 
-KINDS = {".txt": "text", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
+KINDS = {".txt": "text", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
+         ".arrow": "arrow"}
 UNIT_BYTES = 16 * 2**20  # a JSON-lines file is read in parts of about this many bytes (one worker each)
 SHOWN_KEYS = 10  # keys of a record named in the error when text_key is missing
 
@@ -50,7 +52,7 @@ def find_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.suffix.lower() in KINDS and p.is_file())
             if not found:
-                raise PlaitError(f"no *.txt, *.jsonl, *.json or *.parquet files under directory {path}")
+                raise PlaitError(f"no *.txt, *.jsonl, *.json, *.parquet or *.arrow files under directory {path}")
             files.extend(found)
         elif path.is_file():
             files.append(path)
@@ -135,6 +137,8 @@ def read_documents(unit: Unit, text_key: str) -> list[str]:
     if unit.kind == "parquet":
         table = _pyarrow_parquet().ParquetFile(path).read_row_group(unit.start, columns=[text_key])
         return [t for t in table.column(0).to_pylist() if t]
+    if unit.kind == "arrow":
+        return _arrow_documents(path, text_key)
     try:
         with open(path, "rb") as f:
             f.seek(unit.start)
@@ -150,6 +154,32 @@ def read_documents(unit: Unit, text_key: str) -> list[str]:
     except UnicodeDecodeError as e:
         raise PlaitError(f"input {path} is not UTF-8 text (byte {e.start})") from None
     return [text] if text else []
+
+
+def _arrow_documents(path: Path, text_key: str) -> list[str]:
+    """The non-empty texts of column ``text_key`` of an Arrow IPC file (random-access or stream format)."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise PlaitError("reading arrow files needs pyarrow: pip install pyarrow (or pip install -e '.[data]')") \
+            from None
+    try:
+        with pa.memory_map(str(path)) as source:
+            try:
+                table = pa.ipc.open_file(source).read_all()
+            except pa.ArrowInvalid:  # not the file format: the stream format (Hugging Face datasets' shards)
+                source.seek(0)
+                table = pa.ipc.open_stream(source).read_all()
+    except (OSError, pa.ArrowException) as e:
+        raise PlaitError(f"cannot read arrow file {path}: {str(e).splitlines()[0]}") from None
+    if text_key not in table.column_names:
+        shown = ", ".join(table.column_names[:SHOWN_KEYS]) + (", ..." if table.num_columns > SHOWN_KEYS else "")
+        raise PlaitError(f"arrow file {path} has no column {text_key!r} (its columns: {shown}); "
+                         "pass the name of its text column")
+    texts = table.column(text_key).to_pylist()
+    if any(t is not None and not isinstance(t, str) for t in texts):
+        raise PlaitError(f"arrow file {path}: column {text_key!r} holds {table.schema.field(text_key).type}, not text")
+    return [t for t in texts if t]
 
 
 def _text_of(record: object, text_key: str, where: str) -> str | None:

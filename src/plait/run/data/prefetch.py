@@ -80,6 +80,9 @@ class PrefetchingSource:
             self._pending = None
             self._closed = True
             self._pool.shutdown(wait=True, cancel_futures=True)
+        close = getattr(self.source, "close", None)
+        if close is not None:  # a mixture's streams: their tokenizing threads
+            close()
 
 
 def prefetching(source, device: torch.device) -> PrefetchingSource:

@@ -97,9 +97,11 @@ class SyntheticTokens:
 class TokenFile:
     """A token file written by ``prepare``, opened read-only as a memmap (see the module doc)."""
 
-    def __init__(self, path: str | os.PathLike, seed: int = 0, seq_len: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, seed: int = 0, seq_len: int | None = None,
+                 stream: int | None = None) -> None:
         self.path = Path(path)
         self.seed = seed
+        self.stream = stream  # a mixture's source index > 0: its permutations are seeded (seed, epoch, stream)
         self._perms: dict[tuple[int, int], np.ndarray] = {}  # (seq_len, epoch) -> permutation
         if seed < 0:
             raise PlaitError(f"data seed must be >= 0, got {seed}")
@@ -219,7 +221,7 @@ class TokenFile:
         if key not in self._perms:
             if len(self._perms) >= 2:  # keep the current and the next epoch
                 self._perms.pop(next(iter(self._perms)))
-            rng = np.random.default_rng([self.seed, epoch])
+            rng = np.random.default_rng([self.seed, epoch] + ([self.stream] if self.stream else []))
             self._perms[key] = rng.permutation(self.n_samples(seq_len))
         return self._perms[key]
 
@@ -228,10 +230,15 @@ class TokenFile:
         if global_batch < 1:
             raise PlaitError(f"global_batch must be at least 1 sample, got {global_batch}")
         _check_request(step, positions, seq_len, global_batch)
+        return self.rows([step * global_batch + int(p) for p in positions], seq_len)
+
+    def rows(self, samples: Sequence[int], seq_len: int) -> np.ndarray:
+        """int64 array (len(samples), seq_len + 1): sample ``g`` is window ``perm_e[g % n]`` of epoch
+        ``e = g // n`` (the module doc); a mixture asks for its source's own sample indices."""
         n = self.n_samples(seq_len)
-        out = np.empty((len(positions), seq_len + 1), dtype=np.int64)
-        for row, p in enumerate(positions):
-            g = step * global_batch + int(p)
+        out = np.empty((len(samples), seq_len + 1), dtype=np.int64)
+        for row, g in enumerate(samples):
+            g = int(g)
             start = int(self.permutation(seq_len, g // n)[g % n]) * seq_len
             out[row] = self.tokens[start : start + seq_len + 1]
         return out

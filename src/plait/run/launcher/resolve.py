@@ -114,26 +114,36 @@ def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarge
     warmup = request.warmup_steps if request.warmup_steps is not None else max(1, job["steps"] // 10)
     optim = section_of(request, OptimConfig, warmup_steps=warmup)
     check_decay_fraction(request, optim)
-    data, data_id = data_of(job["data"], model, job["seed"], target.seq_len)  # fail early
+    data, data_id = data_of(job["data"], model, job["seed"], target.seq_len, job["data_tokenizer"],
+                            job["data_text_key"])  # fail early
     config = RunConfig(
         job=TrainJob(model=model, layout=target.layout or Layout(dp=options.world_size),
                      global_batch=target.global_batch, seq_len=target.seq_len,
                      **{**job, "data": data, "init_from": init_from}, data_id=data_id,
-                     **documents_of(data, job["doc_mask"]),
+                     **documents_of(data, job["doc_mask"], job["data_tokenizer"], job["data_text_key"]),
                      token_ids=hf_token_ids(init_from) if init_from else hf_token_ids(request.model)),
         optim=optim, runtime=section_of(request, RuntimeConfig, gpu=request.gpu or target.gpu),
         observe=section_of(request, LogConfig))
     return dataclasses.replace(config, eval=eval_config(request, config.job))
 
 
-def documents_of(data: str, doc_mask: bool) -> dict:
+def documents_of(data: str, doc_mask: bool, tokenizer: str = "bytes", text_key: str = "text") -> dict:
     """--doc-mask's ``eos_id`` and ``doc_len`` (mean document length, tokens) of the token file
     ``data``, read from its header and its first tokens; {} without --doc-mask or a token file
     (``TrainJob`` then refuses synthetic data in one line)."""
     if not doc_mask or data == "synthetic":
         return {}
+    from plait.run.data.mixture_spec import is_mixture
     from plait.run.data.tokens import TokenFile
 
+    if is_mixture(data):  # the sources share one tokenizer and end-of-text id (MixtureSource checks it)
+        from plait.run.data.mixture import MixtureSource
+
+        tokens = MixtureSource(data, tokenizer=tokenizer, text_key=text_key)
+        try:
+            return {"eos_id": tokens.eos_id, "doc_len": tokens.mean_document_length()}
+        finally:
+            tokens.close()
     tokens = TokenFile(data)
     return {"eos_id": tokens.eos_id, "doc_len": tokens.mean_document_length()}
 
@@ -193,10 +203,20 @@ def _same_run_flags(request: TrainRequest, saved: RunConfig, implicit: bool) -> 
     out = {d.spec.flag: (getattr(request, d.dest), getattr(sections[d.section], d.name))
            for d in settings_of(*sections) if d.spec.same_run}
     data = request.data if implicit and request.data != "synthetic" else None
-    if data is not None and saved.job.data != "synthetic" and Path(data).resolve() == Path(saved.job.data).resolve():
+    if data is not None and saved.job.data != "synthetic" and _same_data(data, saved.job.data):
         data = saved.job.data
     out["--data"] = (data, saved.job.data)
     return out
+
+
+def _same_data(given: str, saved: str) -> bool:
+    """Whether ``--data given`` names the saved run's data (the same file, or the same mixture spec)."""
+    from plait.run.data.mixture_spec import canonical
+
+    try:
+        return Path(given).resolve() == Path(saved).resolve() or canonical(given) == saved
+    except PlaitError:
+        return False
 
 
 def resume_config(request: TrainRequest, implicit: bool = False, target: TrainTarget | None = None) -> Resolved:
@@ -242,7 +262,7 @@ def resume_config(request: TrainRequest, implicit: bool = False, target: TrainTa
                      "stretched, so the learning rate changes from the resumed step on")
     finished = checkpoint.step == job.steps  # the same command after the run ended (a requeue): nothing to do
     if not finished:  # the saved run's data must still be there, the same tokens
-        data, data_id = data_of(job.data, job.model, job.seed, job.seq_len)
+        data, data_id = data_of(job.data, job.model, job.seed, job.seq_len, job.data_tokenizer, job.data_text_key)
         notes += [note] if (note := check_same_data(was.data_id, data, data_id, request.allow_data_change,
                                                     path)) else []
         job = dataclasses.replace(job, data=data, data_id=data_id)

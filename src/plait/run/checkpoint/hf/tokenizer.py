@@ -108,7 +108,13 @@ def _copy_from(source: Path, directory: Path) -> list[str]:
 def data_tokenizer(job) -> tuple[str | None, int | None]:
     """(tokenizer name, end-of-text id) in the header of the run's token file ((None, None): synthetic
     data, or the file is gone; the id is None in a file that records none)."""
-    if not job.data or job.data == "synthetic" or not Path(job.data).is_file():
+    if not job.data or job.data == "synthetic":
+        return None, None
+    from plait.run.data.mixture_spec import is_mixture
+
+    if is_mixture(job.data):
+        return _mixture_tokenizer(job)
+    if not Path(job.data).is_file():
         return None, None
     from plait.run.data.token_format import HEADER
 
@@ -119,6 +125,21 @@ def data_tokenizer(job) -> tuple[str | None, int | None]:
         return None, None
     eos_field = fields[-2]  # the end-of-text id + 1, 0: none (plait.run.data.token_format.eos_field)
     return fields[-1].rstrip(b"\0").decode("ascii", errors="replace"), eos_field - 1 if eos_field else None
+
+
+def _mixture_tokenizer(job) -> tuple[str | None, int | None]:
+    """``data_tokenizer`` of a data mixture: its sources share one tokenizer (``--data-tokenizer``
+    when one of them is streamed, else their token files' header name); (None, None) when gone."""
+    from plait.run.data.mixture import MixtureSource
+    from plait.run.data.stream import StreamSource
+
+    try:
+        mixture = MixtureSource(job.data, tokenizer=job.data_tokenizer, text_key=job.data_text_key)
+    except PlaitError:
+        return None, None
+    mixture.close()
+    streamed = any(isinstance(source, StreamSource) for source in mixture.sources)
+    return (job.data_tokenizer if streamed else mixture.tokenizer), mixture.eos_id
 
 
 def _eos_of(directory: Path) -> tuple[str, int] | None:
