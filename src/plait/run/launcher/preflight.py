@@ -52,12 +52,15 @@ def run_cluster(config: RunConfig, options: LaunchOptions) -> ClusterSpec:
     return cluster_for_gpu(config.runtime.gpu or DEFAULT_GPU, options.world_size, options.nproc_per_node)
 
 
-def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False) -> tuple[RunConfig, list[str]]:
+def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False,
+              dry_run: bool = False) -> tuple[RunConfig, list[str]]:
     """Validate ``config`` for ``options``; return it with GPU and prediction filled, and warnings.
 
     Raises PlaitError for a wrong process count, a broken layout rule, a layout feature the
     runtime does not run, or (unless ``allow_oom``) a predicted out-of-memory: of the GPU, or on
     the CPU of the host's available memory for all its processes (``plait.run.launcher.host_memory``).
+    ``dry_run`` with ``--device cuda`` on a machine without a GPU (a login node) checks the run as
+    it will run on the GPU the run names (``--gpu`` or the plan's cluster), without this machine's.
     """
     job = config.job
     layout, model = job.layout, job.model
@@ -76,12 +79,21 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
         raise PlaitError(f"layout {layout}: " + "; ".join(problems))
     warnings = [v.message for v in violations if v.severity == "warning"]
     warnings += [w for w in [past_positions_warning(model, job.seq_len)] if w]  # RoPE past max_position_embeddings
-    on_gpu = runs_on_gpu(config, options.nproc_per_node)
+    elsewhere = dry_run and config.runtime.device == "cuda" and local_accelerator() is None
+    if elsewhere:
+        warnings.append(_checked_elsewhere(config, options))
+    on_gpu = elsewhere or runs_on_gpu(config, options.nproc_per_node)
     config = resolve_gpu(config, on_gpu)
     if not on_gpu:  # the OS kills a CPU worker that runs out of memory: check the host's before launching
         from plait.run.launcher.host_memory import check, host_memory
 
-        return config, warnings + check(host_memory(config, options.nproc_per_node), allow_oom)
+        try:
+            return config, warnings + check(host_memory(config, options.nproc_per_node), allow_oom)
+        except PlaitError as exc:
+            if dry_run and config.runtime.gpu and config.runtime.device == "auto":
+                raise PlaitError(f"{exc}. This machine has no GPU, so --device auto checks a CPU run here; "
+                                 f"--device cuda --dry-run checks the run on {config.runtime.gpu} GPUs") from None
+            raise
     gpu = config.runtime.gpu
     if not gpu:
         warnings.append(f"GPU {local_accelerator()!r} is not a known spec: pass --gpu (plait clusters) "
@@ -100,3 +112,13 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
             raise PlaitError(message + "; --allow-oom runs it anyway")
         warnings.append(message)
     return config, warnings
+
+
+def _checked_elsewhere(config: RunConfig, options: LaunchOptions) -> str:
+    """The warning of a ``--dry-run --device cuda`` on a machine without a GPU (PlaitError when the
+    run names no GPU: the memory check needs its size)."""
+    if not config.runtime.gpu:
+        raise PlaitError("--dry-run --device cuda on a machine without a GPU: name the GPU the run will have "
+                         "(--gpu, or a --plan made for a cluster) so that its memory can be checked")
+    return (f"this machine has no GPU: checked as a run of {options.world_size} process(es) on "
+            f"{config.runtime.gpu} GPUs ({options.nproc_per_node} per node), as the nodes that run it will see it")

@@ -363,7 +363,7 @@ def _start(request: TrainRequest, job_file: str | None = None) -> int:
         return 0
     config, options = dataclasses.replace(resolved.config, job_file=job_file), resolved.options
     check_sinks(config.observe)  # before the launch: a missing package is named with its pip command
-    config, warnings = preflight(config, options, allow_oom=request.allow_oom)
+    config, warnings = preflight(config, options, allow_oom=request.allow_oom, dry_run=request.dry_run)
     for warning in warnings:
         print(f"plait: warning: {warning}", file=sys.stderr)
     for note in resolved.notes:
