@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -42,10 +43,44 @@ def unfused_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out + bias if bias is not None else out
 
 
+class _SumOverRanks(torch.autograd.Function):
+    """All-reduce (sum) over ``group`` whose backward all-reduces (sums) the gradients as well: each
+    rank's input reaches every rank's output, and each rank's output gradient is only its share."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        out = x.contiguous().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def split_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, dim: int, group) -> torch.Tensor:
+    """RMSNorm over ``dim`` elements of which this rank holds the last axis of ``x`` and the matching
+    slice ``weight`` (a column-parallel projection's output, OLMo-2's q/k norms under tensor
+    parallelism): the sum of squares per token (fp32) is all-reduced over ``group``, one value per
+    token, instead of gathering the projection."""
+    x32 = x.float()
+    squares = _SumOverRanks.apply(x32.pow(2).sum(-1, keepdim=True), group)
+    normalized = x32 * torch.rsqrt(squares / dim + eps)
+    if offset:
+        return (normalized * (1.0 + weight.float())).type_as(x)
+    return normalized.type_as(x) * weight
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm with a weight (Llama); ``fused`` False runs ``unfused_norm``.
 
-    ``offset`` (Gemma): the output is scaled by (1 + weight) in fp32, the weight starting at 0."""
+    ``offset`` (Gemma): the output is scaled by (1 + weight) in fp32, the weight starting at 0.
+    ``statistics_group``: set by tensor parallelism when the normalized axis is split over its ranks
+    (``plait.run.parallel.tensor.SplitNorm``; the weight is then a ``Shard(0)`` DTensor): the
+    statistics are summed over the group (``split_rms_norm``)."""
 
     def __init__(self, dim: int, eps: float = NORM_EPS, offset: bool = False):
         super().__init__()
@@ -53,8 +88,12 @@ class RMSNorm(nn.Module):
         self.offset = offset
         self.weight = nn.Parameter(torch.empty(dim))
         self.fused = True
+        self.statistics_group = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.statistics_group is not None:
+            return split_rms_norm(x, self.weight.to_local(), self.eps, self.offset, self.weight.shape[0],
+                                  self.statistics_group)
         if self.offset:
             return (F.rms_norm(x.float(), (x.shape[-1],), None, self.eps) * (1.0 + self.weight.float())).type_as(x)
         if not self.fused:
