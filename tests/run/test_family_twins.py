@@ -1,6 +1,7 @@
 """Tiny same-family twins of the Hugging Face families whose norms tensor and sequence parallelism
-shard (``plait.run.parallel.tensor``) train under tp=2 (with and without sequence parallelism), cp=2,
-FSDP × TP and PP × TP as one process does (gloo, CPU, fp32; tests/run/test_runtime_parity.py's bars):
+shard (``plait.run.parallel.tensor``) train under tp=2 (with and without sequence parallelism),
+cp=2, FSDP × TP, PP × TP and (OLMo-2) compiled tp=2 blocks as one process does (gloo, CPU, fp32;
+tests/run/test_runtime_parity.py's bars):
 
   * Qwen3: q/k norms per head (over head_dim): each tp rank normalizes its own heads with the whole,
     replicated weight, whose gradient is summed over tp.
@@ -111,3 +112,14 @@ def test_twin_on_four_ranks_matches_one_process(dist_pool, model_file, reference
     assert runtime_violations(twin(name), Layout.parse(layout), JobSpec(global_batch=8, seq_len=32)) == []
     out = dist_pool(4).run(runtime_tasks.train_layout, layout, model=model_file(name), timeout=240)
     assert_same_training(out[0], reference(name, "dp=1"), f"{name} {layout}")
+
+
+def test_compiled_olmo2_blocks_under_tp_match_one_process(dist_pool, model_file, reference):
+    """Compiled blocks (fullgraph, as on GPU by default; aot_eager here) trace the all-reduced sums of
+    squares of the q/k norms (an autograd Function around c10d all_reduce) and keep their values."""
+    import compile_tasks
+
+    name = "olmo2"
+    out = dist_pool(2).run(compile_tasks.train_compiled, "tp=2", model=model_file(name), compile_backend="aot_eager",
+                           timeout=300)
+    assert_same_training(out[0], reference(name, "dp=1"), f"{name} tp=2 compiled")
