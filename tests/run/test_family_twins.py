@@ -29,6 +29,7 @@ import pytest
 pytest.importorskip("torch")
 
 import runtime_tasks
+import tolerances
 from test_runtime_parity import assert_same_training
 
 from plait.spec.capabilities import runtime_violations
@@ -123,3 +124,35 @@ def test_compiled_olmo2_blocks_under_tp_match_one_process(dist_pool, model_file,
     out = dist_pool(2).run(compile_tasks.train_compiled, "tp=2", model=model_file(name), compile_backend="aot_eager",
                            timeout=300)
     assert_same_training(out[0], reference(name, "dp=1"), f"{name} tp=2 compiled")
+
+
+def split_norm_against_rms_norm() -> list[float]:
+    """Max abs differences of SplitRMSNorm on one rank against F.rms_norm (autograd) times the
+    weight (plain and offset): output, input gradient, weight gradient, for each."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from plait.run.modules.layers import SplitRMSNorm
+
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for offset in (False, True):
+        x = torch.randn(2, 3, 8, generator=generator, requires_grad=True)
+        weight = torch.randn(8, generator=generator, requires_grad=True)
+        upstream = torch.randn(2, 3, 8, generator=generator)
+        got = SplitRMSNorm.apply(x, weight, 1e-6, offset, 8, dist.group.WORLD)
+        want = F.rms_norm(x, (8,), None, 1e-6) * ((1 + weight) if offset else weight)
+        grads = torch.autograd.grad(got, (x, weight), upstream)
+        want_grads = torch.autograd.grad(want, (x, weight), upstream)
+        out += [(got - want).abs().max().item()]
+        out += [(a - b).abs().max().item() / b.abs().max().item() for a, b in zip(grads, want_grads)]
+    return out
+
+
+def test_split_norm_backward_equals_autograd_of_the_norm():
+    """The hand-written backward (one all-reduce of a dot product per token) on one rank equals
+    autograd through F.rms_norm, the (1 + weight) offset included: relative to the largest gradient,
+    within the rounding of the widest sum (the weight's, over 6 tokens of 8 terms)."""
+    differences = runtime_tasks.in_one_process(split_norm_against_rms_norm)
+    assert max(differences) <= 8 * tolerances.reduction_rtol(6 * 8), differences

@@ -48,7 +48,7 @@ class SplitNorm(ParallelStyle):
     """An RMSNorm over a column-parallel projection's whole output (OLMo-2's q/k norms): its weight
     is sharded like the projection's rows (``Shard(0)``), its input and output are this rank's
     columns (plain tensors) and each token's sum of squares is all-reduced over tp
-    (``plait.run.modules.layers.split_rms_norm``)."""
+    (``plait.run.modules.layers.SplitRMSNorm``)."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, RMSNorm):
