@@ -2,7 +2,8 @@
 
 For each checkpoint policy (none, selective, balanced, full), attention kernel (SDPA "flash" and "sdpa",
 eager), norm kernel (fused, unfused: the eager fp32 op chain, the same on CPU and GPU) and
-tensor-parallel layout (tp=1; tp=2 with and without sequence parallelism, on two gloo ranks),
+tensor-parallel layout (tp=1; tp=2 with and without sequence parallelism, on two gloo ranks, q/k
+norms per head and over the whole projection included),
 ``tests/support/activation_count.py`` builds one bf16 layer of the runtime's model on the CPU and counts,
 for one micro-batch, the distinct storages that autograd saves (``saved_tensors_hooks``; DTensors
 by their local shard; parameters and the RoPE tables excluded) and, independently, the storages
@@ -39,6 +40,7 @@ GPT_NO_DROPOUT = get_model("tiny-gpt")
 # biases, a sliding window of 16 keys (SEQ 64: the mask matters)
 HF_FEATURES = dataclasses.replace(LLAMA, name="tiny-hf", head_dim=48, qk_norm="head", qkv_bias=True,
                                   sliding_window=16)
+QK_FULL = dataclasses.replace(LLAMA, name="tiny-qk-full", qk_norm="full")  # OLMo-2's q/k norms (whole projection)
 POLICIES = ("none", "selective", "balanced", "full")
 ATTN = ("flash", "eager")
 DROPOUT_MASKS = ("attn_resid_dropout_mask", "mlp_dropout_mask", "attn_dropout_mask")
@@ -67,12 +69,14 @@ def planner_items(spec, layout: Layout, runtime: str) -> dict[str, float]:
     return kept_items(spec, layout, SEQ, mbs=MBS, runtime=runtime)
 
 
-def cpu_kernel_deltas(spec, items: dict[str, float]) -> dict[str, float]:
+def cpu_kernel_deltas(spec, items: dict[str, float], layout: Layout | None = None) -> dict[str, float]:
     """Bytes the CPU kernels save beyond the GPU runtime, by item (negative: fewer).
 
     * RMSNorm (llama): the composite CPU ``rms_norm`` saves its fp32 input and fp32 normalized
       output (8 bytes per element, item ``cpu_rmsnorm_fp32``) instead of the bf16 input (2).
-      Under ``full`` the only norm input kept is the checkpoint's input (bf16, unchanged).
+      Under ``full`` the only norm input kept is the checkpoint's input (bf16, unchanged). Q/k norms
+      over the whole projection under tp > 1 run ``SplitRMSNorm`` instead, which saves what the
+      GPU kernel saves.
     * LayerNorm (gpt): mean and rstd in bf16 on the CPU: half of ``norm_stats``.
     * dropout: a mask in the input dtype (bf16, 2 bytes) instead of CUDA's bool (1 byte).
     """
@@ -84,7 +88,8 @@ def cpu_kernel_deltas(spec, items: dict[str, float]) -> dict[str, float]:
         for item in ("attn_norm_input", "mlp_norm_input"):
             deltas[item] = -items[item]
             deltas["cpu_rmsnorm_fp32"] = deltas.get("cpu_rmsnorm_fp32", 0.0) + 4 * items[item]
-    if "qk_norm_input" in items:  # the q/k RMSNorms run the same composite CPU kernel
+    split_qk_norm = spec.qk_norm == "full" and layout is not None and layout.tp > 1
+    if "qk_norm_input" in items and not split_qk_norm:  # the q/k RMSNorms run the same composite CPU kernel
         deltas["qk_norm_input"] = -items["qk_norm_input"]
         deltas["cpu_rmsnorm_fp32"] = deltas.get("cpu_rmsnorm_fp32", 0.0) + 4 * items["qk_norm_input"]
     if spec.arch == "gpt" and norms_run:
@@ -106,7 +111,7 @@ def comparison(spec, layout: Layout, result: dict) -> tuple[dict, dict, str]:
     """(expected items, measured items, a per-item table of both for the failure message)."""
     megatron = merge_qkv(planner_items(spec, layout, "megatron"))
     torch_items = planner_items(spec, layout, "torch")
-    deltas = merge_qkv(cpu_kernel_deltas(spec, torch_items))
+    deltas = merge_qkv(cpu_kernel_deltas(spec, torch_items, layout))
     torch_items = merge_qkv(torch_items)
     expected = {k: torch_items.get(k, 0.0) + deltas.get(k, 0.0) for k in {*torch_items, *deltas}}
     expected = {k: v for k, v in expected.items() if v}
@@ -155,7 +160,9 @@ def test_saved_bytes_match_planner(case):
 
 # ------------------------------------------------------------------ tensor parallel (tp=2, gloo)
 PARALLEL = (cases([LLAMA, GPT], tp=2, sp=False) + cases([LLAMA, GPT], tp=2, sp=True)
-            + cases([LLAMA], tp=2, sp=True, attns=("flash",), norm="unfused"))
+            + cases([LLAMA], tp=2, sp=True, attns=("flash",), norm="unfused")
+            + cases([HF_FEATURES, QK_FULL], tp=2, sp=True, attns=("flash",))  # q/k norms per head, whole
+            + cases([QK_FULL], tp=2, sp=False, attns=("flash",)))
 
 
 @pytest.fixture(scope="module")

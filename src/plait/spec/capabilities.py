@@ -30,7 +30,7 @@ RUNTIME_RULES = (
     "runtime-cp-with-pp", "runtime-cp-p2p", "runtime-split-ends", "runtime-cp-dropout", "runtime-compile-cp", "runtime-compile-offload",
     "runtime-opt-offload", "runtime-compile-tp-ckpt", "runtime-fp8", "runtime-mxfp8-tp", "runtime-tied-embeddings-pp",
     "runtime-seq-len", "runtime-compile-zero-bubble", "runtime-async-tp-device", "runtime-async-tp-compile",
-    "runtime-async-tp-sp", "runtime-attn-softcap", "runtime-qk-norm-tp", "runtime-norm-position-sp",
+    "runtime-async-tp-sp", "runtime-attn-softcap",
     "runtime-cp-attention-options", "runtime-logit-softcap-loss", "runtime-moe",
     "runtime-doc-mask-cp-torch",
 )
@@ -117,12 +117,6 @@ def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]
     if model.attn_softcap and lay.attn != "eager":
         out.append(("runtime-attn-softcap", f"model {model.name} soft-caps its attention scores, which only "
                     f"eager attention does; use attn=eager, not attn={lay.attn} (plait plan --fix attn=eager)"))
-    if model.qk_norm != "none" and lay.tp > 1:
-        out.append(("runtime-qk-norm-tp", f"model {model.name} normalizes queries and keys (qk_norm="
-                    f"{model.qk_norm}), whose norm weights are not sharded over tensor parallelism yet; use tp=1"))
-    if model.norm_position != "pre" and lay.tp > 1 and lay.sequence_parallel:
-        out.append(("runtime-norm-position-sp", f"model {model.name} has {model.norm_position} norms, which "
-                    "sequence parallelism does not shard yet; use sp=0 or tp=1"))
     options = [name for name, value in (("sliding_window", model.sliding_window), ("attn_scale", model.attn_scale),
                                         ("attn_softcap", model.attn_softcap)) if value]
     if options and lay.cp > 1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -42,10 +43,49 @@ def unfused_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out + bias if bias is not None else out
 
 
+class SplitRMSNorm(torch.autograd.Function):
+    """RMSNorm over ``dim`` elements of which this rank holds the last axis of ``x`` and the matching
+    slice of the weight (a column-parallel projection's output: OLMo-2's q/k norms under tensor
+    parallelism). The forward all-reduces each token's fp32 sum of squares over ``group`` (one value
+    per token, not the projection), the backward each token's dot product of the gradient with the
+    input. Saved for the backward: ``x`` (its dtype) and the fp32 rstd per token, as the fused norm
+    saves (``plait.plan.activations``: ``qk_norm_input``, ``qk_norm_stats``).
+
+    With r = rsqrt(Σ x²/dim + eps) and w the scale (weight, or 1 + weight with ``offset``):
+    y = x·r·w, dL/dw = Σ_tokens g·x·r, dL/dx = r·g·w - x·r³·(Σ_dim g·w·x)/dim."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, dim: int, group):
+        x32 = x.float()
+        squares = x32.pow(2).sum(-1, keepdim=True)
+        dist.all_reduce(squares, group=group)
+        rstd = torch.rsqrt(squares / dim + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.offset, ctx.dim, ctx.group = offset, dim, group
+        if offset:
+            return (x32 * rstd * (1.0 + weight.float())).type_as(x)
+        return (x32 * rstd).type_as(x) * weight
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        x32, g32 = x.float(), grad.float()
+        scale = weight.float() + 1.0 if ctx.offset else weight.float()
+        grad_weight = (g32 * x32 * rstd).flatten(0, -2).sum(0).to(weight.dtype)
+        scaled = g32 * scale
+        dot = (scaled * x32).sum(-1, keepdim=True)
+        dist.all_reduce(dot, group=ctx.group)
+        grad_x = rstd * scaled - x32 * rstd.pow(3) * (dot / ctx.dim)
+        return grad_x.to(x.dtype), grad_weight, None, None, None, None
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm with a weight (Llama); ``fused`` False runs ``unfused_norm``.
 
-    ``offset`` (Gemma): the output is scaled by (1 + weight) in fp32, the weight starting at 0."""
+    ``offset`` (Gemma): the output is scaled by (1 + weight) in fp32, the weight starting at 0.
+    ``statistics_group``: set by tensor parallelism when the normalized axis is split over its ranks
+    (``plait.run.parallel.tensor.SplitNorm``; the weight is then a ``Shard(0)`` DTensor): the
+    statistics are summed over the group (``SplitRMSNorm``)."""
 
     def __init__(self, dim: int, eps: float = NORM_EPS, offset: bool = False):
         super().__init__()
@@ -53,8 +93,12 @@ class RMSNorm(nn.Module):
         self.offset = offset
         self.weight = nn.Parameter(torch.empty(dim))
         self.fused = True
+        self.statistics_group = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.statistics_group is not None:
+            return SplitRMSNorm.apply(x, self.weight.to_local(), self.eps, self.offset, self.weight.shape[0],
+                                      self.statistics_group)
         if self.offset:
             return (F.rms_norm(x.float(), (x.shape[-1],), None, self.eps) * (1.0 + self.weight.float())).type_as(x)
         if not self.fused:

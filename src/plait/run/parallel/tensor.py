@@ -12,14 +12,22 @@ with ``loss_parallel``, its vocabulary-sharded logits go straight into a paralle
 GPT's learned position table is small and kept whole on every rank; with sequence parallelism
 each rank adds its slice of the positions.
 
+Q/K norms (``ModelSpec.qk_norm``): per-head norms (Qwen3, over head_dim) run on each rank's own
+heads with the whole weight replicated (``SequenceParallel`` over the head axis: the weight's
+gradient, partial on each rank, is summed over tp); norms over the whole projection (OLMo-2)
+shard their weight like the projection's rows and sum each token's squares over tp (``SplitNorm``).
+Post and sandwich norms (OLMo-2, Gemma-2) sit after the row-parallel output projections: with
+sequence parallelism they run on the sequence shard, like the pre-norms.
+
 Apply tensor parallelism first, before activation checkpointing, ``torch.compile`` and FSDP:
 a plan key that does not resolve only warns, and the model would train wrongly.
 """
 
 from __future__ import annotations
 
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -29,12 +37,49 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from plait.run.model import Transformer
+from plait.run.modules.layers import RMSNorm
+from plait.spec.model import ModelSpec
+
+
+class SplitNorm(ParallelStyle):
+    """An RMSNorm over a column-parallel projection's whole output (OLMo-2's q/k norms): its weight
+    is sharded like the projection's rows (``Shard(0)``), its input and output are this rank's
+    columns (plain tensors) and each token's sum of squares is all-reduced over tp
+    (``plait.run.modules.layers.SplitRMSNorm``)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, RMSNorm):
+            raise TypeError(f"SplitNorm shards an RMSNorm, not {type(module).__name__}")
+
+        def shard(name, mod, mesh):
+            for key, param in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(key, nn.Parameter(distribute_tensor(param, mesh, [Shard(0)])))
+
+        distribute_module(module, device_mesh, shard)
+        module.statistics_group = device_mesh.get_group()
+        return module
+
+
+def norm_plan(spec: ModelSpec, sequence_parallel: bool) -> dict:
+    """The plan of a block's q/k norms and post norms (keys relative to the block)."""
+    plan: dict = {}
+    if spec.qk_norm == "head":  # (batch, seq, local heads, head_dim): the head axis is sharded
+        plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+        plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+    elif spec.qk_norm == "full":
+        plan["attention.q_norm"] = SplitNorm()
+        plan["attention.k_norm"] = SplitNorm()
+    if spec.norm_position != "pre" and sequence_parallel:  # on the row-parallel outputs' sequence shards
+        plan["attention_post_norm"] = SequenceParallel(use_local_output=True)
+        plan["ffn_post_norm"] = SequenceParallel(use_local_output=True)
+    return plan
 
 
 def block_plan(sequence_parallel: bool, gated: bool) -> dict:
-    """The plan of one transformer block (keys relative to the block); ``gated``: SwiGLU's w3."""
+    """The plan of one transformer block's projections (keys relative to the block); ``gated``: SwiGLU's w3."""
     plan: dict = {
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),
@@ -98,7 +143,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sequence_para
     for block in model.layers.values():
         gated = getattr(block.feed_forward, "gated", None)
         plan = moe_block_plan(sequence_parallel) if gated is None else block_plan(sequence_parallel, gated)
-        parallelize_module(block, tp_mesh, plan)
+        parallelize_module(block, tp_mesh, {**plan, **norm_plan(model.spec, sequence_parallel)})
     if tied:
         # both are Shard(0) over the vocabulary: tie them again after sharding
         model.output.weight = model.tok_embeddings.weight
