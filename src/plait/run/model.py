@@ -6,7 +6,8 @@ Two architectures, matching ``plait.spec.model`` parameter for parameter:
 and the features a Hugging Face config can name (``ModelSpec``'s docstring): head_dim, biases,
 q/k norms, post- and sandwich norms, sliding-window layers (a boolean mask to SDPA), soft-capped
 attention scores (eager attention) and logits, Gemma's norm offset and embedding scale, RoPE theta
-and scaling. Norms, RoPE and the attention kernels live in ``plait.run.modules.layers``.
+and scaling. Norms, RoPE and the attention kernels live in ``plait.run.modules.layers``; an MLA
+model's blocks (DeepSeek-V2/V3) attend with ``plait.run.modules.mla.LatentAttention``.
 
 Attention runs through ``F.scaled_dot_product_attention`` (FlashAttention kernels on GPU).
 Q, K and V are separate linear layers so that column-parallel sharding splits whole heads

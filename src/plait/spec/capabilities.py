@@ -108,8 +108,8 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
         return []
     what = f"model {model.name} has {', '.join(parts)}" if parts else f"layout sets {', '.join(keys)}"
     return [("runtime-moe", f"{what}: planned but not run by plait train yet; plait train runs MoE models "
-             "(GQA or MLA attention) with SwiGLU experts, ep dividing dp·cp, etp=1, moe_overlap=none, cp=1, bf16 (plait plan "
-             "--any-runtime ranks the rest)")]
+             "(GQA or MLA attention) with SwiGLU experts, ep dividing dp·cp, etp=1, moe_overlap=none, cp=1, "
+             "bf16 (plait plan --any-runtime ranks the rest)")]
 
 
 def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
