@@ -27,6 +27,11 @@ def train_layouts(layouts: list[str]) -> list[dict]:
     return [train_layout(layout, part_fields=(), **RUN) for layout in layouts]
 
 
+def train_model_layouts(model: str, layouts: list[str]) -> list[dict]:
+    """``train_layouts`` of another preset (``tiny-dsv3``: tests/run/test_mla_parity.py)."""
+    return [train_layout(layout, part_fields=(), **{**RUN, "model": model}) for layout in layouts]
+
+
 # MoESpec changes of the variants the tests train (tiny-moe's sizes)
 VARIANTS = {
     "capped": {"capacity_factor": 1.0},  # token dropping

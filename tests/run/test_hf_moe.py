@@ -5,9 +5,9 @@
   first step's loss equals transformers' on the same batch within ``tolerances.run_rtol``, and the
   checkpoint, exported by ``plait export``, loads in transformers with the logits of plait's model
   loaded from that checkpoint (the same relative bound of the logits' scale).
-* A family whose layers the runtime does not build (DeepSeek-V3's MLA, GPT-OSS's sinks) is
-  refused in one line before any worker starts, and export says what it cannot write, without
-  claiming that plait train does not run the families it does run.
+* A family without a weight-name table (DeepSeek-V3's MLA, whose names are not mapped yet;
+  GPT-OSS's sinks, not built) is refused in one line before any worker starts, and export says
+  what it cannot write, without claiming that plait train does not run the families it does run.
 
 (tests/run/test_hf_families.py checks import and export of every MoE family in one process.)
 """

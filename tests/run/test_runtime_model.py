@@ -26,8 +26,8 @@ from plait.spec.validate import stage_layer_counts
 
 
 def _runtime_builds(spec) -> bool:
-    """Whether plait train runs the model (MLA, sinks and GPT-OSS's biased experts are planned only:
-    rule runtime-moe)."""
+    """Whether plait train runs the model (sinks and GPT-OSS's biased experts are planned only:
+    rule runtime-moe; MLA runs)."""
     from plait.spec.capabilities import runtime_violations
     from plait.spec.layout import JobSpec
 

@@ -6,7 +6,8 @@ Two architectures, matching ``plait.spec.model`` parameter for parameter:
 and the features a Hugging Face config can name (``ModelSpec``'s docstring): head_dim, biases,
 q/k norms, post- and sandwich norms, sliding-window layers (a boolean mask to SDPA), soft-capped
 attention scores (eager attention) and logits, Gemma's norm offset and embedding scale, RoPE theta
-and scaling. Norms, RoPE and the attention kernels live in ``plait.run.modules.layers``.
+and scaling. Norms, RoPE and the attention kernels live in ``plait.run.modules.layers``; an MLA
+model's blocks (DeepSeek-V2/V3) attend with ``plait.run.modules.mla.LatentAttention``.
 
 Attention runs through ``F.scaled_dot_product_attention`` (FlashAttention kernels on GPU).
 Q, K and V are separate linear layers so that column-parallel sharding splits whole heads
@@ -55,6 +56,7 @@ from plait.run.modules.layers import (
     rope_tables,
 )
 from plait.run.modules.documents import document_positions
+from plait.run.modules.mla import LatentAttention, rotary_dim
 from plait.run.modules.moe import MoEFeedForward
 from plait.spec.model import ModelSpec
 from plait.spec.moe.parts import is_moe_layer
@@ -107,7 +109,7 @@ def apply_kernels(model: nn.Module, attn: str, norm: str, loss: str = "unfused")
     logits and the chunked cross entropy (``plait.run.loss``) applies the LM head itself.
     """
     for module in model.modules():
-        if isinstance(module, Attention):
+        if isinstance(module, (Attention, LatentAttention)):
             module.kernel = eager_attention if attn == "eager" else core_attention
         if isinstance(module, (RMSNorm, LayerNorm)):
             module.fused = norm == "fused"
@@ -200,7 +202,8 @@ class Block(nn.Module):
         pre = spec.norm_position in ("pre", "sandwich")
         post = spec.norm_position in ("post", "sandwich")
         self.attention_norm = make_norm(spec) if pre else nn.Identity()
-        self.attention = Attention(spec, index)
+        # multi-head latent attention (DeepSeek-V2/V3): plait.run.modules.mla
+        self.attention = LatentAttention(spec, index) if spec.mla is not None else Attention(spec, index)
         self.attention_post_norm = make_norm(spec) if post else None
         self.ffn_norm = make_norm(spec) if pre else nn.Identity()
         # an MoE layer's MLP is routed experts (+ shared experts): plait.run.modules.moe
@@ -238,7 +241,7 @@ class Transformer(nn.Module):
         self.returns_hidden = False  # loss=fused: forward stops before the LM head (plait.run.loss)
         self.tie_embeddings()
         # RoPE tables are recomputed by init_weights (they cannot live on the meta device)
-        cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, "meta", spec.rope_theta)
+        cos, sin = rope_tables(rotary_dim(spec), spec.max_seq_len, "meta", spec.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.rope_seq_len = spec.max_seq_len  # the sequence length (tokens) the RoPE tables were built for
@@ -253,7 +256,7 @@ class Transformer(nn.Module):
         stale = seq > self.rope_cos.shape[0] or rope_depends_on_length(spec.rope_scaling)
         if seq != self.rope_seq_len and stale and not spec.learned_positions:
             self.rope_cos, self.rope_sin = rope_tables(
-                spec.head_dim, max(seq, spec.max_seq_len), self.rope_cos.device, spec.rope_theta, spec.rope_scaling,
+                rotary_dim(spec), max(seq, spec.max_seq_len), self.rope_cos.device, spec.rope_theta, spec.rope_scaling,
                 seq_len=seq, max_positions=spec.max_seq_len)
             self.rope_seq_len = seq
         return self.rope_cos, self.rope_sin
@@ -363,7 +366,7 @@ def init_weights(model: nn.Module, spec: ModelSpec, seed: int, device: torch.dev
             param.to_local().copy_(local)
         else:
             param.copy_(full)
-    cos, sin = rope_tables(spec.head_dim, spec.max_seq_len, device, spec.rope_theta, spec.rope_scaling,
+    cos, sin = rope_tables(rotary_dim(spec), spec.max_seq_len, device, spec.rope_theta, spec.rope_scaling,
                            max_positions=spec.max_seq_len)
     for module in model.modules():
         if isinstance(module, MoEFeedForward):

@@ -77,28 +77,29 @@ def _layout_rules(model: ModelSpec, lay: Layout, job: JobSpec) -> list[tuple[str
 
 
 def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
-    """(rule id, message) of the mixture-of-experts features the planner models and the runtime does
-    not run yet. The runtime (``plait.run.modules.moe``, ``plait.run.parallel.expert``) runs GQA
-    models with routed (softmax or bias-balanced sigmoid router, group-limited routing, route
-    scale) and shared SwiGLU experts, dropless or with a capacity factor, with ep carved out of
-    dp·cp; refused: MLA, attention sinks, GPT-OSS's expert and router biases and activation,
-    etp > 1, moe_overlap, and fp8, cp > 1 or ep not dividing dp·cp for an MoE model."""
+    """(rule id, message) of the mixture-of-experts and latent-attention features the planner models
+    and the runtime does not run yet. The runtime (``plait.run.modules.moe``, ``.mla``,
+    ``plait.run.parallel.expert``) runs models with GQA or multi-head latent attention (MLA,
+    DeepSeek-V2/V3) and routed (softmax or bias-balanced sigmoid router, group-limited routing,
+    route scale) and shared SwiGLU experts, dropless or with a capacity factor, with ep carved out of
+    dp·cp; refused: attention sinks, GPT-OSS's expert and router biases and clamped SwiGLU, etp > 1,
+    moe_overlap, fp8 and cp > 1 for an MoE or MLA model, and ep not dividing dp·cp."""
     if (model.moe is None and model.mla is None and not model.sinks and lay.ep == 1 and lay.etp == 1
             and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
         return []
     moe = model.moe
     parts = [what for what, present in (
-        ("multi-head latent attention (mla)", model.mla is not None),
         ("attention sinks (sinks)", model.sinks),
         ("expert or router biases", moe is not None and (moe.expert_bias or moe.router_bias)),
         ("the clamped SwiGLU experts (moe.activation=oai)", moe is not None and moe.activation != "silu"))
         if present]
     keys = [f"{key}={getattr(lay, key)}" for key, default in (("etp", 1), ("moe_overlap", "none"))
             if getattr(lay, key) != default]
-    if moe is not None and lay.precision in FP8_PRECISIONS:
-        keys.append(f"precision={lay.precision} with an MoE model")
-    if moe is not None and lay.cp > 1:
-        keys.append(f"cp={lay.cp} with an MoE model")
+    kind = "an MoE model" if moe is not None else "an MLA model"
+    if (moe is not None or model.mla is not None) and lay.precision in FP8_PRECISIONS:
+        keys.append(f"precision={lay.precision} with {kind}")
+    if (moe is not None or model.mla is not None) and lay.cp > 1:
+        keys.append(f"cp={lay.cp} with {kind}")
     if moe is not None and (lay.dp * lay.cp) % lay.ep:
         keys.append(f"ep={lay.ep} not dividing dp·cp = {lay.dp * lay.cp} (the runtime carves ep out of dp·cp)")
     if moe is None and lay.ep > 1:
@@ -106,9 +107,9 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     if not parts and not keys:
         return []
     what = f"model {model.name} has {', '.join(parts)}" if parts else f"layout sets {', '.join(keys)}"
-    return [("runtime-moe", f"{what}: planned but not run by plait train yet; plait train runs GQA MoE models "
-             "with SwiGLU experts, ep dividing dp·cp, etp=1, moe_overlap=none, cp=1, bf16 (plait plan "
-             "--any-runtime ranks the rest)")]
+    return [("runtime-moe", f"{what}: planned but not run by plait train yet; plait train runs MoE models "
+             "(GQA or MLA attention) with SwiGLU experts, ep dividing dp·cp, etp=1, moe_overlap=none, cp=1, "
+             "bf16 (plait plan --any-runtime ranks the rest)")]
 
 
 def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:

@@ -1,7 +1,9 @@
 """Tensor parallelism (Megatron-style) and sequence parallelism with ``torch.distributed.tensor.parallel``.
 
 Inside a block, Q/K/V and the MLP's up-projections are column-parallel (each rank owns whole
-heads and a slice of the FFN width) and the output projections row-parallel. With sequence
+heads and a slice of the FFN width) and the output projections row-parallel; multi-head latent
+attention shards its up-projections by heads and replicates its low-rank down-projections
+(``mla_attention_plan``). With sequence
 parallelism (``Layout.sp``) the residual stream, the norms and dropout between the blocks run on
 a 1/tp slice of the sequence: the column-parallel input is all-gathered and the row-parallel
 output reduce-scattered, instead of one all-reduce in each place.
@@ -41,6 +43,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from plait.run.model import Transformer
 from plait.run.modules.layers import RMSNorm
+from plait.run.modules.mla import LatentAttention
 from plait.spec.model import ModelSpec
 
 
@@ -117,6 +120,21 @@ def moe_block_plan(sequence_parallel: bool) -> dict:
     return plan
 
 
+def mla_attention_plan(plan: dict, sequence_parallel: bool, query_rank: bool) -> dict:
+    """``plan`` (a block's) with multi-head latent attention (``plait.run.modules.mla``) in place of
+    Q/K/V: the up-projections wq_b (or wq without a query rank) and wkv_b column-parallel by heads,
+    wo row-parallel as before; wq_a, wkv_a and the latent norms replicated (not in the plan). With
+    sequence parallelism the attention takes its gathered input as a plain tensor, which the
+    replicated layers need."""
+    out = {key: value for key, value in plan.items() if key not in ("attention.wq", "attention.wk", "attention.wv")}
+    out["attention.wq_b" if query_rank else "attention.wq"] = ColwiseParallel()
+    out["attention.wkv_b"] = ColwiseParallel()
+    if sequence_parallel:
+        out["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                              desired_input_layouts=(Replicate(), None, None), use_local_output=True)
+    return out
+
+
 def root_plan(model: Transformer, sequence_parallel: bool, loss_parallel: bool) -> dict:
     """The plan of the embedding, final norm and LM head that this (stage) model holds."""
     residual = Shard(1) if sequence_parallel else Replicate()
@@ -143,6 +161,8 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sequence_para
     for block in model.layers.values():
         gated = getattr(block.feed_forward, "gated", None)
         plan = moe_block_plan(sequence_parallel) if gated is None else block_plan(sequence_parallel, gated)
+        if isinstance(block.attention, LatentAttention):
+            plan = mla_attention_plan(plan, sequence_parallel, hasattr(block.attention, "wq_b"))
         parallelize_module(block, tp_mesh, {**plan, **norm_plan(model.spec, sequence_parallel)})
     if tied:
         # both are Shard(0) over the vocabulary: tie them again after sharding

@@ -24,6 +24,10 @@ device (tests/spec/test_moe_counts.py states each number):
                                                  openai/gpt-oss-120b config.json
   tiny-moe          (small)                      for the runtime tests: 4 layers, 8 experts top-2, one
                                                  shared expert, the first layer dense
+  tiny-dsv3         (small)                      for the runtime tests: DeepSeek-V3 in small, 4 layers, MLA
+                                                 (q rank 64, kv rank 32, heads 32+16 wide, values 32), 8 experts
+                                                 top-2 by the sigmoid router (4 groups, 2 chosen, scale 2.5), one
+                                                 shared expert, the first layer dense
 
 Sequence lengths are the configs' max_position_embeddings. Aux-loss coefficients are the configs'
 ``router_aux_loss_coef`` (Mixtral 0.02, Qwen3 0.001, OLMoE 0.01, GPT-OSS 0.9); DeepSeek-V3
@@ -64,4 +68,9 @@ MOE_PRESETS = [
          MoESpec(128, 4, 2880, router_bias=True, expert_bias=True, activation="oai", aux_loss_coef=0.9),
          head_dim=64, qkv_bias=True, attn_out_bias=True, sliding_window=128, local_layers="even", sinks=True),
     _moe("tiny-moe", 4, 128, 384, 4, 2, 512, 256, MoESpec(8, 2, 96, n_shared=1, first_dense=1, aux_loss_coef=0.01)),
+    _moe("tiny-dsv3", 4, 128, 384, 4, 4, 512, 256,
+         MoESpec(8, 2, 96, n_shared=1, first_dense=1, router="sigmoid", n_groups=4, topk_groups=2, route_scale=2.5,
+                 aux_loss_coef=0.0001),
+         mla=MLASpec(q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32),
+         norm_eps=1e-6),
 ]

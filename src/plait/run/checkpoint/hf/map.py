@@ -25,9 +25,9 @@ Mixture-of-experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a row whose ``
 ``nn.Linear`` weights that transformers' ``save_pretrained`` writes); its codec converts the E
 of them stacked on a new dim 0 (``Experts``: plait's expert-major (E, in, out) is the transpose of
 the stacked (E, out, in)). ``expert_names`` lists the E names, ``OneExpert`` is the codec of one.
-The router (``gate``), shared expert and its sigmoid gate are plain rows. A family whose layers
-plait's runtime does not build (DeepSeek-V3's multi-head latent attention, GPT-OSS's sinks and
-biased experts) has no table: ``family_of_model_type`` refuses it by name.
+The router (``gate``), shared expert and its sigmoid gate are plain rows. DeepSeek-V2/V3 (whose
+multi-head latent attention the runtime builds, its names not mapped yet) and GPT-OSS (sinks and
+biased experts, not built) have no table: ``family_of_model_type`` refuses them by name.
 
 Torch is imported only inside the codecs that build tensors, so that ``plait train`` can ask
 ``family_of_model_type`` before any worker starts without importing torch.
@@ -351,9 +351,9 @@ GPT_BIGCODE = Family("gpt_bigcode", tuple(GPT_BIGCODE_ROWS), ("gpt_bigcode",), "
 MIXTRAL = Family("mixtral", tuple(MIXTRAL_ROWS), ("mixtral",), "model.", ignored=_ROTARY)
 QWEN_MOE = Family("qwen_moe", tuple(QWEN_MOE_ROWS), ("qwen2_moe", "qwen3_moe", "olmoe"), "model.", ignored=_ROTARY)
 FAMILIES = (LLAMA, OLMO2, GEMMA2, PHI3, GPT2, GPT_BIGCODE, MIXTRAL, QWEN_MOE)
-# Families that plait reads (plait.spec.moe.hf) but whose layers the runtime does not build: no table.
-NO_TABLE = {"deepseek_v2": "multi-head latent attention", "deepseek_v3": "multi-head latent attention",
-            "gpt_oss": "attention sinks, router and expert biases and the clamped SwiGLU"}
+_MLA = "names of its multi-head latent attention are not mapped yet (plait train runs it from scratch)"  # why no table
+NO_TABLE = {"deepseek_v2": _MLA, "deepseek_v3": _MLA, "gpt_oss": "runtime does not build its attention "
+            "sinks, router and expert biases and the clamped SwiGLU yet"}
 
 
 def family_of_model_type(model_type: str) -> Family:
@@ -364,7 +364,7 @@ def family_of_model_type(model_type: str) -> Family:
     known = ", ".join(t for family in FAMILIES for t in family.model_types)
     if model_type in NO_TABLE:
         raise PlaitError(f"Hugging Face model_type {model_type!r} has no weight-name table in plait: plait's "
-                         f"runtime does not build its {NO_TABLE[model_type]} yet (tables for: {known})")
+                         f"{NO_TABLE[model_type]} (tables for: {known})")
     raise PlaitError(f"Hugging Face model_type {model_type!r} has no weight-name table in plait "
                      f"(plait.run.checkpoint.hf.map; tables for: {known})")
 
