@@ -41,7 +41,7 @@ FP8_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
 # bytes per element of a tensor stored in each low precision, its scales included: fp8 1; mxfp8 1 and
 # an e8m0 scale per 32 elements; nvfp4 4 bits and an fp8 scale per 16 elements
 PRECISION_STORED_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1.0 / 32, "nvfp4": 0.5 + 1.0 / 16}
-ATTENTION_KERNELS = ("flash", "sdpa", "eager")
+ATTENTION_KERNELS = ("flash", "sdpa", "flex", "eager")
 NORM_KERNELS = ("fused", "unfused")
 LOSS_KERNELS = ("fused", "unfused")
 LOSS_CHUNK_TOKENS = 1024  # loss=fused: tokens per cross-entropy chunk (runtime and planner)
@@ -139,8 +139,11 @@ class Layout:
                                 "(B200/GB200; planned, not run by plait train); embedding, LM head and the rest bf16; "
                                 "emulated on CPU)", choices=PRECISIONS)
     attn: str = layout_key("flash", "choice", "attention kernel: `flash` (FlashAttention-2), `sdpa` (what torch's "
-                           "scaled_dot_product_attention picks on the device), `eager` (materializes the s×s "
-                           "scores); see docs/planner.md, kernel knobs", choices=ATTENTION_KERNELS)
+                           "scaled_dot_product_attention picks on the device; a sliding window passes it a mask), "
+                           "`flex` (FlexAttention: soft-caps, windows, sinks and document masks fused, blocks "
+                           "outside the mask skipped), `eager` (materializes the s×s scores); the search picks "
+                           "the fastest that runs the model; see docs/planner.md, kernel knobs",
+                           choices=ATTENTION_KERNELS)
     norm: str = layout_key("fused", "choice", "RMSNorm/LayerNorm kernel: `fused` (one kernel, saves input + "
                            "statistics) or `unfused` (the eager fp32 op chain)", choices=NORM_KERNELS)
     loss: str = layout_key("unfused", "choice", "cross entropy: `unfused` (full fp32 logits) or `fused` (chunks "
