@@ -21,13 +21,11 @@ JOB = JobSpec(global_batch=8, seq_len=64)
 
 @pytest.mark.parametrize("model,layout,named", [
     (get_model("deepseek-v3"), "dp=2", "multi-head latent attention (mla)"),
-    (get_model("gpt-oss-120b"), "dp=2", "expert or router biases"),
-    (get_model("gpt-oss-120b"), "dp=2", "attention sinks (sinks)"),
+    (get_model("gpt-oss-120b"), "dp=2,attn=flex", "expert or router biases"),  # its sinks: attn=flex or eager
     (get_model("tiny-moe"), "tp=2,etp=2,moe_overlap=shared", "layout sets etp=2, moe_overlap=shared"),
     (get_model("tiny-moe"), "dp=2,cp=2", "cp=2 with an MoE model"),
     (get_model("tiny-moe"), "dp=2,precision=fp8", "precision=fp8 with an MoE model"),
     (get_model("tiny-moe"), "tp=2,ep=2", "ep=2 not dividing dp·cp = 1"),
-    (dataclasses.replace(get_model("tiny"), sinks=True), "dp=2", "attention sinks (sinks)"),
     (get_model("tiny"), "dp=2,ep=2", "layout sets ep=2 for a dense model"),
 ])
 def test_moe_models_and_expert_layouts_are_refused_by_plait_train(model, layout, named):
@@ -37,6 +35,16 @@ def test_moe_models_and_expert_layouts_are_refused_by_plait_train(model, layout,
     assert named in found[0].message and "--any-runtime" in found[0].message
     config = RunConfig(job=TrainJob(model=model, layout=lay, global_batch=8, seq_len=64))
     assert config.runtime_problems() == [found[0].message]
+
+
+def test_attention_sinks_run_with_flex_or_eager_attention():
+    """Sinks are no MoE feature: a dense model with them runs on attn=flex or eager, or any cp kernel but torch's."""
+    sinks = dataclasses.replace(get_model("tiny"), sinks=True)
+    for layout in ("dp=2,attn=flex", "dp=2,attn=eager", "cp=2,cp_impl=ring", "cp=2,cp_impl=ulysses"):
+        assert runtime_violations(sinks, Layout.parse(layout), JOB) == [], layout
+    assert [v.rule for v in runtime_violations(sinks, Layout.parse("dp=2"), JOB)] == ["runtime-attn-softcap"]
+    assert [v.rule for v in runtime_violations(sinks, Layout.parse("cp=2,cp_impl=torch"), JOB)] == [
+        "runtime-cp-attention-options"]
 
 
 def test_dense_models_with_dense_layouts_break_no_moe_rule():

@@ -7,9 +7,11 @@ node, checkpoint policy none/selective/balanced/full, schedules 1F1B, interleave
 virtual stages) and zero-bubble. Offload (activations to host, then the optimizer) is tried only
 for layouts that do not fit otherwise. ``fixed`` pins any layout key (``--fix tp=8``).
 
-Kernel knobs (``attn``, ``norm``, ``loss``) are not enumerated: ``attn=flash`` and ``norm=fused``
-are never slower nor larger than the alternatives in the model (``sdpa`` is timed as ``flash``),
-so trying the others would only multiply the candidates; they are evaluated when pinned
+Kernel knobs (``attn``, ``norm``, ``loss``) are not enumerated: ``norm=fused`` is never slower
+nor larger than ``unfused`` in the model, and ``attn`` is the fastest kernel plait's runtime runs
+the model with (``plait.plan.attention_choice``: flash for a plain causal model, flex with
+soft-caps, sinks or a window's mask; the choice depends on the model and sequence, not the
+layout), so trying the others would only multiply the candidates; they are evaluated when pinned
 (``--fix attn=eager``). The chunked loss (``loss=fused``) costs one more LM-head GEMM and
 saves memory, so, like offload, it is tried for a layout that does not fit with ``unfused``
 (before offload, and kept only if it makes the layout fit), unless ``loss`` is pinned.
@@ -32,6 +34,7 @@ import time
 from dataclasses import dataclass, replace
 
 from plait.errors import PlaitError
+from plait.plan.attention_choice import fastest_attention
 from plait.plan.context.choice import fastest_cp_impl
 from plait.plan.cost import estimate_step
 from plait.plan.memory import DEFAULT_HEADROOM, estimate_memory, is_risky
@@ -112,6 +115,8 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     zeros = _options(constraints, "zero", [0, 1, 2, 3])
     ckpts = _options(constraints, "ckpt", list(CKPT_ORDER))
     kernels = {key: _options(constraints, key, [default])[0] for key, default in KERNEL_DEFAULTS.items()}
+    if constraints.fixed_value("attn") is None:
+        kernels["attn"] = fastest_attention(model, cluster.gpu, params, job.seq_len, job.doc_len)
     for tp in tps:
         for cp in cps:
             if n % (tp * cp):
