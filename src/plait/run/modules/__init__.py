@@ -2,5 +2,6 @@
 
   layers.py     norms, rotary embeddings and the attention kernels with their options
   documents.py  packed documents (--doc-mask): document ids, positions per document, their masks
+  flex.py       attn=flex: FlexAttention with soft-cap, window, sinks and documents, and its fallbacks
   moe.py        the mixture-of-experts MLP: router, grouped-GEMM experts, shared experts, auxiliary loss
 """
