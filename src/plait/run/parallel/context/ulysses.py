@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
+from plait.run.modules.documents import row_mask
 from plait.run.modules.flex import flex_attention_kernel
 from plait.run.modules.layers import core_attention
 from plait.run.parallel.context.shard import SequenceShard
@@ -84,7 +86,7 @@ class UlyssesAttention:
                  documents: torch.Tensor | None = None) -> torch.Tensor:
         """Whole sequences of 1/cp of the heads, so the layer kernels take every option: ``window``,
         ``scale``, ``documents`` (the rows' document ids (batch, seq), --doc-mask) by SDPA with its
-        boolean mask (``core_attention``), and with ``softcap`` or ``sinks`` (this rank's heads'
+        boolean mask, and with ``softcap`` or ``sinks`` (this rank's heads'
         logits, of which the all-to-all leaves it 1/cp) by ``flex_attention_kernel`` (FlexAttention,
         or the eager kernel where it does not run)."""
         if dropout_p:
@@ -103,8 +105,11 @@ class UlyssesAttention:
                 sinks = sinks[rank * part:(rank + 1) * part]
             out = flex_attention_kernel(q, k, v, 0.0, window=window, scale=scale, softcap=softcap, sinks=sinks,
                                         documents=documents)
+        elif documents is not None:  # SDPA's boolean mask of the whole sequences (priced as the whole square)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=row_mask(documents, window), scale=scale,
+                                                 enable_gqa=k.shape[1] != q.shape[1])
         else:
-            out = core_attention(q, k, v, 0.0, window=window, scale=scale, documents=documents)
+            out = core_attention(q, k, v, 0.0, window=window, scale=scale)
         unsorted = torch.empty_like(order)
         unsorted[order] = torch.arange(order.numel(), device=order.device)
         return _SequenceToHeads.apply(out[:, :, unsorted], self.group)
