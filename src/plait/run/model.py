@@ -153,7 +153,9 @@ class Attention(nn.Module):
         self.rotary = spec.arch == "llama"
         self.dropout_p = DROPOUT if spec.dropout else 0.0
         self.recompute_core = False  # selective checkpointing: recompute the attention core
-        self.kernel = core_attention  # eager_attention for Layout.attn == "eager"
+        # Layout.attn's kernel (apply_kernels); until then SDPA, or FlexAttention where SDPA cannot
+        # take the model's soft-cap or sinks (plait generate, which applies no layout)
+        self.kernel = flex_attention_kernel if spec.attn_softcap or spec.sinks else core_attention
         self.fused_qkv = False  # one GEMM for Q, K and V (qkv_projection); RuntimeConfig.qkv == "fused"
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
