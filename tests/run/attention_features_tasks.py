@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from plait.run.modules.documents import document_ids
 from plait.run.modules.layers import eager_attention
 from plait.run.parallel.context.ring import cp_kernel
 from plait.run.parallel.context.shard import SequenceShard
@@ -38,8 +39,9 @@ def reference() -> dict:
     return runtime_tasks.in_one_process(train_features, "dp=1,attn=eager")
 
 
-def kernel_errors(impl: str, window: int, softcap: float, sinks: bool, scale: float | None = 0.3,
-                  heads: int = 4, kv_heads: int = 2, seq: int = 64, head_dim: int = 8, batch: int = 2) -> dict:
+def kernel_errors(impl: str, window: int, softcap: float, sinks: bool, documents: bool = False,
+                  scale: float | None = 0.3, heads: int = 4, kv_heads: int = 2, seq: int = 64, head_dim: int = 8,
+                  batch: int = 2) -> dict:
     """Max abs difference of output and q/k/v (and sink) gradients between the cp kernel ``impl``
     with the options and the eager kernel on the whole sequence, on this rank's tokens; and the
     forward without gradients (where the CPU runs FlexAttention in the all-gather kernel)."""
@@ -49,6 +51,8 @@ def kernel_errors(impl: str, window: int, softcap: float, sinks: bool, scale: fl
     grad_out = torch.randn(batch, heads, seq, head_dim, generator=generator)
     sink = torch.randn(heads, generator=generator) if sinks else None
     options = dict(window=window, scale=scale, softcap=softcap)
+    if documents:  # packed documents of ~10 tokens (id 0 ends one), the rows' ids whole on every rank
+        options["documents"] = document_ids(torch.randint(0, 10, (batch, seq), generator=generator), 0)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     full_sink = None if sink is None else sink.clone().requires_grad_()
     want = eager_attention(*full, 0.0, sinks=full_sink, **options)
