@@ -13,7 +13,8 @@ Kernel knobs (``Layout.attn``, ``norm``, ``loss``), each priced by the bytes it 
   * ``attn=sdpa`` is timed as ``flash``: on the GPUs plait plans for (sm80+ and MI300X, bf16,
     head_dim ≤ 256) torch's SDPA dispatches to the FlashAttention-2 kernel. A sliding window is an
     explicit mask, with which SDPA runs its memory-efficient kernel over the whole s×s square, at
-    ``MASKED_SDPA_SPEED`` of FlashAttention's rate.
+    ``MASKED_SDPA_SPEED`` of FlashAttention's rate (``runtime="torch"``; Megatron's stacks run the
+    window in their own FlashAttention, whose square is priced as before).
   * ``attn=flex`` (FlexAttention, ``plait.run.modules.flex``): the blocks of 128×128 scores its
     block mask keeps (``flex_keys_per_query``: a windowed layer about W + one block per query,
     the causal half elsewhere, documents as below), at ``FLEX_SPEED`` of FlashAttention-2's rate;
@@ -286,7 +287,7 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
             keys = kernel_keys_per_query(model, seq_len, doc_len)
             if cp > 1:
                 keys = cp_keys_per_query(cp_impl, seq_len, keys)
-            elif not doc_len:  # the windowed layers' explicit mask: the memory-efficient kernel
+            elif not doc_len and runtime == "torch":  # SDPA takes the window as a mask: memory-efficient kernel
                 keys += masked_layer_share(model) * seq_len * (1 / MASKED_SDPA_SPEED - 1)
         flops = 4.0 * batch * heads * model.head_dim * s_q * keys
         peak = gpu.bf16_flops * gpu.attention_efficiency
