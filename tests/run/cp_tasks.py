@@ -110,7 +110,7 @@ def ring_score_elements(heads: int = 8, kv_heads: int = 4, seq: int = 32, head_d
 
     def scores(*args, **kwargs):
         out = original(*args, **kwargs)
-        counts[phase[0]] += out.numel()
+        counts[phase[0]] += out[0].numel()  # (scores, tanh of the soft-cap or None)
         return out
 
     q, k, v, grad_out = _full_problem(batch, heads, kv_heads, seq, head_dim, seed=0)

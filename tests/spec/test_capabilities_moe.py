@@ -23,13 +23,11 @@ JOB = JobSpec(global_batch=8, seq_len=64)
 @pytest.mark.parametrize("model,layout,named", [
     (dataclasses.replace(get_model("tiny-dsv3"), moe=None), "dp=2,cp=2", "cp=2 with an MLA model"),
     (dataclasses.replace(get_model("tiny-dsv3"), moe=None), "dp=2,precision=fp8", "precision=fp8 with an MLA model"),
-    (get_model("gpt-oss-120b"), "dp=2", "expert or router biases"),
-    (get_model("gpt-oss-120b"), "dp=2", "attention sinks (sinks)"),
+    (get_model("gpt-oss-120b"), "dp=2,attn=flex", "expert or router biases"),  # its sinks: attn=flex or eager
     (get_model("tiny-moe"), "tp=2,etp=2,moe_overlap=shared", "layout sets etp=2, moe_overlap=shared"),
     (get_model("tiny-moe"), "dp=2,cp=2", "cp=2 with an MoE model"),
     (get_model("tiny-moe"), "dp=2,precision=fp8", "precision=fp8 with an MoE model"),
     (get_model("tiny-moe"), "tp=2,ep=2", "ep=2 not dividing dp·cp = 1"),
-    (dataclasses.replace(get_model("tiny"), sinks=True), "dp=2", "attention sinks (sinks)"),
     (get_model("tiny"), "dp=2,ep=2", "layout sets ep=2 for a dense model"),
 ])
 def test_moe_models_and_expert_layouts_are_refused_by_plait_train(model, layout, named):
@@ -39,6 +37,16 @@ def test_moe_models_and_expert_layouts_are_refused_by_plait_train(model, layout,
     assert named in found[0].message and "--any-runtime" in found[0].message
     config = RunConfig(job=TrainJob(model=model, layout=lay, global_batch=8, seq_len=64))
     assert config.runtime_problems() == [found[0].message]
+
+
+def test_attention_sinks_run_with_flex_or_eager_attention():
+    """Sinks are no MoE feature: a dense model with them runs on attn=flex or eager, or any cp kernel but torch's."""
+    sinks = dataclasses.replace(get_model("tiny"), sinks=True)
+    for layout in ("dp=2,attn=flex", "dp=2,attn=eager", "cp=2,cp_impl=ring", "cp=2,cp_impl=ulysses"):
+        assert runtime_violations(sinks, Layout.parse(layout), JOB) == [], layout
+    assert [v.rule for v in runtime_violations(sinks, Layout.parse("dp=2"), JOB)] == ["runtime-attn-softcap"]
+    assert [v.rule for v in runtime_violations(sinks, Layout.parse("cp=2,cp_impl=torch"), JOB)] == [
+        "runtime-cp-attention-options"]
 
 
 def test_dense_models_with_dense_layouts_break_no_moe_rule():
@@ -77,12 +85,12 @@ def test_the_runtime_runs_mla_models(layout):
         assert runtime_violations(get_model(name), Layout.parse(layout), JOB) == []
 
 
-def test_plait_train_takes_an_mla_model_and_refuses_sinks_with_one_line(capsys):
+def test_plait_train_takes_an_mla_model_and_refuses_biased_experts_with_one_line(capsys):
     args = ["--layout", "dp=2,ep=2", "--nproc-per-node", "2", "--global-batch", "8", "--seq-len", "64",
             "--steps", "1", "--dry-run", "--device", "cpu"]
     assert main(["train", "--model", "tiny-dsv3", *args]) == 0
     capsys.readouterr()
     code = main(["train", "--model", "gpt-oss-120b", *args])
     err = capsys.readouterr().err
-    assert code == 2 and "attention sinks (sinks)" in err and "planned but not run by plait train" in err
+    assert code == 2 and "expert or router biases" in err and "planned but not run by plait train" in err
     assert "Traceback" not in err and err.count("\n") == 1

@@ -76,7 +76,7 @@ def test_special_syntaxes():
     ("ckpt=full:x", "layout key ckpt layers='x' must be an integer"),
     ("ckpt=full:-1", "ckpt_layers=-1 must be a non-negative integer"),
     ("split=odd", "split='odd' must be one of even, uneven, ends"),
-    ("attn=xformers", "attn='xformers' must be one of flash, sdpa, eager"),
+    ("attn=xformers", "attn='xformers' must be one of flash, sdpa, flex, eager"),
     ("offload=tape:0.5", "offload target 'tape' must be cpu or disk"),
     ("offload=x", "offload='x' must be a fraction, or cpu:FRACTION / disk:FRACTION"),
     ("cp_impl=mesh", "cp_impl='mesh' must be one of ring, allgather, torch, ulysses"),

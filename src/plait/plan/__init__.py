@@ -4,6 +4,7 @@
   calibration.py  the calibration file: format, reader, writer
   flops.py        model FLOPs and MFU (one definition)
   kernels.py      GEMM and attention kernel times
+  attention_choice.py  the searched attention kernel: the fastest the runtime runs the model with
   comm.py         collective times on the cluster's links
   states.py       model states of ZeRO-sharded parameters
   activations.py  saved-activation bytes per layer, item by item

@@ -88,7 +88,8 @@ outputs, ``qk_norm_input``) and an fp32 rstd per head and token (``"head"``) or 
 input has the same size; the QKV GEMM then saves the layer input itself). Biases save nothing.
 A sliding window: eager attention's mask is the causal mask's size; with SDPA (torch runtime)
 the boolean mask becomes an additive bf16 mask that the kernel saves (``attn_window_mask``, in
-local layers only: averaged over the layers). Soft-capped scores (eager) save tanh's bf16 output
+local layers only: averaged over the layers); ``attn=flex`` saves none (its block mask holds a
+few bytes per 128×128 block). Soft-capped scores (eager) save tanh's bf16 output
 (``attn_softcap_tanh``).
 Not counted anywhere: constant tensors shared by all layers (RoPE cos/sin tables) and a few
 bytes per layer (the flash kernel's RNG state).
@@ -191,8 +192,8 @@ def layer_items(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | None 
             items["attn_dropout_out"] = e * scores
     else:
         items["attn_lse"] = FP32 * sb * a / t
-        if runtime == "torch" and model.sliding_window:
-            # the window's boolean mask, which SDPA turns into an additive mask in the compute dtype
+        if runtime == "torch" and model.sliding_window and not (layout.attn == "flex" and not model.dropout):
+            # (FlexAttention's block mask is a few bytes per 128×128 block: not counted) the window's boolean mask, which SDPA turns into an additive mask in the compute dtype
             # and saves (one per layer; global layers of an alternating model have none: averaged)
             items["attn_window_mask"] = e * s * seq_len * model.local_layer_count() / model.n_layers
     items["attn_out"] = e * sb * q / t  # input of the output projection

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plait.plan.attention_choice import fastest_attention
 from plait.plan.context.choice import fastest_cp_impl
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.spec.hardware import ClusterSpec
@@ -47,9 +48,11 @@ class CandidateGroup:
 
 
 def candidate_groups(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
-                     constraints: SearchConstraints = SearchConstraints()):
+                     constraints: SearchConstraints = SearchConstraints(), params: CostParams = DEFAULT_PARAMS):
     """Yield the search's layouts as ``CandidateGroup``s, in the enumeration's order (each variant's
-    ``order`` tuple sorts as the flat enumeration: tp, cp, pp, mbs, schedule, zero, hsdp, experts, ckpt)."""
+    ``order`` tuple sorts as the flat enumeration: tp, cp, pp, mbs, schedule, zero, hsdp, experts, ckpt).
+    ``attn``, unless pinned, is the fastest kernel plait's runtime runs the model with (priced with
+    ``params``: ``plait.plan.attention_choice``)."""
     n = cluster.n_gpus
     heads_gcd = _gcd(model.n_heads, model.n_kv_heads, model.ffn_hidden)
     tps = options(constraints, "tp", [t for t in divisors(heads_gcd) if n % t == 0 and t <= cluster.gpus_per_node])
@@ -58,6 +61,8 @@ def candidate_groups(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     zeros = options(constraints, "zero", [0, 1, 2, 3])
     ckpts = options(constraints, "ckpt", list(CKPT_ORDER))
     kernels = {key: options(constraints, key, [default])[0] for key, default in KERNEL_DEFAULTS.items()}
+    if constraints.fixed_value("attn") is None:
+        kernels["attn"] = fastest_attention(model, cluster.gpu, params, job.seq_len, job.doc_len)
     skeleton = 0
     for tp in tps:
         for cp in cps:
@@ -119,7 +124,7 @@ def candidate_layouts(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                       cp_impls: tuple[str, ...] = RUNTIME_CP_IMPLS):
     """Yield the layouts the search considers (before the memory check); ``params`` price the
     context-parallel kernels a cp > 1 layout gets (the fastest of ``cp_impls``: ``fastest_cp_impl``)."""
-    for group in candidate_groups(model, cluster, job, constraints):
+    for group in candidate_groups(model, cluster, job, constraints, params):
         for _, layout in group_layouts(model, cluster, job, group, constraints, params, cp_impls):
             yield layout
 

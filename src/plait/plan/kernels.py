@@ -11,7 +11,18 @@ bandwidth at ``GpuSpec.memory_efficiency``.
 
 Kernel knobs (``Layout.attn``, ``norm``, ``loss``), each priced by the bytes it moves:
   * ``attn=sdpa`` is timed as ``flash``: on the GPUs plait plans for (sm80+ and MI300X, bf16,
-    head_dim ≤ 256) torch's SDPA dispatches to the FlashAttention-2 kernel.
+    head_dim ≤ 256) torch's SDPA dispatches to the FlashAttention-2 kernel. A sliding window is an
+    explicit mask, with which SDPA runs its memory-efficient kernel over the whole s×s square, at
+    ``MASKED_SDPA_SPEED`` of FlashAttention's rate (``runtime="torch"``; Megatron's stacks run the
+    window in their own FlashAttention, whose square is priced as before).
+  * ``attn=flex`` (FlexAttention, ``plait.run.modules.flex``): the blocks of 128×128 scores its
+    block mask keeps (``flex_keys_per_query``: a windowed layer about W + one block per query,
+    the causal half elsewhere, documents as below), at ``FLEX_SPEED`` of FlashAttention-2's rate;
+    soft-capping is its fused score_mod (no extra memory traffic) and sinks an element-wise
+    correction of the output. With dropout it falls back (eager with a soft-cap or sinks, else
+    SDPA), and is priced so.
+  * ``attn=eager`` also moves the soft-cap's and the sinks' passes over the scores
+    (``EAGER_SOFTCAP_BYTES``, ``EAGER_SINK_BYTES``).
   * ``norm=unfused``: the eager fp32 op chain of one norm moves ``UNFUSED_NORM_BYTES`` bytes
     per element of its input in the forward instead of the fused kernel's ``FUSED_NORM_BYTES``
     (read bf16, write bf16), in ``UNFUSED_NORM_KERNELS`` kernels instead of one; the backward
@@ -68,6 +79,24 @@ RING_SCORE_BYTES = (48.0, 44.0)
 # the diagonal block's causal mask, per score element of that block: built (ones 1, triu 1+1,
 # repeat 1+1), then masked_fill_ reads it (1) and the scores (4) and writes them (4)
 RING_MASK_BYTES = 14.0
+# soft-capping in the ring's fp32 blocks, per score element: forward div_ 4+4, tanh_ 4+4, ·c 4+4 = 24;
+# backward the same recomputed 24, then 1 - tanh² (square 4+4, rsub 4+4) and the mul_ 4+4+4 = 52
+RING_SOFTCAP_BYTES = (24.0, 52.0)
+# eager soft-capping, per bf16 score element: forward div 2+2, tanh 2+2, mul 2+2 = 12; backward
+# the three ops' gradients (mul 2+2, tanh' 2+2+2, div 2+2) = 14
+EAGER_SOFTCAP_BYTES = (12.0, 14.0)
+# eager sinks: the score matrix copied with the sink column (cat 2+2) and the probabilities sliced
+# back (a strided copy at the cast 4+2 the softmax bytes already count: 0); the backward the same 4
+EAGER_SINK_BYTES = (4.0, 4.0)
+# FlexAttention's share of FlashAttention-2's throughput (forward, backward), causal and sliding-
+# window masks in bf16 on A100/H100 ("FlexAttention: The Flexibility of PyTorch with the Performance
+# of FlashAttention", PyTorch blog, August 2024: about 90% forward, 85% backward)
+FLEX_SPEED = (0.90, 0.85)
+FLEX_BLOCK = 128  # FlexAttention's block size: the unit its block mask keeps or skips
+# SDPA with an explicit mask runs the memory-efficient (xformers/cutlass) kernel instead of
+# FlashAttention-2: about 0.6 of its rate (FlashAttention-2 paper, Dao 2023, fig. 4-6: the cutlass
+# kernel forward + backward on A100 against FlashAttention-2); a planner estimate, not measured here
+MASKED_SDPA_SPEED = 0.6
 
 
 def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, precision: str = "bf16") -> float:
@@ -98,13 +127,41 @@ def ring_attention_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tok
     elements' fp32 traffic; the GEMMs at the device's GEMM rate (they run in fp32)."""
     local = seq_len / cp
     rows = tokens * model.n_heads / tp  # query rows of all heads of the micro-batch
-    keys = ring_keys(seq_len, cp)
+    keys = model_ring_keys(model, seq_len, cp)
     one = gemm_time(gpu, params, rows, model.head_dim, keys)  # Q·Kᵀ over all blocks (P·V the same)
     elements = rows * keys
     diagonal = local / keys  # share of the score elements in the masked diagonal block
     bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
-    forward, backward = (elements * (nbytes + RING_MASK_BYTES * diagonal) / bandwidth for nbytes in RING_SCORE_BYTES)
+    softcap = RING_SOFTCAP_BYTES if model.attn_softcap else (0.0, 0.0)
+    forward, backward = (elements * (nbytes + cap + RING_MASK_BYTES * diagonal) / bandwidth
+                         for nbytes, cap in zip(RING_SCORE_BYTES, softcap))
     return 2 * one + forward, 5 * one + backward
+
+
+@lru_cache(maxsize=4096)
+def ring_window_keys(seq_len: int, cp: int, window: int) -> float:
+    """Keys per local query over the ring blocks a sliding window of W tokens leaves (the ring skips
+    a block when every query is W or more positions past every key: ``plait.run.parallel.context.masks``),
+    on the busiest rank (the ring moves at its pace). Chunks of c = seq/(2·cp) tokens; rank r holds
+    chunks r and 2cp-1-r. Step 0 is the 2c × 2c diagonal block; src < r a 2c × c block (src's first
+    chunk), skipped when (r - src - 1)·c + 1 >= W; src > r a c × 2c block (r's second chunk against
+    both of src's), skipped when (src - r - 1)·c + 1 >= W."""
+    chunk = seq_len / (2 * cp)
+    busiest = 0.0
+    for rank in range(cp):
+        elements = 4 * chunk * chunk
+        for src in range(cp):
+            if src != rank and (abs(rank - src) - 1) * chunk + 1 < window:
+                elements += 2 * chunk * chunk
+        busiest = max(busiest, elements)
+    return busiest / (2 * chunk)
+
+
+def model_ring_keys(model: ModelSpec, seq_len: int, cp: int) -> float:
+    """``ring_keys`` averaged over the layers, the local (windowed) ones at ``ring_window_keys``."""
+    local = model.local_layer_count()
+    windowed = ring_window_keys(seq_len, cp, model.sliding_window) if local else 0.0
+    return (local * windowed + (model.n_layers - local) * ring_keys(seq_len, cp)) / model.n_layers
 
 
 def cp_keys_per_query(cp_impl: str, seq_len: int, causal_keys: float, documents: bool = False) -> float:
@@ -158,6 +215,42 @@ def document_keys_per_query(doc_len: int, seq_len: int, window: int = 0) -> floa
     return (window * (window + 1) / 2.0 + (length - window) * window) / length
 
 
+def attention_kernel(model: ModelSpec, attn: str, cp: int, cp_impl: str) -> str:
+    """The kernel that computes a layer's attention, as priced: ``ring`` (plait's fp32 blocks),
+    ``flash`` (FlashAttention-2 or SDPA: the flash, sdpa and torch-ring kernels, and all-gather and
+    Ulysses with what they pass SDPA), ``flex`` (FlexAttention: attn=flex without dropout;
+    all-gather with a window, soft-cap or sinks; Ulysses with a soft-cap or sinks) or ``eager``
+    (attn=eager, and attn=flex's fallback with dropout and a soft-cap or sinks)."""
+    scored = bool(model.attn_softcap or model.sinks)
+    if cp > 1:
+        if cp_impl == "ring":
+            return "ring"
+        if (cp_impl == "allgather" and (scored or model.sliding_window)) or (cp_impl == "ulysses" and scored):
+            return "flex"
+        return "flash"
+    if attn == "flex":
+        return "eager" if model.dropout and scored else "flash" if model.dropout else "flex"
+    return "eager" if attn == "eager" else "flash"
+
+
+def masked_layer_share(model: ModelSpec) -> float:
+    """The share of the layers whose sliding window SDPA takes as an explicit mask."""
+    return model.local_layer_count() / model.n_layers
+
+
+def flex_keys_per_query(model: ModelSpec, seq_len: int, doc_len: int = 0) -> float:
+    """Keys per query FlexAttention computes, averaged over layers: its block mask keeps the
+    blocks the causal, window and document masks touch. A windowed layer: W keys plus one
+    ``FLEX_BLOCK`` for the ragged band's edge blocks, at most the causal half; packed documents:
+    ``document_keys_per_query`` (whose block edges are not counted, as without the window)."""
+    if doc_len:
+        return kernel_keys_per_query(model, seq_len, doc_len)
+    local = model.local_layer_count()
+    causal = (seq_len + 1) / 2.0
+    windowed = min(causal, document_keys_per_query(seq_len, seq_len, model.sliding_window) + FLEX_BLOCK)
+    return (local * windowed + (model.n_layers - local) * causal) / model.n_layers
+
+
 @lru_cache(maxsize=65536)
 def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, seq_len: int,
                 tp: int, cp: int, sequence_parallel: bool, attn: str, precision: str,
@@ -179,21 +272,28 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
     batch = tokens / (seq_len / cp)  # sequences in the micro-batch
     heads = model.n_heads / t
     s_q = seq_len / cp
-    if cp > 1 and cp_impl == "ring":
+    kernel = attention_kernel(model, attn, cp, cp_impl)
+    if kernel == "ring":
         attn_fwd, attn_bwd = ring_attention_times(model, gpu, params, tokens, seq_len, tp, cp)
         scores_gemm = 0.0
-    elif attn != "eager" or cp > 1:  # flash, and sdpa (FlashAttention-2 on these GPUs); a cp kernel
+    elif kernel in ("flash", "flex"):  # fused kernels; sdpa is FlashAttention-2 on these GPUs; a cp kernel
         # causal: each rank's (load-balanced) queries see on average half of the keys
-        if doc_len and (cp > 1 or model.dropout):  # an explicit boolean mask: the whole square
+        speed = (1.0, 1.0)
+        if kernel == "flex":
+            keys, speed = flex_keys_per_query(model, seq_len, doc_len), FLEX_SPEED
+        elif doc_len and (cp > 1 or model.dropout):  # an explicit boolean mask: the whole square
             keys = float(seq_len) if cp == 1 else cp_keys_per_query(cp_impl, seq_len, (seq_len + 1) / 2.0, True)
         else:
             keys = kernel_keys_per_query(model, seq_len, doc_len)
             if cp > 1:
                 keys = cp_keys_per_query(cp_impl, seq_len, keys)
+            elif not doc_len and runtime == "torch":  # SDPA takes the window as a mask: memory-efficient kernel
+                keys += masked_layer_share(model) * seq_len * (1 / MASKED_SDPA_SPEED - 1)
         flops = 4.0 * batch * heads * model.head_dim * s_q * keys
         peak = gpu.bf16_flops * gpu.attention_efficiency
-        attn_fwd = flops / peak * (flops + params.gemm_half_flops) / flops + gpu.kernel_overhead
-        attn_bwd = params.flash_backward_factor * attn_fwd
+        flash_fwd = flops / peak * (flops + params.gemm_half_flops) / flops
+        attn_fwd = flash_fwd / speed[0] + gpu.kernel_overhead
+        attn_bwd = params.flash_backward_factor * flash_fwd / speed[1] + params.flash_backward_factor * gpu.kernel_overhead
         scores_gemm = 0.0
     else:
         # eager: the full s×s square is computed and masked; scale, mask, softmax (+ dropout) in HBM
@@ -202,6 +302,10 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
         bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
         dropout = EAGER_DROPOUT_BYTES if model.dropout else 0.0
         fwd_bytes, bwd_bytes = EAGER_SOFTMAX_BYTES[runtime]
+        for present, (fwd_extra, bwd_extra) in ((model.attn_softcap, EAGER_SOFTCAP_BYTES),
+                                                (model.sinks, EAGER_SINK_BYTES)):
+            if present and runtime == "torch":
+                fwd_bytes, bwd_bytes = fwd_bytes + fwd_extra, bwd_bytes + bwd_extra
         attn_fwd = 2 * one + elements * (fwd_bytes + dropout) / bandwidth
         attn_bwd = 4 * one + elements * (bwd_bytes + 2 * dropout) / bandwidth
         scores_gemm = one

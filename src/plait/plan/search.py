@@ -7,9 +7,11 @@ node, checkpoint policy none/selective/balanced/full, schedules 1F1B, interleave
 virtual stages) and zero-bubble. Offload (activations to host, then the optimizer) is tried only
 for layouts that do not fit otherwise. ``fixed`` pins any layout key (``--fix tp=8``).
 
-Kernel knobs (``attn``, ``norm``, ``loss``) are not enumerated: ``attn=flash`` and ``norm=fused``
-are never slower nor larger than the alternatives in the model (``sdpa`` is timed as ``flash``),
-so trying the others would only multiply the candidates; they are evaluated when pinned
+Kernel knobs (``attn``, ``norm``, ``loss``) are not enumerated: ``norm=fused`` is never slower
+nor larger than ``unfused`` in the model, and ``attn`` is the fastest kernel plait's runtime runs
+the model with (``plait.plan.attention_choice``: flash for a plain causal model, flex with
+soft-caps, sinks or a window's mask; the choice depends on the model and sequence, not the
+layout), so trying the others would only multiply the candidates; they are evaluated when pinned
 (``--fix attn=eager``). The chunked loss (``loss=fused``) costs one more LM-head GEMM and
 saves memory, so, like offload, it is tried for a layout that does not fit with ``unfused``
 (before offload, and kept only if it makes the layout fit), unless ``loss`` is pinned.
@@ -122,7 +124,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     smallest = None
     first_errors = None
     candidates = 0
-    groups = list(candidate_groups(model, cluster, job, constraints))
+    groups = list(candidate_groups(model, cluster, job, constraints, params))
     if keep is None:
         groups = [(None, group) for group in groups]
     else:

@@ -56,6 +56,7 @@ from plait.run.modules.layers import (
     rope_tables,
 )
 from plait.run.modules.documents import document_positions
+from plait.run.modules.flex import flex_attention_kernel
 from plait.run.modules.mla import LatentAttention, rotary_dim
 from plait.run.modules.moe import MoEFeedForward
 from plait.spec.model import ModelSpec
@@ -103,23 +104,31 @@ def apply_kernels(model: nn.Module, attn: str, norm: str, loss: str = "unfused")
     ``attn``: ``flash`` and ``sdpa`` both call ``F.scaled_dot_product_attention`` and let its
     dispatcher choose (FlashAttention-2 on sm80+ CUDA GPUs in bf16/fp16 with head_dim <= 256,
     else the memory-efficient or math kernel; on the CPU its flash kernel, or the fp32 math
-    fallback with dropout); ``eager`` runs ``eager_attention``. ``norm``: ``fused`` is
+    fallback with dropout); ``flex`` runs FlexAttention (``plait.run.modules.flex``: soft-caps,
+    windows, sinks and documents in one fused kernel, with its fallbacks); ``eager`` runs
+    ``eager_attention``. ``norm``: ``fused`` is
     ``F.rms_norm`` / ``nn.LayerNorm`` (one kernel on CUDA), ``unfused`` the op chain
     ``unfused_norm``. ``loss=fused``: the model returns the final hidden state instead of the
     logits and the chunked cross entropy (``plait.run.loss``) applies the LM head itself.
     """
     for module in model.modules():
         if isinstance(module, (Attention, LatentAttention)):
-            module.kernel = eager_attention if attn == "eager" else core_attention
+            module.kernel = ATTENTION_KERNELS.get(attn, core_attention)
         if isinstance(module, (RMSNorm, LayerNorm)):
             module.fused = norm == "fused"
         if isinstance(module, Transformer):
             module.returns_hidden = loss == "fused"
 
 
+ATTENTION_KERNELS = {"flash": core_attention, "sdpa": core_attention, "flex": flex_attention_kernel,
+                     "eager": eager_attention}  # Layout.attn → Attention.kernel
+
+
 class Attention(nn.Module):
     """Q, K, V projections (+ q/k norms), RoPE, the attention kernel and the output projection of
-    layer ``index`` (which decides whether it attends through the sliding window)."""
+    layer ``index`` (which decides whether it attends through the sliding window); ``sinks``
+    (ModelSpec.sinks): one sink logit per query head, sharded with the heads under tensor
+    parallelism (``plait.run.parallel.tensor``)."""
 
     def __init__(self, spec: ModelSpec, index: int = 0):
         super().__init__()
@@ -142,10 +151,13 @@ class Attention(nn.Module):
         if spec.attn_softcap:
             options["softcap"] = spec.attn_softcap
         self.kernel_options = options  # keyword arguments of the kernel (plait.run.modules.layers)
+        self.sinks = nn.Parameter(torch.empty(spec.n_heads)) if spec.sinks else None
         self.rotary = spec.arch == "llama"
         self.dropout_p = DROPOUT if spec.dropout else 0.0
         self.recompute_core = False  # selective checkpointing: recompute the attention core
-        self.kernel = core_attention  # eager_attention for Layout.attn == "eager"
+        # Layout.attn's kernel (apply_kernels); until then SDPA, or FlexAttention where SDPA cannot
+        # take the model's soft-cap or sinks (plait generate, which applies no layout)
+        self.kernel = flex_attention_kernel if spec.attn_softcap or spec.sinks else core_attention
         self.fused_qkv = False  # one GEMM for Q, K and V (qkv_projection); RuntimeConfig.qkv == "fused"
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -168,6 +180,9 @@ class Attention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         dropout_p = self.dropout_p if self.training else 0.0
         options = self.kernel_options if documents is None else {**self.kernel_options, "documents": documents}
+        if self.sinks is not None:  # this rank's heads' sinks (a tensor-parallel DTensor holds them sharded)
+            sinks = self.sinks.to_local() if hasattr(self.sinks, "to_local") else self.sinks
+            options = {**options, "sinks": sinks}
         kernel = functools.partial(self.kernel, **options) if options else self.kernel
         if self.recompute_core:
             out = checkpoint(kernel, q, k, v, dropout_p, use_reentrant=False)

@@ -26,6 +26,9 @@ NOT_RUN_YET = {
     "opt_offload": "optimizer offload (opt_offload=1)",
 }
 
+# the attention kernels that take soft-capped scores and sinks (Layout.attn; plait.run.modules.flex)
+SCORE_MOD_KERNELS = ("flex", "eager")
+
 RUNTIME_RULES = (
     "runtime-cp-with-pp", "runtime-cp-p2p", "runtime-split-ends", "runtime-cp-dropout", "runtime-compile-cp", "runtime-compile-offload",
     "runtime-opt-offload", "runtime-compile-tp-ckpt", "runtime-fp8", "runtime-mxfp8-tp", "runtime-tied-embeddings-pp",
@@ -82,14 +85,13 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     ``plait.run.parallel.expert``) runs models with GQA or multi-head latent attention (MLA,
     DeepSeek-V2/V3) and routed (softmax or bias-balanced sigmoid router, group-limited routing,
     route scale) and shared SwiGLU experts, dropless or with a capacity factor, with ep carved out of
-    dp·cp; refused: attention sinks, GPT-OSS's expert and router biases and clamped SwiGLU, etp > 1,
-    moe_overlap, fp8 and cp > 1 for an MoE or MLA model, and ep not dividing dp·cp."""
-    if (model.moe is None and model.mla is None and not model.sinks and lay.ep == 1 and lay.etp == 1
+    dp·cp; refused: GPT-OSS's expert and router biases and clamped SwiGLU, etp > 1, moe_overlap,
+    fp8 and cp > 1 for an MoE or MLA model, and ep not dividing dp·cp."""
+    if (model.moe is None and model.mla is None and lay.ep == 1 and lay.etp == 1
             and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
         return []
     moe = model.moe
     parts = [what for what, present in (
-        ("attention sinks (sinks)", model.sinks),
         ("expert or router biases", moe is not None and (moe.expert_bias or moe.router_bias)),
         ("the clamped SwiGLU experts (moe.activation=oai)", moe is not None and moe.activation != "silu"))
         if present]
@@ -115,14 +117,16 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
 def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     """(rule id, message) of the Hugging Face model features the runtime runs only on some layouts."""
     out = []
-    if model.attn_softcap and lay.attn != "eager":
-        out.append(("runtime-attn-softcap", f"model {model.name} soft-caps its attention scores, which only "
-                    f"eager attention does; use attn=eager, not attn={lay.attn} (plait plan --fix attn=eager)"))
+    fused_only = [name for name, value in (("soft-caps its attention scores", model.attn_softcap),
+                                           ("has attention sinks", model.sinks)) if value]
+    if fused_only and lay.cp == 1 and lay.attn not in SCORE_MOD_KERNELS:
+        out.append(("runtime-attn-softcap", f"model {model.name} {' and '.join(fused_only)}, which attn={lay.attn} "
+                    f"(FlashAttention through SDPA) does not take; use attn=flex (FlexAttention) or attn=eager"))
     options = [name for name, value in (("sliding_window", model.sliding_window), ("attn_scale", model.attn_scale),
-                                        ("attn_softcap", model.attn_softcap)) if value]
-    if options and lay.cp > 1:
-        out.append(("runtime-cp-attention-options", f"model {model.name} sets {', '.join(options)}, which the "
-                    "context-parallel attention kernels do not take; use cp=1"))
+                                        ("attn_softcap", model.attn_softcap), ("sinks", model.sinks)) if value]
+    if options and lay.cp > 1 and lay.cp_impl == "torch":
+        out.append(("runtime-cp-attention-options", f"model {model.name} sets {', '.join(options)}, which PyTorch's "
+                    "ring attention (cp_impl=torch) does not take; use cp_impl=ring, allgather or ulysses"))
     if model.logit_softcap and lay.loss == "fused":
         out.append(("runtime-logit-softcap-loss", f"model {model.name} soft-caps its logits, which the fused "
                     "(chunked) loss does not; use loss=unfused"))

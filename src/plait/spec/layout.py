@@ -43,7 +43,7 @@ FP8_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
 # bytes per element of a tensor stored in each low precision, its scales included: fp8 1; mxfp8 1 and
 # an e8m0 scale per 32 elements; nvfp4 4 bits and an fp8 scale per 16 elements
 PRECISION_STORED_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1.0 / 32, "nvfp4": 0.5 + 1.0 / 16}
-ATTENTION_KERNELS = ("flash", "sdpa", "eager")
+ATTENTION_KERNELS = ("flash", "sdpa", "flex", "eager")
 NORM_KERNELS = ("fused", "unfused")
 LOSS_KERNELS = ("fused", "unfused")
 LOSS_CHUNK_TOKENS = 1024  # loss=fused: tokens per cross-entropy chunk (runtime and planner)
@@ -141,8 +141,11 @@ class Layout:
                                 "(B200/GB200; planned, not run by plait train); embedding, LM head and the rest bf16; "
                                 "emulated on CPU)", choices=PRECISIONS)
     attn: str = layout_key("flash", "choice", "attention kernel: `flash` (FlashAttention-2), `sdpa` (what torch's "
-                           "scaled_dot_product_attention picks on the device), `eager` (materializes the s×s "
-                           "scores); see docs/planner.md, kernel knobs", choices=ATTENTION_KERNELS)
+                           "scaled_dot_product_attention picks on the device; a sliding window passes it a mask), "
+                           "`flex` (FlexAttention: soft-caps, windows, sinks and document masks fused, blocks "
+                           "outside the mask skipped), `eager` (materializes the s×s scores); the search picks "
+                           "the fastest that runs the model; see docs/planner.md, kernel knobs",
+                           choices=ATTENTION_KERNELS)
     norm: str = layout_key("fused", "choice", "RMSNorm/LayerNorm kernel: `fused` (one kernel, saves input + "
                            "statistics) or `unfused` (the eager fp32 op chain)", choices=NORM_KERNELS)
     loss: str = layout_key("unfused", "choice", "cross entropy: `unfused` (full fp32 logits) or `fused` (chunks "
@@ -348,12 +351,10 @@ class GroupPlacement:
 
 
 def placement(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
-    """Placement of the tp, cp, dp and pp groups for ``layout.order`` (innermost first).
-
-    Ranks are numbered node by node, so a dimension whose stride · size reaches past
-    ``gpus_per_node`` spans nodes. Computed for the group that holds rank 0 (all groups of a
-    dimension are alike when the degrees divide the node size or are multiples of it).
-    """
+    """Placement of the tp, cp, dp and pp groups for ``layout.order`` (innermost first). Ranks are
+    numbered node by node, so a dimension whose stride · size reaches past ``gpus_per_node`` spans
+    nodes. Computed for the group that holds rank 0 (all groups of a dimension are alike when the
+    degrees divide the node size or are multiples of it)."""
     dims = layout.order.split("-")
     return dict(zip(dims, _placements(tuple(getattr(layout, dim) for dim in dims), gpus_per_node)))
 
@@ -380,11 +381,9 @@ def rank_strides(layout: Layout) -> dict[str, int]:
 
 def group_of(layout: Layout, gpus_per_node: int, dims: tuple[str, ...], inner_dp: int | None = None,
              dp_step: int = 1) -> GroupPlacement:
-    """Placement of the group holding rank 0 that varies the dimensions ``dims`` together.
-
+    """Placement of the group holding rank 0 that varies the dimensions ``dims`` together:
     ``inner_dp`` limits the dp extent to its first ``inner_dp`` indices (a hybrid-sharding shard
-    group); ``dp_step`` takes every ``dp_step``-th dp index (a hybrid-sharding replica group).
-    """
+    group); ``dp_step`` takes every ``dp_step``-th dp index (a hybrid-sharding replica group)."""
     strides = rank_strides(layout)
     ranks = [0]
     for dim in dims:

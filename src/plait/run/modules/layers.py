@@ -4,8 +4,11 @@
 Attention kernels are called as ``kernel(q, k, v, dropout_p, **options)`` on (batch, heads, seq,
 head_dim) tensors; ``options`` (``Attention.kernel_options``) holds only what a model sets:
 ``window`` (W > 0: a query at position i sees keys i-W+1..i), ``softcap`` (c > 0: scores become
-c·tanh(scores/c), Gemma-2) and ``scale`` (the score scale, default 1/sqrt(head_dim)). Context-
-parallel kernels take none of them: ``plait.spec.capabilities`` refuses those layouts.
+c·tanh(scores/c), Gemma-2), ``scale`` (the score scale, default 1/sqrt(head_dim)) and ``sinks``
+(one logit per head, (heads,): a softmax column no value goes with, GPT-OSS). ``core_attention``
+(attn=flash, sdpa) takes no soft-cap and no sinks; ``eager_attention`` and FlexAttention
+(attn=flex, ``plait.run.modules.flex``) take all; the context-parallel kernels take them all but
+under cp_impl=torch (``plait.spec.capabilities``, rule ``runtime-cp-attention-options``).
 """
 
 from __future__ import annotations
@@ -265,17 +268,18 @@ def attention_mask(seq: int, window: int, device) -> torch.Tensor:
 
 
 def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, *, window: int = 0,
-                   scale: float | None = None, softcap: float = 0.0,
+                   scale: float | None = None, softcap: float = 0.0, sinks: torch.Tensor | None = None,
                    documents: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of (batch, heads, seq, head_dim) tensors; K/V heads are repeated for GQA.
 
     A sliding window passes its boolean mask to SDPA (the memory-efficient or math kernel: the
-    flash kernel takes no mask). Soft-capped scores need the eager kernel (``attn=eager``).
+    flash kernel takes no mask). Soft-capped scores and sinks need FlexAttention or the eager
+    kernel (``attn=flex`` or ``eager``; rule ``runtime-attn-softcap``).
     ``documents`` (batch, seq): within-document attention, by FlexAttention's block mask on CUDA
     without dropout, else SDPA with the boolean mask (``plait.run.modules.documents``)."""
-    if softcap:
-        raise PlaitError("attention soft-capping (Gemma-2's attn_logit_softcapping) runs only with eager "
-                         "attention: use attn=eager")
+    if softcap or sinks is not None:
+        raise PlaitError("attention soft-capping (Gemma-2's attn_logit_softcapping) and attention sinks run only "
+                         "with FlexAttention or eager attention: use attn=flex or attn=eager")
     if documents is not None and flex_runs(q, dropout_p):
         return flex_document_attention(q, k, v, documents, window, scale)
     if documents is not None:
@@ -287,24 +291,38 @@ def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p:
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, *, window: int = 0,
-                    scale: float | None = None, softcap: float = 0.0,
+                    scale: float | None = None, softcap: float = 0.0, sinks: torch.Tensor | None = None,
                     documents: torch.Tensor | None = None) -> torch.Tensor:
     """The same as ``core_attention`` with the (seq × seq) probabilities materialized (attn=eager).
 
     Plain PyTorch attention as Hugging Face's and Megatron's unfused paths write it: the softmax
     in fp32 (for bf16 stability), cast back to the input dtype for the P·V GEMM; soft-capping
-    (c·tanh(scores/c)) before the mask.
+    (c·tanh(scores/c)) before the mask; ``sinks`` (heads,) a last score column, dropped after the
+    softmax (GPT-OSS's eager path).
     """
+    mask = attention_mask(q.shape[2], window, q.device) if documents is None else row_mask(documents, window)
+    return masked_eager_attention(q, k, v, mask, dropout_p, scale=scale, softcap=softcap, sinks=sinks)
+
+
+def masked_eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                           dropout_p: float = 0.0, *, scale: float | None = None, softcap: float = 0.0,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """``eager_attention`` with its mask given: ``allowed`` bool, broadcastable to (batch, heads,
+    queries, keys), True where a query may see a key (the context-parallel kernels' masks by
+    global position). K/V heads are repeated for GQA."""
     if k.shape[1] != q.shape[1]:
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    seq = q.shape[2]
     scores = q @ k.transpose(-2, -1)
     scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    mask = ~(attention_mask(seq, window, q.device) if documents is None else row_mask(documents, window))
-    probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        column = sinks.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:-1], 1)
+        probs = torch.cat((scores, column), dim=-1).softmax(dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
+    else:
+        probs = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
     probs = F.dropout(probs, p=dropout_p)
     return probs @ v
 

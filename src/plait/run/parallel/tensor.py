@@ -153,6 +153,16 @@ def root_plan(model: Transformer, sequence_parallel: bool, loss_parallel: bool) 
     return plan
 
 
+def shard_sinks(attention, tp_mesh: DeviceMesh) -> None:
+    """Attention sinks (one logit per query head) sharded as the heads are: ``Shard(0)``, so that
+    each rank holds its own heads' sinks (``Attention.forward`` takes the local part)."""
+    if getattr(attention, "sinks", None) is not None:
+        from torch import nn
+        from torch.distributed.tensor import distribute_tensor
+
+        attention.sinks = nn.Parameter(distribute_tensor(attention.sinks.data, tp_mesh, [Shard(0)]))
+
+
 def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool,
                           loss_parallel: bool = True) -> None:
     """Shard ``model`` (a full model or a pipeline stage) over the 1-D ``tp_mesh``, in place."""
@@ -164,6 +174,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sequence_para
         if isinstance(block.attention, LatentAttention):
             plan = mla_attention_plan(plan, sequence_parallel, hasattr(block.attention, "wq_b"))
         parallelize_module(block, tp_mesh, {**plan, **norm_plan(model.spec, sequence_parallel)})
+        shard_sinks(block.attention, tp_mesh)
     if tied:
         # both are Shard(0) over the vocabulary: tie them again after sharding
         model.output.weight = model.tok_embeddings.weight

@@ -72,6 +72,7 @@ HARMLESS_KEYS = {
     "finetuning_task", "prefix", "chunk_size_feed_forward", "tie_encoder_decoder", "is_encoder_decoder",
     "pruned_heads", "torchscript", "use_bfloat16", "tf_legacy_loss", "generation_config",
     "classifier_dropout",
+    "sliding_window_size",  # a stray duplicate in Gemma-2-9B/27B's config.json that transformers never reads
 }
 
 # Keys whose mere presence (with a value other than these) means a feature plait does not model.

@@ -15,8 +15,9 @@ Attention kernels (``Attention.kernel``, called as ``kernel(q, k, v, dropout_p)`
     gradient accumulators one hop behind, so each dK/dV returns to its owner after cp hops.
     Activation memory per rank: O(seq / cp); traffic per layer: (cp-1)/cp of the K/V forward,
     twice that backward.
-  * ``AllGatherAttention``: all-gather K/V over the cp group, mask by global positions, and
-    reduce-scatter dK/dV in the backward. Simpler; holds the whole sequence's K/V.
+  * ``AllGatherAttention`` (``plait.run.parallel.context.allgather``): all-gather K/V over the cp
+    group, mask by global positions, and reduce-scatter dK/dV in the backward. Simpler; holds
+    the whole sequence's K/V.
   * ``TorchRingAttention`` (``plait.run.parallel.context.torch_ring``): PyTorch's own ring attention
     with fused (Flash) kernels per block; the one to use on GPU.
   * ``UlyssesAttention`` (``plait.run.parallel.context.ulysses``): all-to-all from sequence- to
@@ -27,12 +28,17 @@ materialized per block (``plait.run.parallel.context.ops``): exact and portable,
 ``Layout.cp_impl`` (ring | allgather | torch | ulysses) picks one. No attention dropout
 (``plait.run.config`` refuses cp with dropout models).
 
-Packed documents (``plait train --doc-mask``): the kernels take ``documents``, the document ids
-of the whole rows (batch, seq) in position order, which every cp rank holds; each block's mask
-(same document, on top of the causal mask) is taken from it at the global positions of the
-block's queries and keys (``SequenceShard.positions``), so no mask travels. The ring computes
-every block whole (a block no document crosses is still computed); all-gather and Ulysses pass
-SDPA the boolean mask. ``cp_impl=torch`` takes no mask (rule ``runtime-doc-mask-cp-torch``).
+Attention options (the layer kernels' keywords, ``plait.run.modules.layers``): ring, all-gather
+and Ulysses take them all: ``window`` (sliding window), ``scale``, ``softcap`` and ``sinks`` (one
+logit per local query head) and ``documents`` (``plait train --doc-mask``: the document ids of the
+whole rows (batch, seq) in position order, which every cp rank holds). Each block's mask (window,
+same document, on top of the causal mask) is taken at the global positions of the block's
+queries and keys (``plait.run.parallel.context.masks``), so no mask travels; the ring skips the
+blocks the mask hides whole (with a window, every block more than W positions behind a query
+chunk), forward and backward, and still passes their K/V on. Soft-capping caps each block's
+scores (``ops``); the sinks are one more term of the online-softmax merge, with their gradient
+from the final log-sum-exp. ``cp_impl=torch`` takes none of them (rules
+``runtime-cp-attention-options``, ``runtime-doc-mask-cp-torch``).
 """
 
 from __future__ import annotations
@@ -43,8 +49,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from plait.run.modules.documents import document_mask
-from plait.run.parallel.context.ops import block_backward, block_forward, merge_partials
+from plait.run.parallel.context.allgather import AllGatherAttention
+from plait.run.parallel.context.masks import SKIP, BlockMasks
+from plait.run.parallel.context.ops import add_sink, block_backward, block_forward, merge_partials, sink_grad
 from plait.run.parallel.context.shard import SequenceShard, sequence_shard_of
 
 
@@ -72,84 +79,91 @@ def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return x.float().reshape(b, kv_heads, h // kv_heads, s, d)
 
 
+def _block(step: int, src: int, rank: int, half: int) -> tuple[slice, slice, bool]:
+    """(query slice, key slice, causal) of ring step ``step``'s block, K/V from rank ``src``."""
+    if step == 0:
+        return slice(None), slice(None), True
+    if src < rank:
+        return slice(None), slice(None, half), False
+    return slice(half, None), slice(None), False
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The attention options the ring function carries (besides the sinks, a differentiable input)."""
+
+    window: int = 0
+    scale: float | None = None
+    softcap: float = 0.0
+    documents: torch.Tensor | None = None
+
+
 class _RingAttentionFunction(torch.autograd.Function):
     """Causal attention of head-tail sharded q, k, v over the cp ring (see module docstring).
 
     At ring step t rank r holds the K/V of rank src = r - t (mod cp). Step 0 is causal attention
     of the local 2 chunks. For src < r both local query chunks see the first K/V chunk of src
     entirely and its second not at all; for src > r only the second query chunk sees, entirely,
-    both K/V chunks. Every later step is therefore half a block, unmasked.
+    both K/V chunks. Every later step is therefore half a block, unmasked but for the window and
+    documents (``_block``; a block they hide whole is skipped).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, group, documents=None):
+    def forward(ctx, q, k, v, sinks, group, options):
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         kv_heads, seq, half = k.shape[1], q.shape[2], q.shape[2] // 2
-        scale = q.shape[-1] ** -0.5
+        scale = q.shape[-1] ** -0.5 if options.scale is None else options.scale
         qg = _grouped(q, kv_heads)
         kv = torch.stack((k.float(), v.float()))  # (2, b, kv_heads, s, d), sent as one buffer
-        masks = _BlockDocuments(documents, rank, size, seq)
+        masks = BlockMasks(rank, size, seq, q.device, options.window, options.documents)
         out = lse = None
         for step in range(size):
             pending = _ring_exchange(kv, group) if step < size - 1 else None
             src = (rank - step) % size
-            keys, values = kv[0], kv[1]
-            if step == 0:
-                out, lse = block_forward(qg, keys, values, scale, causal=True, allowed=masks(src))
-            elif src < rank:
-                part, part_lse = block_forward(qg, keys[..., :half, :], values[..., :half, :], scale, causal=False,
-                                               allowed=masks(src, keys=slice(None, half)))
-                out, lse = merge_partials(out, lse, part, part_lse)
-            else:
-                part, part_lse = block_forward(qg[..., half:, :], keys, values, scale, causal=False,
-                                               allowed=masks(src, queries=slice(half, None)))
-                tail, tail_lse = merge_partials(out[..., half:, :], lse[..., half:], part, part_lse)
-                out = torch.cat((out[..., :half, :], tail), dim=-2)
-                lse = torch.cat((lse[..., :half], tail_lse), dim=-1)
+            queries, keys, causal = _block(step, src, rank, half)
+            allowed = masks(src, queries, keys)
+            if allowed is not SKIP:
+                part, part_lse = block_forward(qg[..., queries, :], kv[0][..., keys, :], kv[1][..., keys, :], scale,
+                                               causal, allowed, options.softcap)
+                if out is None:  # step 0: the diagonal block, never skipped
+                    out, lse = part, part_lse
+                else:
+                    out[..., queries, :], lse[..., queries] = merge_partials(out[..., queries, :], lse[..., queries],
+                                                                             part, part_lse)
             if pending is not None:
                 _wait(pending[1])
                 kv = pending[0]
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.documents = group, documents
+        if sinks is not None:
+            out, lse = add_sink(out, lse, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.group, ctx.options, ctx.scale = group, options, scale
         b, h, _, d = q.shape
         return out.reshape(b, h, seq, d).to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        group = ctx.group
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        group, options, scale = ctx.group, ctx.options, ctx.scale
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         kv_heads, half = k.shape[1], q.shape[2] // 2
-        scale = q.shape[-1] ** -0.5
         qg, dout = _grouped(q, kv_heads), _grouped(grad_out, kv_heads)
         delta = (dout * out).sum(-1)  # rowsum(dO ∘ O) of the final output
         dq = torch.zeros_like(qg)
         kv = torch.stack((k.float(), v.float()))
         dkv = torch.zeros_like(kv)  # gradient accumulator of the K/V in hand; travels with it
-        masks = _BlockDocuments(ctx.documents, rank, size, q.shape[2])
+        masks = BlockMasks(rank, size, q.shape[2], q.device, options.window, options.documents)
         for step in range(size):
             pending = _ring_exchange(kv, group) if step < size - 1 else None
             src = (rank - step) % size
-            keys, values = kv[0], kv[1]
-            if step == 0:
-                dq_part, dk, dv = block_backward(qg, keys, values, dout, lse, delta, scale, causal=True,
-                                                 allowed=masks(src))
-                dq += dq_part
-                dkv[0] += dk
-                dkv[1] += dv
-            elif src < rank:
-                dq_part, dk, dv = block_backward(qg, keys[..., :half, :], values[..., :half, :], dout, lse, delta,
-                                                 scale, causal=False, allowed=masks(src, keys=slice(None, half)))
-                dq += dq_part
-                dkv[0, ..., :half, :] += dk
-                dkv[1, ..., :half, :] += dv
-            else:
-                dq_part, dk, dv = block_backward(qg[..., half:, :], keys, values, dout[..., half:, :],
-                                                 lse[..., half:], delta[..., half:], scale, causal=False,
-                                                 allowed=masks(src, queries=slice(half, None)))
-                dq[..., half:, :] += dq_part
-                dkv[0] += dk
-                dkv[1] += dv
+            queries, keys, causal = _block(step, src, rank, half)
+            allowed = masks(src, queries, keys)
+            if allowed is not SKIP:
+                dq_part, dk, dv = block_backward(qg[..., queries, :], kv[0][..., keys, :], kv[1][..., keys, :],
+                                                 dout[..., queries, :], lse[..., queries], delta[..., queries], scale,
+                                                 causal, allowed, options.softcap)
+                dq[..., queries, :] += dq_part
+                dkv[0, ..., keys, :] += dk
+                dkv[1, ..., keys, :] += dv
             # pass the accumulator on: after the last hop each rank holds its own K/V's gradient
             dkv, grad_works = _ring_exchange(dkv, group)
             _wait(grad_works)
@@ -157,24 +171,8 @@ class _RingAttentionFunction(torch.autograd.Function):
                 _wait(pending[1])
                 kv = pending[0]
         b, h, seq, d = q.shape
-        return dq.reshape(b, h, seq, d).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
-
-
-class _BlockDocuments:
-    """The same-document masks of a rank's ring blocks, from the rows' document ids (batch, seq):
-    ``masks(src, queries, keys)`` is bool (b, local queries, src's keys), sliced as the block is;
-    None without documents."""
-
-    def __init__(self, documents: torch.Tensor | None, rank: int, size: int, local: int) -> None:
-        self.documents, self.size, self.local = documents, size, local
-        if documents is not None:
-            self.mine = documents[:, SequenceShard(rank, size).positions(local, documents.device)]
-
-    def __call__(self, src: int, queries: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor | None:
-        if self.documents is None:
-            return None
-        theirs = self.documents[:, SequenceShard(src, self.size).positions(self.local, self.documents.device)]
-        return self.mine[:, queries, None] == theirs[:, None, keys]
+        dsinks = None if sinks is None else sink_grad(lse, delta, sinks)
+        return (dq.reshape(b, h, seq, d).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dsinks, None, None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,55 +181,12 @@ class RingAttention:
 
     group: dist.ProcessGroup
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, *, window: int = 0,
+                 scale: float | None = None, softcap: float = 0.0, sinks: torch.Tensor | None = None,
                  documents: torch.Tensor | None = None) -> torch.Tensor:
         if dropout_p:
             raise ValueError("context-parallel attention has no dropout")
-        return _RingAttentionFunction.apply(q, k, v, self.group, documents)
-
-
-# ------------------------------------------------------------------------------- all-gather
-class _GatherSequence(torch.autograd.Function):
-    """All-gather along the sequence (dim 2) over the cp group; backward reduce-scatters (sums)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        x = x.contiguous()
-        pieces = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(pieces, x, group=group)
-        return torch.cat(pieces, dim=2)
-
-    @staticmethod
-    def backward(ctx, grad):
-        size = dist.get_world_size(ctx.group)
-        pieces = [piece.contiguous() for piece in grad.chunk(size, dim=2)]
-        mine = torch.empty_like(pieces[0])
-        dist.reduce_scatter(mine, pieces, group=ctx.group)
-        return mine, None
-
-
-@dataclass(frozen=True, eq=False)
-class AllGatherAttention:
-    """``Attention.kernel`` for context parallelism over ``group`` by all-gathering K/V."""
-
-    group: dist.ProcessGroup
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
-                 documents: torch.Tensor | None = None) -> torch.Tensor:
-        if dropout_p:
-            raise ValueError("context-parallel attention has no dropout")
-        size = dist.get_world_size(self.group)
-        local = q.shape[2]
-        k_all, v_all = _GatherSequence.apply(k, self.group), _GatherSequence.apply(v, self.group)
-        q_pos = sequence_shard_of(self.group).positions(local, q.device)
-        k_pos = torch.cat([SequenceShard(r, size).positions(local, q.device) for r in range(size)])
-        if documents is not None:  # (b, 1, local, seq): causal and the same document
-            mask = document_mask(documents[:, q_pos], documents[:, k_pos], q_pos, k_pos)[:, None]
-        else:
-            mask = q_pos[:, None] >= k_pos[None, :]  # True: may attend
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k_all, v_all, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+        return _RingAttentionFunction.apply(q, k, v, sinks, self.group, _Options(window, scale, softcap, documents))
 
 
 def cp_kernel(impl: str, cp_mesh: DeviceMesh):

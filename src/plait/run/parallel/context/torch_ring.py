@@ -92,10 +92,14 @@ class TorchRingAttention:
 
     mesh: DeviceMesh
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, *, window: int = 0,
+                 scale: float | None = None, softcap: float = 0.0, sinks: torch.Tensor | None = None,
                  documents: torch.Tensor | None = None) -> torch.Tensor:
         if dropout_p:
             raise ValueError("context-parallel attention has no dropout")
+        if window or scale is not None or softcap or sinks is not None:  # refused before launch
+            raise ValueError("cp_impl=torch takes no sliding window, score scale, soft-cap or sinks "
+                             "(rule runtime-cp-attention-options); use cp_impl=ring, allgather or ulysses")
         if documents is not None:  # refused before launch (rule runtime-doc-mask-cp-torch)
             raise ValueError("cp_impl=torch takes no document mask; use cp_impl=ring, allgather or ulysses")
         if k.shape[1] != q.shape[1]:  # GQA: the fused kernels want one K/V head per query head

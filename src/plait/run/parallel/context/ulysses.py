@@ -22,6 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from plait.run.modules.documents import row_mask
+from plait.run.modules.flex import flex_attention_kernel
+from plait.run.modules.layers import core_attention
 from plait.run.parallel.context.shard import SequenceShard
 
 
@@ -79,10 +81,14 @@ class UlyssesAttention:
 
     group: dist.ProcessGroup
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, *, window: int = 0,
+                 scale: float | None = None, softcap: float = 0.0, sinks: torch.Tensor | None = None,
                  documents: torch.Tensor | None = None) -> torch.Tensor:
-        """``documents``: the rows' document ids (batch, seq) with --doc-mask (whole sequences here:
-        SDPA's boolean mask of causal, same-document pairs)."""
+        """Whole sequences of 1/cp of the heads, so the layer kernels take every option: ``window``,
+        ``scale``, ``documents`` (the rows' document ids (batch, seq), --doc-mask) by SDPA with its
+        boolean mask, and with ``softcap`` or ``sinks`` (this rank's heads'
+        logits, of which the all-to-all leaves it 1/cp) by ``flex_attention_kernel`` (FlexAttention,
+        or the eager kernel where it does not run)."""
         if dropout_p:
             raise ValueError("context-parallel attention has no dropout")
         size = dist.get_world_size(self.group)
@@ -92,9 +98,18 @@ class UlyssesAttention:
         gathered_positions = torch.cat([SequenceShard(r, size).positions(local, q.device) for r in range(size)])
         order = torch.argsort(gathered_positions)  # gathered (rank-major) tokens → position order
         q, k, v = (_HeadsToSequence.apply(t, self.group)[:, :, order] for t in (q, k, v))
-        mask = None if documents is None else row_mask(documents)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                             enable_gqa=k.shape[1] != q.shape[1])
+        if softcap or sinks is not None:
+            if sinks is not None:  # the heads this rank now holds: the cp rank's share, in order
+                part = sinks.shape[0] // size
+                rank = dist.get_rank(self.group)
+                sinks = sinks[rank * part:(rank + 1) * part]
+            out = flex_attention_kernel(q, k, v, 0.0, window=window, scale=scale, softcap=softcap, sinks=sinks,
+                                        documents=documents)
+        elif documents is not None:  # SDPA's boolean mask of the whole sequences (priced as the whole square)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=row_mask(documents, window), scale=scale,
+                                                 enable_gqa=k.shape[1] != q.shape[1])
+        else:
+            out = core_attention(q, k, v, 0.0, window=window, scale=scale)
         unsorted = torch.empty_like(order)
         unsorted[order] = torch.arange(order.numel(), device=order.device)
         return _SequenceToHeads.apply(out[:, :, unsorted], self.group)
