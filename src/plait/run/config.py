@@ -226,8 +226,9 @@ class LogConfig:
     wandb_project: str | None = setting(None, "--wandb-project", "also log the metrics to this Weights & Biases "
                                         "project (pip install wandb; WANDB_MODE=offline writes locally)",
                                         "evaluation", metavar="NAME")
-    mlflow_uri: str | None = setting(None, "--mlflow-uri", "also log the metrics to this MLflow tracking URI (pip "
-                                     "install mlflow)", "evaluation", metavar="URI")
+    mlflow_uri: str | None = setting(None, "--mlflow-uri", "also log the metrics to this MLflow tracking URI, a "
+                                     "directory for a local file store (pip install mlflow-skinny)", "evaluation",
+                                     metavar="URI")
 
     def __post_init__(self) -> None:
         if self.log_every is not None:

@@ -225,6 +225,7 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
                       memory=peak_memory_reader(device))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    finished = False  # the W&B / MLflow runs of a run that ends on an error are marked failed
     try:
         counter.start([*parts.parameters(), *(b for chunk in parts.chunks for b in chunk.buffers()),
                        *optimizer_state_tensors(setup.optimizer)])
@@ -250,10 +251,11 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
             total = max(1, sum(summary.data_tokens.values()))
             display.message("tokens per data source: " + ", ".join(
                 f"{name} {n:,} ({100 * n / total:.1f}%)" for name, n in summary.data_tokens.items()))
+        finished = True
     finally:
         counter.close()
         display.close()
-        log.close()
+        log.close(failed=not finished)
         setup.source.close()
         if parts.offloader is not None:
             parts.offloader.close()

@@ -7,9 +7,11 @@ their JSONL names: ``loss``, ``lr``, ``grad_norm``, ``step_time_s``, ``tokens_pe
 loop calls: every line goes to the JSONL file; lines with a ``step`` (step and eval lines, not
 events nor the summary) go to the sinks as scalars at that step.
 
-The sinks' packages are optional: ``check_sinks`` (before launching) and the sink classes raise
-a PlaitError naming the pip command when one is missing. Nothing here imports torch, tensorboard,
-wandb or mlflow at import time.
+The sinks' packages are optional (the ``metrics`` extra: tensorboard, wandb, mlflow-skinny):
+``check_sinks`` (before launching) and the sink classes raise a PlaitError naming the pip command
+when one is missing, and a W&B or MLflow run that cannot start (no API key, a URI the installed
+MLflow cannot store to) is one PlaitError line. Nothing here imports torch, tensorboard, wandb or
+mlflow at import time.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 from typing import Protocol
+from urllib.parse import urlparse
 
 from plait.errors import PlaitError
 from plait.run.config import LogConfig
@@ -25,7 +29,7 @@ from plait.run.observe.jsonl import JsonlLog
 
 # flag -> (module to import, pip package) of each sink
 SINK_PACKAGES = {"--tensorboard": ("tensorboard", "tensorboard"), "--wandb-project": ("wandb", "wandb"),
-                 "--mlflow-uri": ("mlflow", "mlflow")}
+                 "--mlflow-uri": ("mlflow", "mlflow-skinny")}
 NOT_SCALARS = ("step", "time")  # numeric JSONL fields that are not metrics
 
 
@@ -35,8 +39,8 @@ class MetricsSink(Protocol):
     def log(self, values: dict[str, float], step: int) -> None:
         """Record ``values`` (metric name -> value) at optimizer step ``step``."""
 
-    def close(self) -> None:
-        """Flush and release what the sink holds."""
+    def close(self, failed: bool = False) -> None:
+        """Flush and release what the sink holds; ``failed``: the run ended on an error."""
 
 
 def _missing(flag: str) -> PlaitError:
@@ -96,39 +100,72 @@ class TensorBoardSink:
         for name, value in values.items():
             self.writer.add_scalar(name, value, step)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.writer.close()
 
 
 class WandbSink:
     """A Weights & Biases run in ``project`` (``WANDB_MODE=offline`` writes it locally, under ./wandb
-    or ``WANDB_DIR``), with the run's settings as its config."""
+    or ``WANDB_DIR``, for ``wandb sync``), with the run's settings as its config."""
 
     def __init__(self, project: str, run: dict):
         wandb = _import("--wandb-project")
-        self.run = wandb.init(project=project, config=run_params(run))
+        try:
+            self.run = wandb.init(project=project, config=run_params(run))
+        except importlib.import_module("wandb.errors").Error as exc:  # no API key, no server: one line, with the offline way out
+            raise PlaitError(f"--wandb-project {project}: W&B could not start the run ({_first_line(exc)}); "
+                             "WANDB_MODE=offline logs it locally") from None
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, failed: bool = False) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
+
+
+def is_file_store(uri: str) -> bool:
+    """Whether MLflow tracking URI ``uri`` is a local directory (a path or a ``file:`` URI)."""
+    return urlparse(uri).scheme in ("", "file")
+
+
+def mlflow_name(name: str) -> str:
+    """``name`` as an MLflow metric name: a character MLflow refuses (it takes letters, digits,
+    ``_ - . / : `` and spaces) becomes ``_``, and so does a path part that is only dots, as in
+    ``data_tokens/NAME`` of a data source named from a file like ``c4(en).tok``."""
+    parts = re.sub(r"[^/\w.\- :]", "_", name).split("/")
+    return "/".join(part if part.strip(".") else "_" * max(1, len(part)) for part in parts)
 
 
 class MlflowSink:
-    """An MLflow run at tracking URI ``uri``, with the run's settings as its parameters."""
+    """An MLflow run at tracking URI ``uri``, with the run's settings as its parameters. A directory
+    (a path or ``file:`` URI) is MLflow's file store, which MLflow 3 keeps only behind
+    ``MLFLOW_ALLOW_FILE_STORE=true``: set here unless the environment says otherwise."""
 
     def __init__(self, uri: str, run: dict):
-        self.mlflow = _import("--mlflow-uri")
-        self.mlflow.set_tracking_uri(uri)
-        self.mlflow.start_run()
-        self.mlflow.log_params(run_params(run))
+        mlflow = self.mlflow = _import("--mlflow-uri")
+        if is_file_store(uri):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        try:
+            mlflow.set_tracking_uri(uri)
+            self.run_id = mlflow.start_run().info.run_id
+        except importlib.import_module("mlflow.exceptions").MlflowException as exc:  # a URI the installed MLflow cannot store to
+            raise PlaitError(f"--mlflow-uri {uri}: MLflow could not start the run ({_first_line(exc)})") from None
+        try:
+            mlflow.log_params(run_params(run))
+        except BaseException:
+            mlflow.end_run(status="FAILED")
+            raise
 
     def log(self, values: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics(values, step=step)
+        self.mlflow.log_metrics({mlflow_name(name): value for name, value in values.items()}, step=step)
 
-    def close(self) -> None:
-        self.mlflow.end_run()
+    def close(self, failed: bool = False) -> None:
+        self.mlflow.end_run(status="FAILED" if failed else "FINISHED")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "message", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def open_sinks(observe: LogConfig, run: dict, purge_step: int | None = None) -> list[MetricsSink]:
@@ -144,7 +181,7 @@ def open_sinks(observe: LogConfig, run: dict, purge_step: int | None = None) -> 
             sinks.append(MlflowSink(observe.mlflow_uri, run))
     except BaseException:
         for sink in sinks:
-            sink.close()
+            sink.close(failed=True)
         raise
     return sinks
 
@@ -183,11 +220,13 @@ class MetricsLog:
         except OSError as exc:
             self.failure = f"could not write the {where} ({os.strerror(exc.errno) if exc.errno else exc})"
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Close the log and the sinks; ``failed`` (the run ended on an error), or a write that
+        failed, marks the W&B and MLflow runs as failed."""
         try:
             self.jsonl.close()
         except OSError as exc:  # the last buffered bytes: only when nothing failed before
             self.failure = self.failure or f"could not write the metrics log {self.jsonl.path} ({exc.strerror or exc})"
         sinks, self.sinks = self.sinks, []
         for sink in sinks:
-            sink.close()
+            sink.close(failed=failed or self.failure is not None)
