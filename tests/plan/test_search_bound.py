@@ -6,6 +6,7 @@ exhaustive search's, runnable or not, for several dense and MoE searches."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from plait.spec.layout import RUNTIME_CP_IMPLS, JobSpec
 from plait.spec.models import get_model
 from plait.spec.validate import errors_of, ulysses_splits_heads, validate
 
+GEMMA = Path(__file__).parents[1] / "data" / "gemma-2-9b" / "config.json"
 # (model, cluster, GPUs, global batch, seq_len, pinned keys, largest mbs): each exhaustive search ~1 s
 CASES = {
     "llama2-13b": ("llama2-13b", "dgx-a100", 32, 256, 4096, (), 16),
@@ -26,6 +28,7 @@ CASES = {
     "mixtral": ("mixtral-8x7b", "dgx-h100", 16, 64, 4096, (), 2),
     "olmoe": ("olmoe-1b-7b", "dgx-h100", 8, 64, 4096, (), 4),
     "deepseek-v3": ("deepseek-v3", "dgx-h100", 256, 512, 4096, (("tp", 2), ("zero", 1)), 1),
+    "gemma-2-9b-32k": (str(GEMMA), "dgx-h100", 16, 32, 32768, (), 1),  # soft-caps, windows: attn=flex, cp kernels
 }
 # the cases with shardings that do not fit even at ckpt=full with every saving (in olmoe's all fit)
 SHORTCUT_EXERCISED = {"deepseek-v3", "llama2-13b", "llama3-8b-32k", "mixtral"}
