@@ -41,7 +41,8 @@ BARS = {"other model": 0.30, "own model": 0.10}
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per layout (0: plait sweep's CPU defaults, 3 runs of at least 1 s, interleaved)")
     parser.add_argument("--work", help="keep files here (default: a temp dir)")
     parser.add_argument("--old", help="a calibration written before the roofline, predicted with too")
     parser.add_argument("--no-record", action="store_true")
@@ -49,6 +50,7 @@ def main() -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="plait-mismatch-"))
     work.mkdir(parents=True, exist_ok=True)
     log = work / "mismatch.log"
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     profiles = {"other model": work / "default-llama3-8b.json", "own model": work / "tiny.json"}
     if not profiles["other model"].is_file():
         plait("profile", "--device", "cpu", "--nproc-per-node", "2", "--out", str(profiles["other model"]), log=log)
@@ -61,7 +63,7 @@ def main() -> int:
     start = log.stat().st_size
     plait("sweep", "--model", "tiny", "--nproc-per-node", "2", "--global-batch", "8", "--seq-len", "128",
           "--device", "cpu", "--calibration", str(profiles["other model"]), "--steps", str(args.steps),
-          "--repeats", str(args.repeats), "--min-time", "0", "--out", str(out),
+          *(["--repeats", str(args.repeats), "--min-time", "0"] if args.repeats else []), "--out", str(out),
           *[a for layout in LAYOUTS for a in ("--layout", layout)], log=log)
     warned = [line for line in log.read_text()[start:].splitlines() if "did not measure GEMMs" in line]
     with out.open() as handle:
@@ -73,8 +75,11 @@ def main() -> int:
              f"`python bench/profile_mismatch.py --steps {args.steps} --repeats {args.repeats}`: tiny (seq 128, "
              "global batch 8, 2 processes) swept once, predicted with the default profile (llama3-8b shapes and "
              "the tiny..8B reference set) and with `--model tiny`'s.", "",
-             f"coverage warning printed by the sweep with the default profile: {'yes' if warned else 'no'}", "",
-             "| profile | median abs step-time error | bar |", "|---|---|---|"]
+             f"coverage warning printed by the sweep with the default profile: {'yes' if warned else 'no'}; "
+             f"load average (1 min) at the start {load_before if load_before is None else f'{load_before:.1f}'}, "
+             f"at the end {os.getloadavg()[0] if hasattr(os, 'getloadavg') else None:.1f} (2 cores, shared)", "",
+             "| profile | median abs step-time error | signed median (measured / predicted - 1) | bar |",
+             "|---|---|---|---|"]
     errors = {}
     for name in profiles:
         errors[name] = [float(r["measured_step_time_s"]) / predicted[name][r["layout"]] - 1 for r in rows
@@ -82,7 +87,13 @@ def main() -> int:
         median = statistics.median(abs(e) for e in errors[name])
         bar = BARS.get(name)
         verdict = "" if bar is None else f"<= {bar:.0%} ({'met' if median <= bar else 'NOT met'})"
-        lines.append(f"| {name} | {median:.1%} | {verdict} |")
+        lines.append(f"| {name} | {median:.1%} | {statistics.median(errors[name]):+.1%} | {verdict} |")
+    # how far the other model's profile moves the predictions from the model's own (no measurement in it)
+    both = [predicted["other model"][r["layout"]] / predicted["own model"][r["layout"]] - 1 for r in rows
+            if predicted["other model"].get(r["layout"]) and predicted["own model"].get(r["layout"])]
+    if both:
+        lines += ["", f"other model's profile against the own model's, predictions: median |other / own - 1| "
+                      f"{statistics.median(abs(b) for b in both):.1%} (range {min(both):+.0%} .. {max(both):+.0%})"]
     lines += ["", "| layout | measured s | " + " | ".join(f"predicted s ({n})" for n in profiles) + " |",
               "|---|---|" + "---|" * len(profiles)]
     for r in rows:
