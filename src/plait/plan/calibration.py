@@ -27,7 +27,8 @@ GPU_CALIBRATION_FIELDS = tuple(GPU_RANGES)
 CLUSTER_CALIBRATION_FIELDS = tuple(CLUSTER_RANGES)
 # The params ``plait profile`` measures on the device: a CPU profile's describe the CPU (its GEMM
 # curve, fp32 memory items, overlap and runtime host time: ``plait.measure.profile.cpu_fit``).
-DEVICE_MEASURED_PARAMS = ("gemm_half_flops", "gemm_bandwidth_factor", "flash_backward_factor", "cuda_context_bytes", "comm_buffer_bytes",
+DEVICE_MEASURED_PARAMS = ("gemm_half_flops", "gemm_bandwidth_factor", "flash_backward_factor", "cuda_context_bytes",
+                          "comm_buffer_bytes",
                           "fragmentation", "dp_overlap", "offload_overlap", "cp_comm_overlap", "tp_comm_overlap",
                           "overlap_slowdown",
                           "layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "fsdp_layer_overhead_s",
@@ -79,7 +80,8 @@ class Calibration:
         return (f"calibration {self.path} was profiled with {ran}, these runs use {runs}: its compute rates "
                 f"describe processes that share the cores differently; profile with --nproc-per-node {processes}")
 
-    def coverage_warning(self, model, seq_len: int, global_batch: int | None = None, model_arg: str | None = None) -> str:
+    def coverage_warning(self, model, seq_len: int, global_batch: int | None = None,
+                         model_arg: str | None = None) -> str:
         """One warning line (with the fix) when ``model``'s GEMMs at ``seq_len`` fall outside what the
         profile measured ("" when covered or not recorded; ``plait.plan.coverage``)."""
         return coverage_warning(self.gemm_coverage, model, seq_len, self.path, global_batch, model_arg)

@@ -78,7 +78,8 @@ class GemmCoverage:
         for key in ("flops", "bytes", "m"):
             span = data.get(key)
             if (not isinstance(span, list) or len(span) != 2
-                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf for v in span)
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+                               for v in span)
                     or span[0] > span[1]):
                 raise ValueError(f"{key} must be [low, high], positive numbers, low <= high; got {span!r}")
             spans[key] = (float(span[0]), float(span[1]))
@@ -107,7 +108,8 @@ def planned_tokens(seq_len: int, global_batch: int | None = None) -> list[int]:
     return sorted({seq_len, seq_len * most})
 
 
-def coverage_warning(coverage: GemmCoverage | None, model: ModelSpec, seq_len: int, path: str, global_batch: int | None = None, model_arg: str | None = None) -> str:
+def coverage_warning(coverage: GemmCoverage | None, model: ModelSpec, seq_len: int, path: str,
+                     global_batch: int | None = None, model_arg: str | None = None) -> str:
     """One warning line naming the fix when ``model``'s GEMMs at ``seq_len`` fall outside ``coverage``
     ("" when covered, or when the calibration records no coverage: an older file). ``model_arg``: the
     --model the user gave (a preset or a JSON file; default the model's name)."""

@@ -63,7 +63,8 @@ REFERENCE_MODELS = ("tiny", "llama3-8b")
 SHAPE_SPREAD = (0.5, 2.0)
 
 
-def _kept_tokens(tokens: list[int], k: int, n: int, max_flops: float, max_bytes: float, element_bytes: float) -> list[int]:
+def _kept_tokens(tokens: list[int], k: int, n: int, max_flops: float, max_bytes: float,
+                 element_bytes: float) -> list[int]:
     """The token counts whose (m×k)·(k×n) GEMM is at most ``max_flops`` (the two smallest always, so
     that each shape has a curve) and its operands at most ``max_bytes``."""
     counts = sorted(set(tokens))
