@@ -198,7 +198,7 @@ def test_host_time_runs_are_interleaved_rounds_reported_by_their_median(monkeypa
 
 def test_cpu_profile_sizes_are_capped_for_any_model():
     """On a CPU the default (not --quick) profile of a large model stays a small amount of work."""
-    from plait.measure.profile.machine import CPU_MAX_FLOPS, attention_flops, compute_flops
+    from plait.measure.profile.machine import CPU_MAX_BYTES, CPU_MAX_FLOPS, attention_flops, compute_flops
 
     for name in ("llama3-8b", "llama3-70b"):
         config = profile_config(get_model(name), 4096, Where("cpu", 2), quick=False, timeout_s=300)
@@ -207,7 +207,8 @@ def test_cpu_profile_sizes_are_capped_for_any_model():
         for g in config["gemm"]:
             by_name.setdefault(g["name"], []).append(g["m"])
             assert 2.0 * g["m"] * g["k"] * g["n"] <= CPU_MAX_FLOPS
-        assert set(by_name) == {"qkv", "attn_out", "mlp_up", "mlp_down"}
+        assert set(by_name) == {"qkv", "attn_out", "mlp_up", "mlp_down", "head"}  # the head: tiny's (reference set)
+        assert all(4.0 * (g["m"] * g["k"] + g["k"] * g["n"] + g["m"] * g["n"]) <= CPU_MAX_BYTES for g in config["gemm"])
         assert all(len(set(tokens)) >= 2 for tokens in by_name.values())  # a curve per projection
         assert len(config["attention"]) == 3 and all(attention_flops(a) <= CPU_MAX_FLOPS for a in config["attention"])
         assert "CPU: sizes capped" in config["limits"] and "of the planned 4096" in config["limits"]
@@ -235,8 +236,10 @@ def test_the_profile_says_what_it_will_measure_not_how_long():
 def test_planned_shapes_and_groups():
     model = get_model("llama3-8b")
     config = profile_config(model, 8192, Where("cuda", 8, 2, "h100-sxm"), quick=False, timeout_s=60)
-    qkv = [c for c in config["gemm"] if c["name"] == "qkv" and c["tp"] == 1]
-    assert {c["n"] for c in qkv} == {model.hidden + 2 * model.kv_hidden}
+    qkv = [c for c in config["gemm"] if c["name"] == "qkv" and c["tp"] == 1 and c["model"] == model.name]
+    assert {c["n"] for c in qkv if c["scale"] == 1.0} == {model.hidden + 2 * model.kv_hidden}
+    assert {c["scale"] for c in qkv} == {0.25, 1.0, 4.0}  # k and n halved and doubled
+    assert {c["model"] for c in config["gemm"]} == {"llama3-8b", "tiny"}  # the reference set: tiny..8B
     assert {c["n"] for c in config["gemm"] if c["name"] == "mlp_up" and c["tp"] == 8} == {2 * model.ffn_hidden // 8}
     assert [a["seq_len"] for a in config["attention"]] == [2048, 4096, 8192]
     assert config["collective_ops"] == list(OPS) and config["dtype"] == "bfloat16"
@@ -308,7 +311,8 @@ def test_cpu_profile_file_schema(cpu_profile):
     assert data["machine"]["hostname"] and data["machine"]["cpu_count"] >= 1 and data["machine"]["world_size"] == 2
     assert data["versions"]["torch"] and data["versions"]["backend"] == "gloo"
     m = data["measurements"]
-    assert len(m["gemm"]) == 12 and all(g["flops_per_s"] == pytest.approx(g["flops"] / g["time_s"]) for g in m["gemm"])
+    # --quick: the 4 projections and the head at 16, 128, 1024 tokens and 1 and 4 sequences of 64
+    assert len(m["gemm"]) == 5 * 5 and all(g["flops_per_s"] == pytest.approx(g["flops"] / g["time_s"]) for g in m["gemm"])
     assert [a["seq_len"] for a in m["attention"]] == [32, 64]
     assert {(c["op"], c["bytes"]) for c in m["collectives"]} == {(op, b) for op in OPS for b in (16384, 1 << 20)}
     assert all(c["group_size"] == 2 and c["scope"] == "intra" and c["time_s"] > 0 for c in m["collectives"])

@@ -146,6 +146,9 @@ def _request(args) -> _Request:
         from plait.plan.calibration import read_calibration
 
         calibration = read_calibration(args.calibration)  # read once: its parameters and its GPU's
+        uncovered = calibration.coverage_warning(model, job.seq_len, job.global_batch, args.model)
+        if uncovered:
+            warn(uncovered)
     params, cluster = cost_params(calibration, cluster)
     stack, params, cluster = _for_stack(args.stack, calibration, params, cluster)
     tokens = None

@@ -73,8 +73,12 @@ def run(args) -> int:
 def _print_summary(data: dict, out: str) -> None:
     fits, overrides, links = data["fits"], data["gpu_overrides"], data["cluster_overrides"]
     gemm = fits["gemm"]
-    lines = [(f"GEMM: {gemm['rate'] / 1e12:.3g} TFLOP/s large-GEMM rate, half rate at {gemm['half_flops']:.3g} FLOPs "
-             f"(fit: {gemm['fit']}; worst residual {100 * gemm['max_error']:.0f}%)"),
+    streams = f", operands at {gemm['bytes_per_s'] / 1e9:.3g} GB/s" if gemm.get("bytes_per_s") else ""
+    covered = data.get("gemm_coverage")
+    covered = (f"; {len(data['measurements']['gemm'])} shapes measured, "
+               f"{covered['flops'][0]:.3g}..{covered['flops'][1]:.3g} FLOPs" if covered else "")
+    lines = [(f"GEMM: {gemm['rate'] / 1e12:.3g} TFLOP/s large-GEMM rate, half rate at {gemm['half_flops']:.3g} FLOPs"
+              f"{streams} (fit: {gemm['fit']}; worst residual {100 * gemm['max_error']:.0f}%{covered})"),
              f"memory copy: {fits['memory_bytes_per_s'] / 1e9:.3g} GB/s; kernel launch {overrides['kernel_overhead'] * 1e6:.3g} us"]
     if fits.get("attention"):
         lines.append(f"attention forward: {fits['attention']['rate'] / 1e12:.3g} TFLOP/s (causal), "

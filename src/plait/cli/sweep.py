@@ -107,6 +107,10 @@ def _spec(args) -> SweepSpec:
     cluster = cluster_for_gpu(gpu, n, n) if gpu else get_cluster(args.cluster)
     cluster = dataclasses.replace(cluster.with_gpus(n), gpus_per_node=n)
     calibration_file = read_calibration(args.calibration) if args.calibration else None
+    uncovered = calibration_file.coverage_warning(model, args.seq_len, args.global_batch, args.model) \
+        if calibration_file is not None else ""
+    if uncovered:  # one line: the model's GEMMs lie outside what the profile measured
+        warn(uncovered)
     params, cluster = cost_params(calibration_file, cluster)  # a CPU profile's overrides describe the CPU
     cpu_calibration = calibration_file is not None and calibration_file.cpu_profile
     threads = _threads(args)  # None: GPU runs

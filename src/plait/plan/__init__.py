@@ -18,4 +18,5 @@
   candidates.py   the layouts the search enumerates, grouped for the bound
   complete.py     a partial layout -> the fastest that fits, completed knobs named
   memo.py         planner functions cached by the layout fields they read
+  coverage.py     a model's GEMM shapes, and whether a profile's measured range covers them
 """

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
+from plait.plan.coverage import GemmCoverage, coverage_warning
 from plait.plan.params import CLUSTER_RANGES, DEFAULT_PARAMS, GPU_RANGES, CostParams, Range, check_ranges
 from plait.spec.serialize import read_json_file
 
@@ -26,7 +27,8 @@ GPU_CALIBRATION_FIELDS = tuple(GPU_RANGES)
 CLUSTER_CALIBRATION_FIELDS = tuple(CLUSTER_RANGES)
 # The params ``plait profile`` measures on the device: a CPU profile's describe the CPU (its GEMM
 # curve, fp32 memory items, overlap and runtime host time: ``plait.measure.profile.cpu_fit``).
-DEVICE_MEASURED_PARAMS = ("gemm_half_flops", "flash_backward_factor", "cuda_context_bytes", "comm_buffer_bytes",
+DEVICE_MEASURED_PARAMS = ("gemm_half_flops", "gemm_bandwidth_factor", "flash_backward_factor", "cuda_context_bytes",
+                          "comm_buffer_bytes",
                           "fragmentation", "dp_overlap", "offload_overlap", "cp_comm_overlap", "tp_comm_overlap",
                           "overlap_slowdown",
                           "layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "fsdp_layer_overhead_s",
@@ -48,6 +50,8 @@ class Calibration:
         processes_per_node, threads_per_process: how a CPU profile ran (its compute rates are
             for that many processes sharing the cores, each with that many threads); None when
             the file does not say.
+        gemm_coverage: the range of GEMMs the profile measured (None: the file does not say - an
+            older profile, a fit or a hand-written file - and no coverage warning is given).
     """
 
     params: CostParams
@@ -58,6 +62,7 @@ class Calibration:
     path: str = ""
     processes_per_node: int | None = None
     threads_per_process: int | None = None
+    gemm_coverage: GemmCoverage | None = None
 
     @property
     def cpu_profile(self) -> bool:
@@ -74,6 +79,12 @@ class Calibration:
         runs = f"{processes} x {threads if threads is not None else '?'}"
         return (f"calibration {self.path} was profiled with {ran}, these runs use {runs}: its compute rates "
                 f"describe processes that share the cores differently; profile with --nproc-per-node {processes}")
+
+    def coverage_warning(self, model, seq_len: int, global_batch: int | None = None,
+                         model_arg: str | None = None) -> str:
+        """One warning line (with the fix) when ``model``'s GEMMs at ``seq_len`` fall outside what the
+        profile measured ("" when covered or not recorded; ``plait.plan.coverage``)."""
+        return coverage_warning(self.gemm_coverage, model, seq_len, self.path, global_batch, model_arg)
 
     def apply(self, cluster):
         """(cluster with the overrides applied, warning lines). Overrides apply even on a mismatch."""
@@ -156,6 +167,10 @@ def read_calibration(path: str | Path) -> Calibration:
 
     Every key is optional; other keys (measurements, machine, versions) are kept for people. A
     ``"format"`` other than ``FORMAT`` is refused; a file without one (hand-written, or older) is read.
+    Files written before the GEMM roofline (no ``params.gemm_bandwidth_factor``, no
+    ``"gemm_coverage"``: {"flops", "bytes", "m": [low, high], "element_bytes"}) read as before: the
+    factor defaults to 1.0 (the GEMMs' bytes at the element-wise rate, the old behaviour) and no
+    coverage warning is given.
     Values are range-checked (``PARAM_RANGES``, ``GPU_RANGES``, ``CLUSTER_RANGES``: finite, positive
     rates and capacities, efficiencies in (0, 1]) and "gpu" must be a known preset or null.
     """
@@ -178,7 +193,13 @@ def read_calibration(path: str | Path) -> Calibration:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise PlaitError(f"{path}: \"{key}\" must be a positive whole number, got {value!r}")
         counts[key] = value
-    return Calibration(params=params, gpu=gpu, device=device, path=str(path), **counts,
+    coverage = None
+    if data.get("gemm_coverage") is not None:
+        try:
+            coverage = GemmCoverage.from_dict(data["gemm_coverage"])
+        except ValueError as exc:
+            raise PlaitError(f"{path}: bad gemm_coverage ({exc})") from None
+    return Calibration(params=params, gpu=gpu, device=device, path=str(path), **counts, gemm_coverage=coverage,
                        gpu_overrides=_overrides(path, data, "gpu_overrides", GPU_RANGES),
                        cluster_overrides=_overrides(path, data, "cluster_overrides", CLUSTER_RANGES))
 

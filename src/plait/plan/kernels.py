@@ -4,7 +4,9 @@ GEMM efficiency curve (documented, replaceable by a calibration file): a GEMM of
     peak · e_max · F / (F + F_half)
 where e_max is ``GpuSpec.gemm_efficiency`` (large, well-shaped GEMMs) and F_half is
 ``CostParams.gemm_half_flops`` (small GEMMs under-fill the GPU), and never faster than its
-operands can be streamed from HBM (roofline), plus a fixed launch overhead per kernel.
+operands can be streamed from HBM (roofline; at ``CostParams.gemm_bandwidth_factor`` times the
+element-wise rate, which ``plait profile`` fits), plus a fixed launch overhead per kernel:
+    t = max((F + F_half) / (peak · e_max), bytes / (B · gemm_bandwidth_factor)) + overhead.
 FlashAttention uses ``GpuSpec.attention_efficiency`` on the same curve; its backward takes
 ``CostParams.flash_backward_factor`` times the forward. Element-wise kernels are bound by HBM
 bandwidth at ``GpuSpec.memory_efficiency``.
@@ -109,7 +111,8 @@ def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, pr
         peak = gpu.bf16_flops * gpu.gemm_efficiency
         operand_bytes = gpu.element_bytes
     compute = flops / peak * (flops + params.gemm_half_flops) / flops
-    memory = operand_bytes * (m * k + k * n + m * n) / (gpu.hbm_bandwidth * gpu.memory_efficiency)
+    bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency * params.gemm_bandwidth_factor
+    memory = operand_bytes * (m * k + k * n + m * n) / bandwidth
     return max(compute, memory) + gpu.kernel_overhead
 
 

@@ -23,6 +23,10 @@ class CostParams:
 
     gemm_half_flops: a GEMM of this many FLOPs reaches half of the large-GEMM efficiency
         (small GEMMs under-fill the SMs: efficiency = e_max · F / (F + gemm_half_flops)).
+    gemm_bandwidth_factor: a GEMM streams its operands at this multiple of the device's
+        ``hbm_bandwidth · memory_efficiency`` (the bytes side of ``plait.plan.kernels.gemm_time``'s
+        roofline) = 1.0; ``plait profile`` fits it with the GEMM curve (on a CPU, operands that
+        stay in cache stream faster than a copy).
     flash_backward_factor: FlashAttention backward time over forward time (the backward
         re-computes the scores: 5 matmuls against 2, plus atomics) = 2.5.
     elementwise_passes: bytes moved by the element-wise kernels of one layer's forward, in
@@ -96,6 +100,7 @@ class CostParams:
     """
 
     gemm_half_flops: float = 2.0e9
+    gemm_bandwidth_factor: float = 1.0
     flash_backward_factor: float = 2.5
     elementwise_passes: float = 45.0
     tp_comm_overlap: float = 0.5
@@ -180,6 +185,7 @@ EFFICIENCY = Range(0.0, 1.0, low_ok=False)  # fractions of a peak (a zero would 
 # Per-field bounds of CostParams (a field not named here - e.g. one added later - must be >= 0).
 PARAM_RANGES: dict[str, Range] = {
     "gemm_half_flops": NON_NEGATIVE,
+    "gemm_bandwidth_factor": Range(0.0, 1000.0, low_ok=False),
     "flash_backward_factor": Range(0.0, 20.0, low_ok=False),
     "elementwise_passes": Range(0.0, 1000.0),
     "fp8_cast_passes": Range(0.0, 1000.0),

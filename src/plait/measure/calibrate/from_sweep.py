@@ -97,6 +97,10 @@ def sweep_cases(path: str | Path, calibration=None):
                         warnings.append(warning)
         try:
             model = get_model(row.model)
+            uncovered = calibration.coverage_warning(model, row.seq_len, row.global_batch, row.model) \
+                if calibration is not None and row.seq_len else ""
+            if uncovered and uncovered not in warnings:  # once per model, not per row
+                warnings.append(uncovered)
             specs = (model, cluster, JobSpec(global_batch=row.global_batch, seq_len=row.seq_len), Layout.parse(row.layout))
             step = estimate_step(*specs, DEFAULT_PARAMS)
         except (PlaitError, TypeError, ValueError) as exc:

@@ -6,4 +6,5 @@
   runtime_cost.py  host time of the runtime per layer and how much communication hides (torch)
   fit.py           raw measurements -> calibration fields, with the planner's own formulas (no torch)
   cpu_fit.py       what a CPU profile writes beyond kernel rates and links (no torch)
+  gemm_fit.py      the GEMM roofline (compute, bytes, launch) fitted to the measured GEMMs (no torch)
 """

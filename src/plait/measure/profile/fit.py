@@ -2,12 +2,14 @@
 
 Each fit uses the planner's own formula, so what is measured lands where the planner reads it:
 
-- GEMMs (``plait.plan.kernels.gemm_time``): t = (F + F_half) / (peak · e_max) + overhead, a line
-  in F fitted by least squares on relative error: slope = 1 / (peak · e_max) gives
-  ``gpu_overrides.gemm_efficiency``, the intercept less the launch overhead gives
-  ``params.gemm_half_flops`` (both from one fit; its worst residual is reported and warned about
-  when large). An efficiency above 1 (the device beats the preset's peak: a wrong ``--gpu``) is
-  warned about and written as 1.0.
+- GEMMs (``plait.plan.kernels.gemm_time``): the roofline t = max((F + F_half) / (peak · e_max),
+  bytes / B) + overhead, fitted by least squares on relative error (``gemm_fit.fit_roofline``):
+  peak · e_max gives ``gpu_overrides.gemm_efficiency``, F_half ``params.gemm_half_flops``, B over
+  the planner's element-wise rate ``params.gemm_bandwidth_factor`` (its worst and median residuals
+  are reported, the worst warned about when large); the range of GEMMs measured is written as
+  ``gemm_coverage`` (``plait.plan.coverage``). Raw GEMMs without shapes (only FLOPs) get the
+  FLOP-only line of ``fit_gemm``. An efficiency above 1 (the device beats the preset's peak: a
+  wrong ``--gpu``) is warned about and written as 1.0.
 - Attention forward: the same line with F_half fixed gives ``attention_efficiency``; backward
   over forward time gives ``params.flash_backward_factor``.
 - Copies: bytes moved / time over the spec's HBM bandwidth gives ``memory_efficiency``.
@@ -33,7 +35,9 @@ from __future__ import annotations
 import math
 import statistics
 
-from plait.measure.profile.cpu_fit import cpu_device_params
+from plait.measure.profile.cpu_fit import ELEMENT_BYTES, cpu_device_params
+from plait.measure.profile.gemm_fit import fit_roofline
+from plait.plan.coverage import GemmCoverage
 from plait.spec.hardware import OP_BANDWIDTH_FACTORS, GpuSpec
 from plait.spec.model import ModelSpec
 
@@ -156,7 +160,9 @@ def calibration_fields(raw: dict, gpu: GpuSpec | None, link_efficiency: float,
     ``host_spec``: the model whose blocks ``raw["layer_host_s"]`` timed (a CPU profile).
     """
     overhead = raw["kernel_overhead_s"]
-    gemm = fit_gemm(raw["gemm"], overhead)
+    element_bytes = ELEMENT_BYTES[raw.get("dtype", "bfloat16" if gpu is not None else "float32")]
+    shaped = all(k in p for p in raw["gemm"] for k in ("m", "k", "n"))
+    gemm = fit_roofline(raw["gemm"], overhead, element_bytes) if shaped else fit_gemm(raw["gemm"], overhead)
     attention = fit_attention(raw["attention"], gemm["half_flops"], overhead) if raw.get("attention") else None
     copy_rate = max(p["bytes_per_s"] for p in raw["memory"])
     params = {"gemm_half_flops": gemm["half_flops"]}
@@ -177,11 +183,16 @@ def calibration_fields(raw: dict, gpu: GpuSpec | None, link_efficiency: float,
     cluster_overrides, link_fits, notes = _links(raw, link_efficiency)
     warnings = []
     if gemm["max_error"] > GEMM_RESIDUAL_WARN:
-        warnings.append(f"the GEMM curve misses a measured GEMM by {100 * gemm['max_error']:.0f}% (fit: {gemm['fit']}); "
-                        "the timings are noisy or the sizes do not follow e_max·F/(F+F_half)")
+        typical = f", {100 * gemm['median_error']:.0f}% typically" if "median_error" in gemm else ""
+        warnings.append(f"the GEMM curve misses a measured GEMM by {100 * gemm['max_error']:.0f}%{typical} (fit: "
+                        f"{gemm['fit']}); the timings are noisy or the shapes do not follow "
+                        "max((F+F_half)/R, bytes/B) + launch")
     over_preset: dict[str, float] = {}
     if gpu is not None:
         warnings += _cap_efficiencies(gpu_overrides, gpu.name, over_preset)
+    if gemm.get("bytes_per_s"):  # the roofline's bytes side, as a factor of the planner's element-wise rate
+        hbm = gpu_overrides.get("hbm_bandwidth", gpu.hbm_bandwidth if gpu else copy_rate)
+        params["gemm_bandwidth_factor"] = min(1000.0, gemm["bytes_per_s"] / (hbm * gpu_overrides["memory_efficiency"]))
     elif gpu_overrides.get("attention_efficiency", 0.0) > 1.0:  # the CPU's "peak" is its GEMM rate
         over_preset["attention_efficiency"] = gpu_overrides["attention_efficiency"]
         gpu_overrides["attention_efficiency"] = 1.0
@@ -193,12 +204,13 @@ def calibration_fields(raw: dict, gpu: GpuSpec | None, link_efficiency: float,
         notes += cpu_notes
     else:
         cpu_fits = {}
+    coverage = GemmCoverage.of(raw["gemm"], element_bytes).to_dict() if shaped else None
     fits = {"gemm": gemm, "attention": attention, "memory_bytes_per_s": copy_rate, "collectives": link_fits,
             **cpu_fits}
     if over_preset:
         fits["efficiencies_above_1"] = over_preset
     return {"params": params, "gpu_overrides": gpu_overrides, "cluster_overrides": cluster_overrides,
-            "fits": fits, "notes": notes, "warnings": warnings}
+            "fits": fits, "notes": notes, "warnings": warnings, "gemm_coverage": coverage}
 
 
 GEMM_RESIDUAL_WARN = 0.25  # worst relative residual of the GEMM curve above which the profile warns

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.plan.calibration import FORMAT
+from plait.plan.coverage import gemm_bytes, gemm_flops, projection_shapes
 from plait.spec.model import ModelSpec
 from plait.spec.units import KIB, MIB
 
@@ -50,29 +51,54 @@ class Where:
 # the pipeline and describes the CPU, it does not need the planned model's full-size shapes.
 CPU_MAX_FLOPS = 2.5e9
 CPU_QUICK_MAX_FLOPS = 2.5e8
-CPU_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
+CPU_MAX_BYTES = 256 * MIB  # and its fp32 operands at most this (an 8B model's LM head: 2 GiB)
+CPU_TOKENS = [1, 4, 16, 64, 128, 256, 512, 1024, 2048]
 CPU_QUICK_TOKENS = [16, 128, 1024]
 
 
-def gemm_cases(model: ModelSpec, tokens: list[int], tps: list[int], max_flops: float = math.inf) -> list[dict]:
-    """The layer's four projections (as ``plait.plan.kernels.layer_times`` counts them) per tp split.
+# The default shape set (every profile measures it beside the planned model's): the projections of
+# these presets, so that a profile covers tiny through 8B GEMMs whatever --model names.
+REFERENCE_MODELS = ("tiny", "llama3-8b")
+# The planned model's projections are also measured with k and n each scaled by these: k·n x1/4 and x4.
+SHAPE_SPREAD = (0.5, 2.0)
 
-    With ``max_flops``, a projection keeps the token counts whose GEMM is at most that many FLOPs
-    (and always its two smallest, so that every projection has a curve).
-    """
-    h, f, kv = model.hidden, model.ffn_hidden, model.kv_hidden
-    up = 2 * f if model.arch == "llama" else f
-    cases = []
-    for tp in tps:
-        if model.n_kv_heads % tp or f % tp:
-            continue
-        for name, k, n in (("qkv", h, (h + 2 * kv) // tp), ("attn_out", h // tp, h), ("mlp_up", h, up // tp),
-                           ("mlp_down", f // tp, h)):
-            counts = sorted(tokens)
-            kept = [t for i, t in enumerate(counts) if i < 2 or 2.0 * t * k * n <= max_flops]
-            cases += [{"name": name, "m": t, "k": k, "n": n, "tp": tp} for t in kept]
-    order = {name: i for i, name in enumerate(("qkv", "attn_out", "mlp_up", "mlp_down"))}
-    return sorted(cases, key=lambda c: (c["tp"], c["m"], order[c["name"]]))
+
+def _kept_tokens(tokens: list[int], k: int, n: int, max_flops: float, max_bytes: float,
+                 element_bytes: float) -> list[int]:
+    """The token counts whose (m×k)·(k×n) GEMM is at most ``max_flops`` (the two smallest always, so
+    that each shape has a curve) and its operands at most ``max_bytes``."""
+    counts = sorted(set(tokens))
+    return [t for i, t in enumerate(counts)
+            if (i < 2 or gemm_flops(t, k, n) <= max_flops) and gemm_bytes(t, k, n, element_bytes) <= max_bytes]
+
+
+def gemm_cases(model: ModelSpec, tokens: list[int], tps: list[int], max_flops: float = math.inf,
+               max_bytes: float = math.inf, element_bytes: float = 2.0, spread: tuple[float, ...] = (),
+               references: tuple[str, ...] = ()) -> list[dict]:
+    """The GEMMs to time: ``model``'s projections and LM head (``plait.plan.coverage.projection_shapes``,
+    as the planner prices them) per tp split, each also with k and n scaled by every factor of
+    ``spread`` (tp=1), and the projections of the ``references`` presets (tp=1), at each token count
+    of ``tokens`` that ``_kept_tokens`` keeps under ``max_flops`` FLOPs and ``max_bytes`` operand
+    bytes; dicts with name, m, k, n, tp, model, scale (k·n over the model's), each shape once."""
+    from plait.spec.models import get_model
+
+    cases, seen = [], set()
+    specs = [(model, tps, spread)] + [(get_model(r), [1], ()) for r in references if r != model.name]
+    for spec, spec_tps, factors in specs:
+        for tp in spec_tps:
+            if spec.n_kv_heads % tp or spec.ffn_hidden % tp:
+                continue
+            for name, k, n in projection_shapes(spec, tp):
+                scaled = [(k, n, 1.0)] + ([(max(1, round(k * f)), max(1, round(n * f)), f * f) for f in factors]
+                                          if tp == 1 else [])
+                for kk, nn, scale in scaled:
+                    for t in _kept_tokens(tokens, kk, nn, max_flops, max_bytes, element_bytes):
+                        if (t, kk, nn) not in seen:
+                            seen.add((t, kk, nn))
+                            cases.append({"name": name, "m": t, "k": kk, "n": nn, "tp": tp, "model": spec.name,
+                                          "scale": scale})
+    order = {name: i for i, name in enumerate(("qkv", "attn_out", "mlp_up", "mlp_down", "head"))}
+    return sorted(cases, key=lambda c: (c["tp"], c["m"], order[c["name"]], c["k"] * c["n"]))
 
 
 def attention_flops(case: dict) -> float:
@@ -163,7 +189,7 @@ def profile_config(model: ModelSpec, seq_len: int, where: Where, quick: bool, ti
     """What the workers measure, as JSON-ready data (``limits``: what was capped on a CPU, in words)."""
     gpu = where.device == "cuda"
     if gpu:
-        tokens = [1024, 8192] if quick else [512, 2048, 8192, 32768]
+        tokens = [1024, 8192] if quick else [1, 64, 512, 2048, 8192, 32768]
         tps = [1] if quick or where.nproc_per_node == 1 else [1, where.nproc_per_node]
         memory = [256 * MIB] if quick else [256 * MIB, 1024 * MIB]
         sizes = [64 * KIB, 4 * MIB, 64 * MIB] if quick else [KIB * 4**k for k in range(10)]
@@ -176,7 +202,10 @@ def profile_config(model: ModelSpec, seq_len: int, where: Where, quick: bool, ti
         sizes = [16 * KIB, 1 * MIB] if quick else [4 * KIB * 4**k for k in range(7)]
         attention_tokens = 1024 if quick else 4096
         cap = CPU_QUICK_MAX_FLOPS if quick else CPU_MAX_FLOPS
-    gemm = gemm_cases(model, tokens, tps, cap)
+    # the planned model's micro-batches (one and four sequences) beside the spread of token counts
+    tokens = sorted(set(tokens) | {seq_len, 4 * seq_len})
+    gemm = gemm_cases(model, tokens, tps, cap, CPU_MAX_BYTES if not gpu else math.inf, 2.0 if gpu else 4.0,
+                      () if quick else SHAPE_SPREAD, () if quick else REFERENCE_MODELS)
     attention = attention_cases(model, seq_len, attention_tokens, quick, cap)
     limits = ""
     if not gpu:
@@ -307,7 +336,7 @@ def build_calibration(raw: dict, where: Where, model: ModelSpec, seq_len: int, q
         "cpu_profile": gpu is None, "model": model.name, "seq_len": seq_len, "quick": quick,
         "processes_per_node": where.nproc_per_node,
         "threads_per_process": raw.get("machine", {}).get("threads_per_process"),
-        "params": fields["params"], "gpu_overrides": fields["gpu_overrides"],
+        "params": fields["params"], "gpu_overrides": fields["gpu_overrides"], "gemm_coverage": fields["gemm_coverage"],
         "cluster_overrides": fields["cluster_overrides"], "notes": notes, "warnings": fields["warnings"],
         "fits": fields["fits"],
         "machine": {**raw.get("machine", {}), "device_name": where.device_name},

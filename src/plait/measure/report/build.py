@@ -95,6 +95,10 @@ def sweep_calibration(rows: list[SweepRow], saved: dict, cluster: ClusterSpec
     warnings = [changed] if recorded and now != recorded else []
     calibration = read_calibration(path)
     cluster, apply_warnings = calibration.apply(cluster)
+    model = _model_of(rows) if rows else None
+    if model is not None and rows[0].seq_len:  # the swept model's GEMMs outside what the profile measured
+        uncovered = calibration.coverage_warning(model, rows[0].seq_len, rows[0].global_batch, rows[0].model)
+        apply_warnings += [uncovered] if uncovered else []
     from plait.measure.report.plan_pricing import calibration_device
 
     device = calibration_device(calibration) or "no device named"
