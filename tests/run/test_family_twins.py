@@ -9,9 +9,9 @@ tests/run/test_runtime_parity.py's bars):
     the projections' rows and each token's sum of squares is all-reduced over tp; the post norms
     run on the sequence shard (sp).
   * Gemma-2: sandwich norms with the (1 + weight) offset, tied and scaled embeddings, GELU-tanh, and
-    its sliding windows, score scale and soft-caps (eager attention) under tp; under cp without
-    the window, scale and soft-caps, which context-parallel kernels do not take yet
-    (``runtime-cp-attention-options``).
+    its sliding windows, score scale and soft-caps (eager attention) under tp and under cp (the ring).
+  * Mistral (a sliding window shorter than the sequence), Qwen2 (q/k/v biases), Phi-3 and GPT-2
+    (learned positions, LayerNorm, GELU, biases; dropout off) under tp=2 and cp=2.
 
 Each twin is read from a config.json of the family sized like the tiny preset (4 layers, hidden
 128, 4 heads / 2 KV heads, FFN 384, vocab 512) by the planner's reader, so it has the family's
@@ -40,17 +40,19 @@ SIZES = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
          "intermediate_size": 384, "vocab_size": 512, "max_position_embeddings": 256, "head_dim": 32}
 GEMMA2 = {"model_type": "gemma2", **SIZES, "sliding_window": 16, "query_pre_attn_scalar": 16,
           "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}  # windows shorter than seq 32
+EXTRA = {"mistral": {"sliding_window": 16}}  # a window shorter than seq 32 (the ring skips hidden blocks)
+GPT2 = {"model_type": "gpt2", "n_embd": 128, "n_head": 4, "n_layer": 4, "n_inner": 384, "vocab_size": 512,
+        "n_positions": 256, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}  # no dropout: cp runs
 
 
 def twin(name: str):
     """The ModelSpec of twin ``name``."""
     if name == "gemma2":
         return dataclasses.replace(model_from_hf_dict(GEMMA2, Path("gemma2.json")), name="tiny-gemma2")
-    if name == "gemma2-plain":  # no window, score scale or soft-cap: what cp runs today
-        return dataclasses.replace(twin("gemma2"), name=name, sliding_window=0, attn_scale=0.0, attn_softcap=0.0,
-                                   logit_softcap=0.0)
-    return dataclasses.replace(model_from_hf_dict({"model_type": name, **SIZES}, Path(f"{name}.json")),
-                               name=f"tiny-{name}")
+    if name == "gpt2":
+        return dataclasses.replace(model_from_hf_dict(GPT2, Path("gpt2.json")), name="tiny-gpt2")
+    return dataclasses.replace(model_from_hf_dict({"model_type": name, **SIZES, **EXTRA.get(name, {})},
+                                                  Path(f"{name}.json")), name=f"tiny-{name}")
 
 
 # (twin, layout, reference layout: the one-process run, with the same attention kernel)
@@ -63,7 +65,17 @@ CASES = [
     ("olmo2", "cp=2", "dp=1"),
     ("gemma2", "tp=2,attn=eager", "attn=eager"),
     ("gemma2", "tp=2,sp=0,attn=eager", "attn=eager"),
-    ("gemma2-plain", "cp=2", "dp=1"),
+    ("gemma2", "cp=2,cp_impl=ring,attn=eager", "attn=eager"),
+    # the other dense families: their own features (windows, q/k/v biases, GPT-2's learned positions,
+    # LayerNorm, GELU and biases) under tp=2 and cp=2
+    ("mistral", "tp=2", "dp=1"),
+    ("mistral", "cp=2", "dp=1"),
+    ("qwen2", "tp=2", "dp=1"),
+    ("qwen2", "cp=2", "dp=1"),
+    ("phi3", "tp=2", "dp=1"),
+    ("phi3", "cp=2", "dp=1"),
+    ("gpt2", "tp=2", "dp=1"),
+    ("gpt2", "cp=2", "dp=1"),
 ]
 # four ranks: the norm weights (replicated or sharded over tp) under FSDP, and a pipeline of tp stages
 CASES_4 = [("olmo2", "dp=2,tp=2,zero=3"), ("olmo2", "pp=2,tp=2")]
@@ -97,6 +109,8 @@ def test_twins_have_the_family_features():
     gemma = twin("gemma2")
     assert (gemma.norm_position, gemma.norm_offset, gemma.tied_embeddings) == ("sandwich", True, True)
     assert gemma.sliding_window and gemma.attn_softcap and gemma.logit_softcap and gemma.attn_scale
+    assert twin("mistral").sliding_window == 16 and twin("qwen2").qkv_bias
+    assert twin("gpt2").learned_positions and not twin("gpt2").dropout
 
 
 @pytest.mark.parametrize("name,layout,reference_layout", CASES, ids=[f"{c[0]}:{c[1]}" for c in CASES])
