@@ -16,7 +16,7 @@ import pytest
 from plait.plan import memo
 from plait.plan.memory import estimate_memory
 from plait.plan.cost import estimate_step
-from plait.plan.search import candidate_layouts
+from plait.plan.candidates import candidate_layouts
 from plait.spec.hardware import get_cluster
 from plait.spec.layout import JobSpec
 from plait.spec.models import get_model

@@ -14,7 +14,8 @@ from plait.plan.memory import estimate_memory
 from plait.plan.moe.memory import moe_layer_saved_bytes
 from plait.plan.moe.timing import remote_nodes_per_token
 from plait.plan.params import DEFAULT_PARAMS
-from plait.plan.search import SearchConstraints, candidate_layouts, search
+from plait.plan.candidates import candidate_layouts
+from plait.plan.search import SearchConstraints, search
 from plait.spec.hardware import get_cluster
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.models import MODELS

@@ -24,7 +24,7 @@ from plait.errors import PlaitError
 from plait.plan.cost import StepBreakdown, estimate_step
 from plait.plan.memory import DEFAULT_HEADROOM, MemoryBreakdown, estimate_memory, is_risky
 from plait.plan.params import DEFAULT_PARAMS, CostParams
-from plait.plan.search import SearchConstraints, candidate_layouts
+from plait.plan.candidates import SearchConstraints, candidate_layouts
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import LAYOUT_KEYS, RUNTIME_CP_IMPLS, JobSpec, Layout
 from plait.spec.layout_keys import fields_set_by

@@ -141,6 +141,22 @@ def _groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
     }
 
 
+def _layer_times(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, lay: Layout, tokens: float,
+                 params: CostParams, runtime: str):
+    """The kernel times of one layer for ``tokens`` on a rank (``LayerTimes``): experts and MLA by
+    ``moe_layer_times``, the rest by ``layer_times``."""
+    if is_extended(model):
+        return moe_layer_times(model, cluster.gpu, params, lay, tokens, job.seq_len, runtime)
+    return layer_times(model, cluster.gpu, params, tokens, job.seq_len, lay.tp, lay.cp, lay.sequence_parallel,
+                       lay.attn, lay.precision, lay.norm, runtime, lay.cp_impl, job.doc_len)
+
+
+def _layer_passes(times, layers: int) -> tuple[float, float]:
+    """(kernels, element-wise work) of ``layers`` layers per micro-batch, seconds: the GEMMs three
+    times (forward, input and weight gradients), attention forward and backward, three element-wise passes."""
+    return layers * (times.gemm_fwd * 3 + times.attn_fwd + times.attn_bwd), layers * 3 * times.elementwise_fwd
+
+
 # what a group's layouts may differ in for ``step_lower_bounds`` (everything else is the same)
 BOUND_FREE_KEYS = ("zero", "hsdp", "ckpt", "loss", "offload", "opt_offload", "cp_impl")
 
@@ -171,15 +187,10 @@ def step_lower_bounds(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layo
     by_kernel = []  # (per micro-batch, recomputation per checkpointed layer by policy) for each cp_impl
     for impl in cp_impls or (lay.cp_impl,):
         kernel_lay = lay if impl == lay.cp_impl else lay.variant(cp_impl=impl)
-        if is_extended(model):
-            times = moe_layer_times(model, cluster.gpu, params, kernel_lay, tokens, job.seq_len, runtime)
-        else:
-            times = layer_times(model, cluster.gpu, params, tokens, job.seq_len, lay.tp, lay.cp,
-                                lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime, impl, job.doc_len)
+        times = _layer_times(model, cluster, job, kernel_lay, tokens, params, runtime)
         ep_mb, moe_overhead_mb = ep_microbatch(model, cluster, kernel_lay, tokens, job.seq_len, layers, 0, params,
                                                 runtime)
-        kernels_mb = layers * (times.gemm_fwd * 3 + times.attn_fwd + times.attn_bwd + 3 * times.elementwise_fwd
-                               + tp_per_layer) + ep_mb + moe_overhead_mb
+        kernels_mb = sum(_layer_passes(times, layers)) + layers * tp_per_layer + ep_mb + moe_overhead_mb
         by_kernel.append((kernels_mb, {ckpt: recompute_layer(kernel_lay.variant(ckpt=ckpt), times, tp_one_way)
                                        for ckpt in ckpts}))
     head_mb = head_time(model, cluster.gpu, params, tokens, lay.tp, "bf16", "unfused")
@@ -203,12 +214,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     gpu, lay = cluster.gpu, layout
     m = lay.micro_batches(job.global_batch)
     tokens = job.seq_len / lay.cp * lay.mbs  # tokens of one micro-batch on one rank
-    if is_extended(model):  # experts, MLA
-        times = moe_layer_times(model, gpu, params, lay, tokens, job.seq_len, runtime)
-    else:
-        times = layer_times(model, gpu, params, tokens, job.seq_len, lay.tp, lay.cp,
-                            lay.sequence_parallel, lay.attn, lay.precision, lay.norm, runtime, lay.cp_impl,
-                            job.doc_len)
+    times = _layer_times(model, cluster, job, lay, tokens, params, runtime)
     groups = _groups(lay, cluster.gpus_per_node)
     layers = stage_layers(model, lay) * lay.vpp  # layers on the most loaded GPU
     n_ckpt = checkpointed_layer_count(model, lay, layers)
@@ -219,8 +225,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     cp_per_layer = sum(cp_exchange(model, cluster, groups["cp"], lay, tokens, times.attn_fwd, times.attn_bwd, params))
     recompute_per_layer = recompute_layer(lay, times, tp_one_way)
     # per micro-batch on the slowest stage
-    kernels_mb = layers * (times.gemm_fwd * 3 + times.attn_fwd + times.attn_bwd)
-    elementwise_mb = layers * 3 * times.elementwise_fwd
+    kernels_mb, elementwise_mb = _layer_passes(times, layers)
     # the LM head stays bf16 under fp8/mxfp8: plait's runtime (torchao) converts only the blocks' linears
     head_mb = head_time(model, gpu, params, tokens, lay.tp, "bf16", lay.loss)
     recompute_mb = n_ckpt * recompute_per_layer

@@ -44,7 +44,6 @@ from dataclasses import dataclass
 
 from plait.errors import PlaitError
 from plait.plan.candidates import CKPT_ORDER, SearchConstraints, candidate_groups, group_layouts, options
-from plait.plan.candidates import candidate_layouts  # noqa: F401 (the search's layouts, imported from here too)
 from plait.plan.cost import estimate_step, step_lower_bounds
 from plait.plan.memory import DEFAULT_HEADROOM, estimate_memory, is_risky
 from plait.plan.params import DEFAULT_PARAMS, CostParams
