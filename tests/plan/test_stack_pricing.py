@@ -282,3 +282,24 @@ def test_the_table_says_why_a_slower_layout_ranks_first():
         slower = 100 * (1 - top[0].step.tokens_per_s_per_gpu / fastest.step.tokens_per_s_per_gpu)
         assert 0 < slower <= 1.0 and f"{slower:.1f}% slower" in line and "GiB more free memory" in line
     assert _why_first(top[:1], 0.05) == ""
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_forward_tp_comm_hides_all_chunks_but_the_first(tp):
+    """The megatron-core stack's forward all-gathers and reduce-scatters run in tp chunks pipelined with
+    their GEMMs (userbuffers): 1/tp of them stays exposed, whatever tp_forward_overlap above 1 - 1/tp
+    says; the backward hides by tp_comm_overlap; the default (plait's runtime) exposes the forward."""
+    from plait.plan.params import params_for_stack
+    from plait.plan.terms.tensor import tp_layer
+    from plait.spec.stack import get_stack
+    cluster = CLUSTERS["dgx-h100"]
+    lay = Layout(dp=8 // tp, tp=tp, sp=True)
+    group = group_of(lay, cluster.gpus_per_node, ("tp",))
+    act_bytes = 2.0 * 8192 * LLAMA8B.hidden
+    one_way = 2 * comm.all_gather(cluster, group, act_bytes) + 2 * comm.reduce_scatter(cluster, group, act_bytes)
+    plain = dataclasses.replace(DEFAULT_PARAMS, tp_comm_overlap=0.5)
+    assert tp_layer(cluster, group, lay, act_bytes, plain) == pytest.approx((one_way, one_way + 0.5 * one_way))
+    chunked = dataclasses.replace(plain, tp_forward_overlap=1.0)
+    assert tp_layer(cluster, group, lay, act_bytes, chunked)[1] == pytest.approx(one_way / tp + 0.5 * one_way)
+    stack_params = params_for_stack(get_stack("megatron-core"))
+    assert stack_params.tp_forward_overlap == 1.0 and DEFAULT_PARAMS.tp_forward_overlap == 0.0

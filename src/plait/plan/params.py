@@ -36,6 +36,11 @@ class CostParams:
         partly fused implementation (fitted on the published runs).
     tp_comm_overlap: fraction of the backward tensor-parallel communication hidden behind the
         weight-gradient GEMMs (Megatron's async all-reduce / torch's async TP).
+    tp_forward_overlap: fraction of the forward tensor-parallel communication hidden behind the
+        GEMMs it feeds or follows, at most 1 - 1/tp: software that splits each all-gather /
+        reduce-scatter into tp chunks pipelined with the GEMM (Transformer Engine's userbuffers,
+        torch's micro-pipelined async TP) hides all chunks but the first; 0 (the default): the
+        forward waits for every collective, as plait's runtime without ``--async-tp`` does.
     pp_comm_overlap: fraction of the interleaved schedule's (vpp > 1) pipeline send/recv hidden behind
         the stage's compute (0: plait's runtime waits for each transfer; Megatron-Core posts them
         early, ``overlap_p2p_comm``, which it runs only with virtual stages).
@@ -104,6 +109,7 @@ class CostParams:
     flash_backward_factor: float = 2.5
     elementwise_passes: float = 45.0
     tp_comm_overlap: float = 0.5
+    tp_forward_overlap: float = 0.0
     pp_comm_overlap: float = 0.0
     dp_overlap: float = 0.8
     overlap_slowdown: float = 0.05
@@ -190,6 +196,7 @@ PARAM_RANGES: dict[str, Range] = {
     "elementwise_passes": Range(0.0, 1000.0),
     "fp8_cast_passes": Range(0.0, 1000.0),
     "tp_comm_overlap": FRACTION,
+    "tp_forward_overlap": FRACTION,
     "pp_comm_overlap": FRACTION,
     "dp_overlap": FRACTION,
     "offload_overlap": FRACTION,

@@ -39,7 +39,7 @@ DEFAULT_STACK = "plait"
 RUNTIMES = ("torch", "megatron", "megatron-core")
 # Cost parameters a stack may set: each describes what the software does (kernels it fuses, what it
 # overlaps, what it launches per micro-batch), never what the hardware can (``plait.plan.params``).
-STACK_PARAMS = ("elementwise_passes", "tp_comm_overlap", "pp_comm_overlap", "dp_overlap", "microbatch_overhead_s",
+STACK_PARAMS = ("elementwise_passes", "tp_comm_overlap", "tp_forward_overlap", "pp_comm_overlap", "dp_overlap", "microbatch_overhead_s",
                 "step_overhead_s", "fp8_gemm_efficiency", "fp8_cast_passes", "zero3_collective_bandwidth",
                 "flash_backward_factor", "fragmentation")
 # Layout knobs a stack fills in when a run does not state them, and the values each may take.
