@@ -45,11 +45,12 @@ def glu(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch
     return F.silu(gate) * up
 
 
-def _per_row(bias: torch.Tensor | None, counts_t: torch.Tensor, rows: int) -> torch.Tensor | float:
-    """Each expert's bias repeated over its rows (rows, width); 0 without a bias."""
+def _plus_bias(out: torch.Tensor, bias: torch.Tensor | None, counts_t: torch.Tensor) -> torch.Tensor:
+    """``out`` (rows grouped by expert) plus each expert's bias repeated over its rows; ``out`` itself
+    without a bias (no extra op)."""
     if bias is None:
-        return 0.0
-    return bias.repeat_interleave(counts_t, dim=0, output_size=rows)
+        return out
+    return out + bias.repeat_interleave(counts_t, dim=0, output_size=out.shape[0])
 
 
 def expert_forward(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w3: torch.Tensor,
@@ -64,10 +65,9 @@ def expert_forward(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w3: tor
     if use_grouped_mm(x) if grouped is None else grouped:
         counts_t = torch.tensor(counts, device=x.device)
         offsets = counts_t.cumsum(0).to(torch.int32)
-        rows = x.shape[0]
-        gate = torch._grouped_mm(x, w1, offs=offsets) + _per_row(b1, counts_t, rows)
-        up = torch._grouped_mm(x, w3, offs=offsets) + _per_row(b3, counts_t, rows)
-        return torch._grouped_mm(glu(gate, up, activation), w2, offs=offsets) + _per_row(b2, counts_t, rows)
+        gate = _plus_bias(torch._grouped_mm(x, w1, offs=offsets), b1, counts_t)
+        up = _plus_bias(torch._grouped_mm(x, w3, offs=offsets), b3, counts_t)
+        return _plus_bias(torch._grouped_mm(glu(gate, up, activation), w2, offs=offsets), b2, counts_t)
     outs, start = [], 0
     for e, n in enumerate(counts):  # an expert with no rows still runs (its weights get a zero gradient)
         rows = x[start:start + n]
