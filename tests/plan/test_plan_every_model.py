@@ -11,10 +11,9 @@ Known exceptions, each checked for the reason it gives (remove an entry when its
   * ``LEARNED_POSITIONS``: GPT-architecture presets have one learned position per row of their
     table (2048, or 256 for tiny-gpt), so 4K and 128K are refused by rule ``seq-positions``; they
     plan a runnable top layout at their table's length instead.
-  * ``MOE_ISSUE_33``: GPT-OSS (expert and router biases, the clamped SwiGLU) is refused by
-    ``runtime-moe`` (issue 33): it plans with ``--any-runtime`` (runnable=False). So is DeepSeek-V3
-    at 128K tokens: without context parallelism nothing fits, and cp > 1 with an MoE model is not
-    run yet (issue 33 item 5).
+  * ``MOE_ISSUE_33``: DeepSeek-V3 and GPT-OSS at 128K tokens: without context parallelism nothing
+    fits, and cp > 1 with an MoE model is not run yet (``runtime-moe``, issue 33 item 5): they plan
+    with ``--any-runtime`` (runnable=False).
 Gemma-2's soft-capped, windowed attention runs on ``attn=flex`` (FlexAttention) and under the ring,
 all-gather and Ulysses cp kernels, so it plans a runnable top layout at 4K and 128K like the rest.
 """
@@ -37,7 +36,7 @@ MODELS_AND_CONFIGS = {**MODELS, **{name: model_from_hf_dict(config, Path(f"{name
                                    for name, config in CONFIGS.items()}}
 SEQ_LENS = (4096, 131072)
 LEARNED_POSITIONS = {name for name, spec in MODELS_AND_CONFIGS.items() if spec.learned_positions}
-MOE_ISSUE_33 = {("gpt-oss-120b", 4096): "expert or router biases", ("gpt-oss-120b", 131072): "expert or router biases",
+MOE_ISSUE_33 = {("gpt-oss-120b", 131072): "with an MoE model",
                 ("deepseek-v3", 131072): "with an MoE model"}  # (model, seq_len): what the refusal names
 
 

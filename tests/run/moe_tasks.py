@@ -32,6 +32,19 @@ def train_model_layouts(model: str, layouts: list[str]) -> list[dict]:
     return [train_layout(layout, part_fields=(), **{**RUN, "model": model}) for layout in layouts]
 
 
+def assert_same_training(result: dict, reference: dict, layout: str, loss_rtol: float, param_atol: float) -> None:
+    """A layout's run (``train_model_layouts``) against the single-process ``reference``: losses and
+    gradient norms within ``loss_rtol``, every parameter within ``param_atol`` (test_mla_parity.py,
+    test_gpt_oss_parity.py)."""
+    for key in ("losses", "grad_norms"):
+        for step, (got, want) in enumerate(zip(result[key], reference[key], strict=True)):
+            assert abs(got - want) <= loss_rtol * abs(want), f"{layout}: step {step} {key} {got} vs {want}"
+    params = result["params"]
+    assert set(params) == set(reference["params"]), f"{layout}: parameter names differ"
+    worst = max(((params[name] - value).abs().max().item(), name) for name, value in reference["params"].items())
+    assert worst[0] <= param_atol, f"{layout}: parameter {worst[1]} differs by {worst[0]:.3g}"
+
+
 # MoESpec changes of the variants the tests train (tiny-moe's sizes)
 VARIANTS = {
     "capped": {"capacity_factor": 1.0},  # token dropping

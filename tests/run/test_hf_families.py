@@ -2,7 +2,8 @@
 
 * In: a random tiny transformers model of the family (its features on: biases, q/k norms, post
   and sandwich norms, windows, soft-caps, rope scaling, fused projections, multi-query attention,
-  routed experts saved one tensor per expert, the router, a gated shared expert;
+  routed experts saved one tensor per expert, the router, a gated shared expert, GPT-OSS's sinks
+  and fused, biased experts with the clamped SwiGLU;
   norms and biases moved off their initial values), saved with ``save_pretrained``, imported by
   ``load_hf_weights`` into the model plait reads from the same config.json: plait's loss equals
   transformers' on the same batch.
@@ -42,7 +43,7 @@ FAMILIES = sorted(hf_models.FAMILY_FEATURES)
 
 def plait_model(spec, checkpoint=None):
     model = hf_models.plait_model(spec, checkpoint)
-    apply_kernels(model, "eager" if spec.attn_softcap else "sdpa", "fused")  # soft-capped scores: eager only
+    apply_kernels(model, "eager" if spec.attn_softcap or spec.sinks else "sdpa", "fused")  # soft-caps, sinks: eager
     return model
 
 

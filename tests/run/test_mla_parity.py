@@ -44,13 +44,7 @@ def reference():
 
 
 def assert_same_training(result: dict, reference: dict, layout: str) -> None:
-    for key in ("losses", "grad_norms"):
-        for step, (got, want) in enumerate(zip(result[key], reference[key], strict=True)):
-            assert abs(got - want) <= LOSS_RTOL * abs(want), f"{layout}: step {step} {key} {got} vs {want}"
-    params = result["params"]
-    assert set(params) == set(reference["params"]), f"{layout}: parameter names differ"
-    worst = max(((params[name] - value).abs().max().item(), name) for name, value in reference["params"].items())
-    assert worst[0] <= PARAM_ATOL, f"{layout}: parameter {worst[1]} differs by {worst[0]:.3g}"
+    moe_tasks.assert_same_training(result, reference, layout, LOSS_RTOL, PARAM_ATOL)
 
 
 def test_the_reference_trains_latent_attention(reference):

@@ -105,7 +105,7 @@ def test_compiled_blocks_leave_moe_blocks_eager_and_train_the_same():
 def test_the_grouped_gemm_path_equals_the_per_expert_loop():
     """The GPU path (torch._grouped_mm; torch 2.13 also runs it on the CPU) and the CPU loop give
     the same outputs and weight gradients, experts without rows included."""
-    from plait.run.modules.moe import expert_forward
+    from plait.run.modules.experts import expert_forward
 
     generator = torch.Generator().manual_seed(5)
     counts = [5, 0, 9, 2]

@@ -1,7 +1,7 @@
 """Rule runtime-moe: plait train runs MoE models (GQA or multi-head latent attention, softmax or
-sigmoid routers) with ep dividing dp·cp (plait.run.modules.moe, .mla, plait.run.parallel.expert)
-and refuses the rest (sinks, GPT-OSS's biased and clamped experts, etp, moe_overlap, cp and fp8 with
-experts or MLA); the planner ranks those only with --any-runtime."""
+sigmoid routers, GPT-OSS's router and expert biases and clamped SwiGLU) with ep dividing dp·cp
+(plait.run.modules.moe, .experts, .mla, plait.run.parallel.expert) and refuses the rest (etp,
+moe_overlap, cp and fp8 with experts or MLA); the planner ranks those only with --any-runtime."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ JOB = JobSpec(global_batch=8, seq_len=64)
 @pytest.mark.parametrize("model,layout,named", [
     (dataclasses.replace(get_model("tiny-dsv3"), moe=None), "dp=2,cp=2", "cp=2 with an MLA model"),
     (dataclasses.replace(get_model("tiny-dsv3"), moe=None), "dp=2,precision=fp8", "precision=fp8 with an MLA model"),
-    (get_model("gpt-oss-120b"), "dp=2,attn=flex", "expert or router biases"),  # its sinks: attn=flex or eager
     (get_model("tiny-moe"), "tp=2,etp=2,moe_overlap=shared", "layout sets etp=2, moe_overlap=shared"),
     (get_model("tiny-moe"), "dp=2,cp=2", "cp=2 with an MoE model"),
     (get_model("tiny-moe"), "dp=2,precision=fp8", "precision=fp8 with an MoE model"),
@@ -85,12 +84,21 @@ def test_the_runtime_runs_mla_models(layout):
         assert runtime_violations(get_model(name), Layout.parse(layout), JOB) == []
 
 
-def test_plait_train_takes_an_mla_model_and_refuses_biased_experts_with_one_line(capsys):
-    args = ["--layout", "dp=2,ep=2", "--nproc-per-node", "2", "--global-batch", "8", "--seq-len", "64",
-            "--steps", "1", "--dry-run", "--device", "cpu"]
-    assert main(["train", "--model", "tiny-dsv3", *args]) == 0
+@pytest.mark.parametrize("layout", ["dp=2,attn=flex", "dp=2,ep=2,zero=3,attn=eager", "tp=2,attn=eager",
+                                    "pp=2,dp=2,ep=2,attn=eager", "dp=2,tp=2,ep=2,attn=flex"])
+def test_the_runtime_runs_gpt_oss(layout):
+    """Router and expert biases and the clamped SwiGLU run; the sinks want attn=flex or eager."""
+    for name in ("tiny-gpt-oss", "gpt-oss-120b"):
+        assert runtime_violations(get_model(name), Layout.parse(layout), JOB) == []
+
+
+def test_plait_train_takes_mla_and_gpt_oss_and_refuses_ep_outside_dp_with_one_line(capsys):
+    args = ["--nproc-per-node", "2", "--global-batch", "8", "--seq-len", "64", "--steps", "1", "--dry-run",
+            "--device", "cpu"]
+    assert main(["train", "--model", "tiny-dsv3", "--layout", "dp=2,ep=2", *args]) == 0
+    assert main(["train", "--model", "tiny-gpt-oss", "--layout", "dp=2,ep=2,zero=3,attn=eager", *args]) == 0
     capsys.readouterr()
-    code = main(["train", "--model", "gpt-oss-120b", *args])
+    code = main(["train", "--model", "tiny-moe", "--layout", "tp=2,ep=2", *args])
     err = capsys.readouterr().err
-    assert code == 2 and "expert or router biases" in err and "planned but not run by plait train" in err
+    assert code == 2 and "ep=2 not dividing dp·cp" in err and "planned but not run by plait train" in err
     assert "Traceback" not in err and err.count("\n") == 1

@@ -107,8 +107,13 @@ FAMILY_FEATURES = {
     "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},  # un-normalized top-k weights, full q/k norms
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
                   "shared_expert_intermediate_size": 80},  # a shared expert with its sigmoid gate; Q/K/V biases
+    # sinks, Q/K/V/O biases, a window on the even layer, router and expert biases (fused, interleaved
+    # gate/up), the clamped SwiGLU
+    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 32, "sliding_window": 5,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
 }
-MOE_FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss")
 
 
 def family_config(family: str, directory: Path) -> Path:

@@ -354,7 +354,7 @@ def _full_init(name: str, shape: torch.Size, spec: ModelSpec, seed: int, device:
     if "norm" in name:
         ones = leaf == "weight" and not (spec.norm_offset and spec.arch == "llama")  # Gemma: 1 + weight, from 0
         return torch.ones(shape, device=device) if ones else torch.zeros(shape, device=device)
-    if leaf == "bias":
+    if leaf == "bias" or leaf.endswith("_bias"):  # linear and expert biases (experts.w1_bias ...)
         return torch.zeros(shape, device=device)
     std = INIT_STD
     if name.endswith(("attention.wo.weight", "feed_forward.w2.weight", "experts.w2", "shared.w2.weight")):

@@ -3,8 +3,9 @@ experts as a grouped GEMM, shared experts, and the auxiliary load-balancing loss
 
 Forward of ``MoEFeedForward`` on the T = batch·seq tokens it is given (hidden h, E routed experts,
 top-k):
-  1. router: logits = x·W_r (h -> E, fp32), probabilities = softmax(logits); each token takes its
-     top-k experts, their weights renormalized to sum to one when ``norm_topk``. The sigmoid
+  1. router: logits = x·W_r (+ b_r: GPT-OSS's ``router_bias``; h -> E, fp32), probabilities =
+     softmax(logits); each token takes its top-k experts, their weights renormalized to sum to one
+     when ``norm_topk`` (GPT-OSS's softmax over the top-k logits is the same function). The sigmoid
      router (DeepSeek-V3) scores s = sigmoid(logits), chooses the top-k of s + b (b: the
      ``score_bias`` buffer, within each token's best ``topk_groups`` of ``n_groups`` expert groups,
      a group scored by its two best choices) and weighs them by s (renormalized with
@@ -16,9 +17,9 @@ top-k):
      order. With expert parallelism (``plait.run.parallel.expert``) the ``dispatcher`` sends each
      rank the rows of the experts it holds (all-to-all) and brings the outputs back; without it
      the rows stay here.
-  3. experts: SwiGLU per expert, out = (silu(x·W1_e) ⊙ x·W3_e)·W2_e, as a grouped GEMM over the
-     rows of each expert (``torch._grouped_mm`` on CUDA in bf16, else one GEMM per expert: the
-     CPU path; every expert runs, also with no rows, so every expert weight gets a gradient).
+  3. experts: SwiGLU per expert, out = (silu(x·W1_e) ⊙ x·W3_e)·W2_e, or GPT-OSS's clamped SwiGLU
+     with per-expert biases (``plait.run.modules.experts``), as a grouped GEMM over the rows of
+     each expert (``torch._grouped_mm`` on CUDA in bf16, else one GEMM per expert).
      With ``capacity_factor`` c > 0 each expert first keeps only its ceil(c·T·k/E) pairs of
      highest router probability (per micro-batch, before any dispatch); the dropped pairs add
      nothing (the token keeps its other experts and the residual).
@@ -41,8 +42,10 @@ backward) also adds, on the device and without a host read, its routed pairs per
 ``expert_load`` (``route``), the pairs that capacity dropped to ``dropped``, and its aux loss (coef included,
 without gradient) and one forward to ``aux_sum``; the step's logging collects and zeroes them.
 
-Parameters (names in checkpoints): ``router.weight`` (E, h); ``experts.w1`` / ``experts.w3``
-(E, h, f) and ``experts.w2`` (E, f, h): expert-major, so expert parallelism shards dim 0;
+Parameters (names in checkpoints): ``router.weight`` (E, h) and ``router.bias`` (E,) with
+``router_bias``; ``experts.w1`` / ``experts.w3`` (E, h, f) and ``experts.w2`` (E, f, h), with
+``expert_bias`` also ``experts.w1_bias`` / ``experts.w3_bias`` (E, f) and ``experts.w2_bias`` (E, h):
+expert-major, so expert parallelism shards dim 0;
 ``shared.w1/w2/w3`` (nn.Linear); ``shared_gate.weight`` (1, h); the sigmoid router's ``score_bias``
 (E,), a buffer that checkpoints save with the parameters.
 """
@@ -55,6 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plait.run.modules.experts import GroupedExperts
 from plait.spec.model import ModelSpec
 
 BIAS_UPDATE_RATE = 1e-3  # sigmoid router: bias step per optimizer step (DeepSeek-V3's gamma)
@@ -84,47 +88,6 @@ class LocalDispatcher:
 
     def combine(self, out: torch.Tensor, state) -> torch.Tensor:
         return out
-
-
-def use_grouped_mm(x: torch.Tensor) -> bool:
-    """Whether ``expert_forward`` runs ``torch._grouped_mm`` by default: CUDA, bf16, a torch that has it."""
-    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
-
-
-def expert_forward(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w3: torch.Tensor,
-                   w2: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
-    """SwiGLU of rows ``x`` (grouped: ``counts[e]`` rows for local expert e) through the experts
-    w1, w3 (E_l, h, f) and w2 (E_l, f, h); one output row per input row. ``grouped``: one
-    ``torch._grouped_mm`` per projection (None: ``use_grouped_mm``), else one GEMM per expert."""
-    w1, w3, w2 = (w.to(x.dtype) for w in (w1, w3, w2))  # fp32 master weights under bf16 compute
-    if use_grouped_mm(x) if grouped is None else grouped:
-        offsets = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
-        gate = torch._grouped_mm(x, w1, offs=offsets)
-        up = torch._grouped_mm(x, w3, offs=offsets)
-        return torch._grouped_mm(F.silu(gate) * up, w2, offs=offsets)
-    outs, start = [], 0
-    for e, n in enumerate(counts):  # an expert with no rows still runs (its weights get a zero gradient)
-        rows = x[start:start + n]
-        outs.append((F.silu(rows @ w1[e]) * (rows @ w3[e])) @ w2[e])
-        start += n
-    return torch.cat(outs)
-
-
-class GroupedExperts(nn.Module):
-    """The routed experts' weights, expert-major (see module docstring). Under expert parallelism
-    they are DTensors sharded on dim 0 over the ep mesh; ``local_weights`` gives this rank's."""
-
-    def __init__(self, n_experts: int, hidden: int, ffn: int):
-        super().__init__()
-        self.w1 = nn.Parameter(torch.empty(n_experts, hidden, ffn))
-        self.w3 = nn.Parameter(torch.empty(n_experts, hidden, ffn))
-        self.w2 = nn.Parameter(torch.empty(n_experts, ffn, hidden))
-
-    def local_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return tuple(w.to_local() if hasattr(w, "to_local") else w for w in (self.w1, self.w3, self.w2))
-
-    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        return expert_forward(x, counts, *self.local_weights())
 
 
 class SharedExperts(nn.Module):
@@ -160,7 +123,8 @@ class MoEFeedForward(nn.Module):
         # router health since the last step's logging: [pairs dropped, aux loss summed, training forwards]
         self.register_buffer("health", torch.zeros(3, dtype=torch.float32), persistent=False)
         self.router = nn.Linear(spec.hidden, moe.n_experts, bias=moe.router_bias)
-        self.experts = GroupedExperts(moe.n_experts, spec.hidden, moe.expert_ffn)
+        self.experts = GroupedExperts(moe.n_experts, spec.hidden, moe.expert_ffn, bias=moe.expert_bias,
+                                      activation=moe.activation)
         self.shared = SharedExperts(spec.hidden, moe.n_shared * moe.shared_width) if moe.n_shared else None
         self.shared_gate = nn.Linear(spec.hidden, 1, bias=False) if moe.n_shared and moe.shared_gate else None
         self.dispatcher = LocalDispatcher()  # plait.run.parallel.expert sets an all-to-all one

@@ -45,7 +45,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from plait.run.modules.moe import GroupedExperts
+from plait.run.modules.experts import GroupedExperts
 from plait.run.parallel.mesh import ParallelDims
 
 

@@ -33,7 +33,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from plait.run.modules.moe import GroupedExperts, MoEFeedForward
+from plait.run.modules.experts import GroupedExperts
+from plait.run.modules.moe import MoEFeedForward
 from plait.run.parallel.mesh import ParallelDims
 
 

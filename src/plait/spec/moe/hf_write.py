@@ -1,11 +1,11 @@
 """A mixture-of-experts ModelSpec as a Hugging Face ``config.json`` (the inverse of
 ``plait.spec.moe.hf``; no torch), for the families whose weights plait's runtime trains and
-exports (``plait.run.checkpoint.hf.map``): Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE.
+exports (``plait.run.checkpoint.hf.map``): Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GPT-OSS
+(sinks, windows on the even layers, biased experts with the clamped SwiGLU).
 
 ``plait.spec.hf.writer.hf_config_of`` calls ``moe_config_for`` for each candidate family and
 keeps the first whose config reads back as the spec. DeepSeek-V2/V3 (multi-head latent
-attention) and GPT-OSS (sinks, biased and clamped experts) are read by plait but have no
-writer: ``NOT_WRITTEN`` says why, for export's refusal.
+attention) are read by plait but have no writer: ``NOT_WRITTEN`` says why, for export's refusal.
 """
 
 from __future__ import annotations
@@ -13,20 +13,16 @@ from __future__ import annotations
 from plait.spec.model import ModelSpec
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
-CANDIDATES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe")  # tried in order for a spec of no family
-NOT_WRITTEN = {"deepseek_v2": "multi-head latent attention", "deepseek_v3": "multi-head latent attention",
-               "gpt_oss": "attention sinks, router and expert biases and the clamped SwiGLU"}
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+CANDIDATES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss")  # tried in order for a spec of no family
+NOT_WRITTEN = {"deepseek_v2": "multi-head latent attention", "deepseek_v3": "multi-head latent attention"}
+SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}  # GPT-OSS's clamped SwiGLU (plait.run.modules.experts)
 
 
 def unwritten(spec: ModelSpec) -> str | None:
     """What of ``spec`` no family plait writes can hold (``NOT_WRITTEN``'s words), or None."""
-    moe = spec.moe
     if spec.mla is not None or spec.family.startswith("deepseek"):
         return NOT_WRITTEN["deepseek_v3"]
-    if spec.sinks or spec.family == "gpt_oss" or (moe is not None and (moe.router_bias or moe.expert_bias
-                                                                          or moe.activation != "silu")):
-        return NOT_WRITTEN["gpt_oss"]
     return None
 
 
@@ -52,6 +48,11 @@ def moe_config_for(spec: ModelSpec, family: str, rope: dict) -> dict:
             out["shared_expert_intermediate_size"] = moe.shared_width if moe.n_shared else 0
         else:
             out["attention_bias"] = spec.qkv_bias
+    elif family == "gpt_oss":
+        out.update(intermediate_size=moe.expert_ffn, num_local_experts=moe.n_experts, sliding_window=spec.sliding_window,
+                   layer_types=["sliding_attention" if spec.sliding_window and spec.is_local_layer(i) else
+                                "full_attention" for i in range(spec.n_layers)],
+                   attention_bias=spec.qkv_bias, **SWIGLU)
     elif family == "olmoe":
         out.update(intermediate_size=moe.expert_ffn, num_experts=moe.n_experts, norm_topk_prob=moe.norm_topk,
                    attention_bias=spec.qkv_bias, clip_qkv=None)

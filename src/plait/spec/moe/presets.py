@@ -28,6 +28,10 @@ device (tests/spec/test_moe_counts.py states each number):
                                                  (q rank 64, kv rank 32, heads 32+16 wide, values 32), 8 experts
                                                  top-2 by the sigmoid router (4 groups, 2 chosen, scale 2.5), one
                                                  shared expert, the first layer dense
+  tiny-gpt-oss      (small)                      for the runtime tests: GPT-OSS in small, 4 layers, hidden 128,
+                                                 4 heads of 32 (2 KV heads) with Q/K/V/O biases and sinks,
+                                                 16-token windows on the even layers, 8 experts top-2 with
+                                                 router and expert biases and the clamped SwiGLU
 
 Sequence lengths are the configs' max_position_embeddings. Aux-loss coefficients are the configs'
 ``router_aux_loss_coef`` (Mixtral 0.02, Qwen3 0.001, OLMoE 0.01, GPT-OSS 0.9); DeepSeek-V3
@@ -73,4 +77,8 @@ MOE_PRESETS = [
                  aux_loss_coef=0.0001),
          mla=MLASpec(q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32),
          norm_eps=1e-6),
+    _moe("tiny-gpt-oss", 4, 128, 96, 4, 2, 512, 256,
+         MoESpec(8, 2, 96, router_bias=True, expert_bias=True, activation="oai", aux_loss_coef=0.01),
+         head_dim=32, qkv_bias=True, attn_out_bias=True, sliding_window=16, local_layers="even", sinks=True,
+         rope_theta=150000.0),
 ]

@@ -4,6 +4,7 @@
              their index, ``check_model_dir`` (the launcher's check), ``ExportOptions``
   map.py     which Hugging Face tensor holds which plait parameter, one table of rows per family,
              and the codecs that convert between the two (a new family adds rows here)
+  gpt_oss.py GPT-OSS's rows beyond Llama's: sinks, the biased router, the fused interleaved gate/up experts
   load.py    ``plait train --init-from DIR``: each rank checks the checkpoint against its model and
              fills the parameters it holds (``init_from_hf``, ``load_hf_weights``)
   export.py  ``plait export``: a plait (DCP) checkpoint as a Hugging Face model directory (its

@@ -52,6 +52,8 @@ NUMERIC_FIELDS = ("activation", "rope_theta", "rope_scaling", "norm_eps", "norm_
 RUNTIME_VALUES = [
     ("gpt2", "scale_attn_weights", True, True),
     ("gpt_bigcode", "scale_attn_weights", True, True),
+    ("gpt_oss", "swiglu_alpha", 1.702, 1.702),  # plait.run.modules.experts.OAI_ALPHA, OAI_LIMIT
+    ("gpt_oss", "swiglu_limit", 7.0, 7.0),
 ]
 
 

@@ -8,9 +8,8 @@ plait parameter a rank holds; export (``plait.run.checkpoint.hf.export``) walks 
 whole model. A plait parameter without a row, or a Hugging Face tensor that no row reads, is an
 error naming it: nothing is silently dropped.
 
-To support a new parameter (a bias, a qk-norm weight) or a new family, add rows (and, for a
-new conversion, a codec) here; nothing else changes. Rows whose plait parameter the model does
-not have are skipped, so a row may name an optional parameter (biases, qk-norm).
+A new parameter or family: add rows (and, for a new conversion, a codec). Rows whose plait
+parameter the model lacks are skipped: a row may name an optional one (biases, qk-norm).
 
 Rotary positions: plait's runtime (``plait.run.model.apply_rope``) rotates adjacent pairs
 (x[2j], x[2j+1]) of each head; Hugging Face Llama-style models rotate the halves (x[j],
@@ -25,12 +24,11 @@ Mixture-of-experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a row whose ``
 ``nn.Linear`` weights that transformers' ``save_pretrained`` writes); its codec converts the E
 of them stacked on a new dim 0 (``Experts``: plait's expert-major (E, in, out) is the transpose of
 the stacked (E, out, in)). ``expert_names`` lists the E names, ``OneExpert`` is the codec of one.
-The router (``gate``), shared expert and its sigmoid gate are plain rows. DeepSeek-V2/V3 (whose
-multi-head latent attention the runtime builds, its names not mapped yet) and GPT-OSS (sinks and
-biased experts, not built) have no table: ``family_of_model_type`` refuses them by name.
+The router (``gate``), shared expert and its sigmoid gate are plain rows. GPT-OSS's own rows (sinks,
+fused biased experts) are in ``plait.run.checkpoint.hf.gpt_oss``. DeepSeek-V2/V3 (MLA names not
+mapped yet) have no table: ``family_of_model_type`` refuses them by name.
 
-Torch is imported only inside the codecs that build tensors, so that ``plait train`` can ask
-``family_of_model_type`` before any worker starts without importing torch.
+Torch is imported only inside the codecs, so ``plait train`` asks ``family_of_model_type`` before any worker starts.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from plait.errors import PlaitError
+from plait.run.checkpoint.hf.gpt_oss import MLP_ROWS as GPT_OSS_MLP
 from plait.spec.model import ModelSpec
 
 if TYPE_CHECKING:
@@ -350,10 +349,11 @@ GPT_BIGCODE = Family("gpt_bigcode", tuple(GPT_BIGCODE_ROWS), ("gpt_bigcode",), "
                      ignored=(r".*\.attn\.(bias|masked_bias)$",))
 MIXTRAL = Family("mixtral", tuple(MIXTRAL_ROWS), ("mixtral",), "model.", ignored=_ROTARY)
 QWEN_MOE = Family("qwen_moe", tuple(QWEN_MOE_ROWS), ("qwen2_moe", "qwen3_moe", "olmoe"), "model.", ignored=_ROTARY)
-FAMILIES = (LLAMA, OLMO2, GEMMA2, PHI3, GPT2, GPT_BIGCODE, MIXTRAL, QWEN_MOE)
+GPT_OSS = Family("gpt_oss", (*_ENDS, *_attention(q_norm=False), *(Row(h, p, c or Copy()) for h, p, c in GPT_OSS_MLP),
+                             *_PRE_NORMS), ("gpt_oss",), "model.", ignored=_ROTARY)
+FAMILIES = (LLAMA, OLMO2, GEMMA2, PHI3, GPT2, GPT_BIGCODE, MIXTRAL, QWEN_MOE, GPT_OSS)
 _MLA = "names of its multi-head latent attention are not mapped yet (plait train runs it from scratch)"  # why no table
-NO_TABLE = {"deepseek_v2": _MLA, "deepseek_v3": _MLA, "gpt_oss": "runtime does not build its attention "
-            "sinks, router and expert biases and the clamped SwiGLU yet"}
+NO_TABLE = {"deepseek_v2": _MLA, "deepseek_v3": _MLA}
 
 
 def family_of_model_type(model_type: str) -> Family:

@@ -1,0 +1,117 @@
+"""The routed experts of an MoE layer (``plait.run.modules.moe``): expert-major weights, optional
+per-expert biases, and their forward as a grouped GEMM.
+
+Expert e of E (hidden h, expert ffn f) on its rows x (n, h):
+  gate = x·W1_e + b1_e,  up = x·W3_e + b3_e  (n, f);  out = act(gate, up)·W2_e + b2_e  (n, h)
+where ``act`` is
+  * ``silu`` (SwiGLU): silu(gate) ⊙ up;
+  * ``oai`` (GPT-OSS's clamped SwiGLU, transformers' ``GptOssExperts``): gate clamped to at most
+    ``OAI_LIMIT``, up clamped to [-``OAI_LIMIT``, ``OAI_LIMIT``], then
+    (up + 1) ⊙ gate ⊙ sigmoid(``OAI_ALPHA``·gate).
+The biases b1, b3 (E, f) and b2 (E, h) exist when ``MoESpec.expert_bias`` (GPT-OSS) and start at zero.
+
+Layout: ``w1`` / ``w3`` (E, h, f), ``w2`` (E, f, h), ``w1_bias`` / ``w3_bias`` (E, f), ``w2_bias``
+(E, h): every tensor is expert-major, so expert parallelism (``plait.run.parallel.expert``) shards
+all of them on dim 0. Hugging Face's GPT-OSS stores gate and up fused, with interleaved columns
+(gate = column 2j, up = column 2j + 1); that layout exists only at the checkpoint boundary
+(``plait.run.checkpoint.hf.gpt_oss``).
+
+Grouped GEMM: ``torch._grouped_mm`` on CUDA in bf16, else one GEMM per expert (the CPU path; every
+expert runs, also with no rows, so every expert weight gets a gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+OAI_ALPHA = 1.702  # GPT-OSS's sigmoid sharpness (transformers' GptOssConfig.swiglu_alpha)
+OAI_LIMIT = 7.0  # GPT-OSS's clamp of the gate and up projections (GptOssConfig.swiglu_limit)
+ACTIVATIONS = ("silu", "oai")  # plait.spec.moe.parts.EXPERT_ACTIVATIONS
+
+
+def use_grouped_mm(x: torch.Tensor) -> bool:
+    """Whether ``expert_forward`` runs ``torch._grouped_mm`` by default: CUDA, bf16, a torch that has it."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+
+
+def glu(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """The gated unit of the experts' ``activation`` (module docstring), element-wise on (n, f)."""
+    if activation == "oai":
+        gate = gate.clamp(max=OAI_LIMIT)
+        up = up.clamp(min=-OAI_LIMIT, max=OAI_LIMIT)
+        return (up + 1) * (gate * torch.sigmoid(gate * OAI_ALPHA))
+    return F.silu(gate) * up
+
+
+def _plus_bias(out: torch.Tensor, bias: torch.Tensor | None, counts_t: torch.Tensor) -> torch.Tensor:
+    """``out`` (rows grouped by expert) plus each expert's bias repeated over its rows; ``out`` itself
+    without a bias (no extra op)."""
+    if bias is None:
+        return out
+    return out + bias.repeat_interleave(counts_t, dim=0, output_size=out.shape[0])
+
+
+def expert_forward(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w3: torch.Tensor,
+                   w2: torch.Tensor, grouped: bool | None = None, biases: tuple | None = None,
+                   activation: str = "silu") -> torch.Tensor:
+    """The experts on rows ``x`` (grouped: ``counts[e]`` rows for local expert e) through w1, w3
+    (E_l, h, f) and w2 (E_l, f, h), with ``biases`` (b1, b3, b2) or None; one output row per input
+    row. ``grouped``: one ``torch._grouped_mm`` per projection (None: ``use_grouped_mm``), else one
+    GEMM per expert."""
+    w1, w3, w2 = (w.to(x.dtype) for w in (w1, w3, w2))  # fp32 master weights under bf16 compute
+    b1, b3, b2 = (b.to(x.dtype) for b in biases) if biases is not None else (None, None, None)
+    if use_grouped_mm(x) if grouped is None else grouped:
+        counts_t = torch.tensor(counts, device=x.device)
+        offsets = counts_t.cumsum(0).to(torch.int32)
+        gate = _plus_bias(torch._grouped_mm(x, w1, offs=offsets), b1, counts_t)
+        up = _plus_bias(torch._grouped_mm(x, w3, offs=offsets), b3, counts_t)
+        return _plus_bias(torch._grouped_mm(glu(gate, up, activation), w2, offs=offsets), b2, counts_t)
+    outs, start = [], 0
+    for e, n in enumerate(counts):  # an expert with no rows still runs (its weights get a zero gradient)
+        rows = x[start:start + n]
+        gate, up = rows @ w1[e], rows @ w3[e]
+        if b1 is not None:
+            gate, up = gate + b1[e], up + b3[e]
+        out = glu(gate, up, activation) @ w2[e]
+        outs.append(out + b2[e] if b2 is not None else out)
+        start += n
+    return torch.cat(outs)
+
+
+class GroupedExperts(nn.Module):
+    """The routed experts' weights (and biases when ``bias``), expert-major (module docstring). Under
+    expert parallelism they are DTensors sharded on dim 0 over the ep mesh; ``local_weights`` gives
+    this rank's."""
+
+    def __init__(self, n_experts: int, hidden: int, ffn: int, bias: bool = False, activation: str = "silu"):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"expert activation {activation!r} is not one of {ACTIVATIONS}")
+        self.activation = activation
+        self.w1 = nn.Parameter(torch.empty(n_experts, hidden, ffn))
+        self.w3 = nn.Parameter(torch.empty(n_experts, hidden, ffn))
+        self.w2 = nn.Parameter(torch.empty(n_experts, ffn, hidden))
+        self.bias = bias
+        if bias:
+            self.w1_bias = nn.Parameter(torch.empty(n_experts, ffn))
+            self.w3_bias = nn.Parameter(torch.empty(n_experts, ffn))
+            self.w2_bias = nn.Parameter(torch.empty(n_experts, hidden))
+
+    @staticmethod
+    def _local(w: torch.Tensor) -> torch.Tensor:
+        return w.to_local() if hasattr(w, "to_local") else w
+
+    def local_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(self._local(w) for w in (self.w1, self.w3, self.w2))
+
+    def local_biases(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """This rank's (b1, b3, b2), or None without biases."""
+        if not self.bias:
+            return None
+        return tuple(self._local(b) for b in (self.w1_bias, self.w3_bias, self.w2_bias))
+
+    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        return expert_forward(x, counts, *self.local_weights(), biases=self.local_biases(),
+                              activation=self.activation)
