@@ -30,6 +30,13 @@ def runtime_attention_kernels(model: ModelSpec) -> tuple[str, ...]:
     return ATTENTION_KERNELS
 
 
+def runnable_attention(model: ModelSpec, attn: str) -> str:
+    """``attn`` when the runtime runs ``model`` with it, else the first fused kernel it runs the
+    model with (``flex`` for soft-capped scores or sinks): the kernel of a layout that does not name one."""
+    kernels = runtime_attention_kernels(model)
+    return attn if attn in kernels else next(k for k in kernels if k != "eager")
+
+
 @lru_cache(maxsize=1024)
 def fastest_attention(model: ModelSpec, gpu: GpuSpec, params: CostParams, seq_len: int, doc_len: int = 0) -> str:
     """The fused kernel (not eager) of ``runtime_attention_kernels`` with the least attention time

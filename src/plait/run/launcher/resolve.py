@@ -35,7 +35,6 @@ from plait.run.launcher.request import TrainRequest
 from plait.run.launcher.target import TrainTarget
 from plait.run.observe.sinks import check_sinks
 from plait.run.settings import section_of, setting_values, settings_of
-from plait.spec.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,7 @@ def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarge
     data, data_id = data_of(job["data"], model, job["seed"], target.seq_len, job["data_tokenizer"],
                             job["data_text_key"])  # fail early
     config = RunConfig(
-        job=TrainJob(model=model, layout=target.layout or Layout(dp=options.world_size),
+        job=TrainJob(model=model, layout=target.layout_for(model, options.world_size),
                      global_batch=target.global_batch, seq_len=target.seq_len,
                      **{**job, "data": data, "init_from": init_from}, data_id=data_id,
                      **documents_of(data, job["doc_mask"], job["data_tokenizer"], job["data_text_key"]),

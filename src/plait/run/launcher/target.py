@@ -41,11 +41,24 @@ class TrainTarget:
     seq_len: int | None = None  # tokens per sequence (--seq-len, else the plan's)
     gpu: str | None = None  # the plan's GPU spec
     plan_job: JobSpec | None = None  # the plan's own batch (a resumed run must keep it)
+    attn_given: bool = False  # the layout names its attention kernel (a plan's does)
+
+    def layout_for(self, model: ModelSpec, world_size: int) -> Layout:
+        """The layout to train: the one said (dp over ``world_size`` processes without one), with
+        the attention kernel the runtime runs ``model`` with when the layout does not name one
+        (``plait.plan.attention_choice.runnable_attention``: flex for sinks or soft-capped scores)."""
+        from plait.plan.attention_choice import runnable_attention
+
+        layout = self.layout or Layout(dp=world_size)
+        if self.attn_given:
+            return layout
+        return layout.variant(attn=runnable_attention(model, layout.attn))
 
     @classmethod
     def read(cls, request) -> TrainTarget:
         """The target of ``request`` (its ``TargetSettings`` flags); one-line PlaitError for a bad plan,
         model or layout, or a plan given with a ``--layout`` or another ``--model``."""
+        from plait.plan.complete import given_keys
         from plait.spec.models import get_model
 
         if request.plan:
@@ -57,10 +70,12 @@ class TrainTarget:
             if request.layout:
                 raise PlaitError("give either --plan or --layout, not both (the plan holds the layout)")
             return cls(request.plan, model, layout, True, request.global_batch or job.global_batch,
-                       request.seq_len or job.seq_len, gpu, job)
+                       request.seq_len or job.seq_len, gpu, job, attn_given=True)
         layout = Layout.parse(request.layout) if request.layout else None
         model = get_model(request.model) if request.model else None
-        return cls(None, model, layout, mbs_given(request.layout), request.global_batch, request.seq_len)
+        attn_given = bool(request.layout) and "attn" in given_keys(request.layout)
+        return cls(None, model, layout, mbs_given(request.layout), request.global_batch, request.seq_len,
+                   attn_given=attn_given)
 
     @property
     def world_size(self) -> int | None:
