@@ -241,7 +241,7 @@ def resume_config(request: TrainRequest, implicit: bool = False, target: TrainTa
         check_same_run(saved, target.model, target.plan_job.global_batch, target.plan_job.seq_len, path)
     check_same_run(saved, target.model if request.model else None, request.global_batch, request.seq_len, path)
     check_given(saved, _same_run_flags(request, saved, implicit), path)
-    layout = target.layout
+    layout = target.layout_for(saved.job.model, 1) if target.layout is not None else None
     if layout is not None and not target.mbs_given:
         layout = keep_saved_mbs(layout, saved.job.layout, saved.job.global_batch)
     was = saved.job
