@@ -26,16 +26,9 @@ import torch
 
 from plait.errors import PlaitError
 from plait.run.checkpoint.hf.files import CONFIG, TensorEntry, read_config, tensor_table
-from plait.run.checkpoint.hf.map import (
-    EXPERT,
-    Family,
-    OneExpert,
-    Row,
-    concrete,
-    expert_names,
-    family_of_model_type,
-    row_for,
-)
+from plait.run.checkpoint.hf.codecs import EXPERT, OneExpert, expert_names
+from plait.run.checkpoint.hf.map import concrete, family_of_model_type, row_for
+from plait.run.checkpoint.hf.rows import Family, Row
 from plait.run.model import build_model, canonical_name
 from plait.run.modules.layers import ROPE_SCALINGS
 from plait.spec.hf_config import model_from_hf_dict
