@@ -44,6 +44,7 @@ from torch.utils._pytree import tree_flatten
 
 from plait.run.memory.recompute import apply_activation_checkpointing
 from plait.run.model import apply_kernels, build_model, canonical_name, rope_tables
+from plait.run.modules.mla import rotary_dim
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
 
@@ -144,7 +145,7 @@ def build_layer(spec: ModelSpec, layout: Layout, seed: int = 0, dtype: torch.dty
         for param in model.parameters():
             local = param.to_local() if hasattr(param, "to_local") else param
             local.copy_(torch.randn(local.shape, generator=generator) * 0.02)
-    model.rope_cos, model.rope_sin = rope_tables(spec.head_dim, spec.max_seq_len, "cpu")
+    model.rope_cos, model.rope_sin = rope_tables(rotary_dim(spec), spec.max_seq_len, "cpu")  # MLA: d_rope wide
     model.train()
     return model
 

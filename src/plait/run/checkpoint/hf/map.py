@@ -10,9 +10,8 @@ its own (or its group's) and one entry to ``FAMILIES``; nothing else changes. Im
 parameter without a row, or a Hugging Face tensor that no row reads, is an error naming it: nothing
 is silently dropped.
 
-DeepSeek-V2/V3 (whose multi-head latent attention the runtime builds, its names not mapped yet) and
-GPT-OSS (sinks and biased experts, not built) have no table: ``family_of_model_type`` refuses them by
-name (``NO_TABLE``).
+DeepSeek-V2 (its group-limited router is not the runtime's) and GPT-OSS (sinks and biased experts,
+not built) have no table: ``family_of_model_type`` refuses them by name (``NO_TABLE``).
 
 No module here imports torch at import time, so that ``plait train`` can ask
 ``family_of_model_type`` before any worker starts.
@@ -24,13 +23,14 @@ import re
 
 from plait.errors import PlaitError
 from plait.run.checkpoint.hf.dense_rows import GEMMA2, GPT2, GPT_BIGCODE, LLAMA, OLMO2, PHI3
-from plait.run.checkpoint.hf.moe_rows import MIXTRAL, QWEN_MOE
+from plait.run.checkpoint.hf.moe_rows import DEEPSEEK_V3, MIXTRAL, QWEN_MOE
 from plait.run.checkpoint.hf.rows import LAYER, Family, Row
 
-FAMILIES: tuple[Family, ...] = (LLAMA, OLMO2, GEMMA2, PHI3, GPT2, GPT_BIGCODE, MIXTRAL, QWEN_MOE)
-_MLA = "names of its multi-head latent attention are not mapped yet (plait train runs it from scratch)"  # why no table
-NO_TABLE = {"deepseek_v2": _MLA, "deepseek_v3": _MLA, "gpt_oss": "runtime does not build its attention "
-            "sinks, router and expert biases and the clamped SwiGLU yet"}
+FAMILIES: tuple[Family, ...] = (LLAMA, OLMO2, GEMMA2, PHI3, GPT2, GPT_BIGCODE, MIXTRAL, QWEN_MOE, DEEPSEEK_V3)
+NO_TABLE = {  # why a family plait reads has no table (the rest of plait's message: "plait's ...")
+    "deepseek_v2": "router differs from DeepSeek-V2's (which scores an expert group by its best expert, and "
+                   "masks the other groups to zero); only DeepSeek-V3's weights (deepseek_v3) are mapped",
+    "gpt_oss": "runtime does not build its attention sinks, router and expert biases and the clamped SwiGLU yet"}
 
 
 def family_of_model_type(model_type: str) -> Family:
