@@ -249,11 +249,16 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
     The rule is by the module that saved the tensor, then dtype and shape:
       block wrapper ("", full checkpoint)   -> attn_norm_input (the checkpoint's input)
       attention_norm / ffn_norm             -> attn/mlp_norm_input (compute dtype, width h),
+      (and attention_post_norm / ffn_post_norm: the same items, or attn/mlp_post_norm_input with
+      sandwich norms)
                                                norm_stats (one value per token),
                                                cpu_rmsnorm_fp32 (fp32, width h: CPU composite RMSNorm);
                                                norm=unfused: attn/mlp_norm_fp32_input (fp32, width h),
                                                attn/mlp_norm_normalized (compute dtype, width h)
       attention.q_norm / k_norm             -> qk_norm_input, qk_norm_stats, cpu_rmsnorm_fp32 (as above)
+      MLA: attention.q_norm / kv_norm       -> mla_latents (bf16: a fused kernel's input), mla_norm_stats,
+                                               cpu_rmsnorm_fp32 (the CPU composite's fp32 copies)
+           attention.wq_a / wkv_a           -> attn_norm_output; attention.wq_b / wkv_b -> mla_latents
       attention.wq/wk/wv, feed_forward.w1/w3 -> attn_norm_output, mlp_norm_output (GEMM inputs)
       attention.wo, feed_forward.w2          -> attn_out, mlp_act_out
       attention (kernel, RoPE, checkpoint)   -> attn_causal_mask (bool), attn_window_mask ((s, s), SDPA's
@@ -288,8 +293,10 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
                 add(cached.get(m, f"other:{m}"), r.nbytes)
         elif m == "":
             add("attn_norm_input", r.nbytes)
-        elif m in ("attention_norm", "ffn_norm"):
-            part = "attn" if m == "attention_norm" else "mlp"
+        elif m in ("attention_norm", "ffn_norm", "attention_post_norm", "ffn_post_norm"):
+            part = "attn" if m.startswith("attention") else "mlp"
+            if m.endswith("post_norm") and spec.norm_position == "sandwich":  # Gemma-2: its own items
+                part += "_post"
             if last == 1 or len(r.shape) < 2:
                 add("norm_stats", r.nbytes)
             elif layout.norm == "unfused":  # the op chain: fp32 (centred) input, normalized value
@@ -298,6 +305,15 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
                 add(f"{part}_norm_input", r.nbytes)
             else:
                 add("cpu_rmsnorm_fp32", r.nbytes)
+        elif spec.mla is not None and m in ("attention.q_norm", "attention.kv_norm"):  # MLA's latent norms
+            if last == 1:
+                add("mla_norm_stats", r.nbytes)
+            else:  # a fused kernel's bf16 input (the latent), or the CPU composite's fp32 copies
+                add("mla_latents" if r.dtype == "bfloat16" else "cpu_rmsnorm_fp32", r.nbytes)
+        elif m in ("attention.wq_a", "attention.wkv_a"):  # MLA's down-projections: the norm output
+            add("attn_norm_output", r.nbytes)
+        elif m in ("attention.wq_b", "attention.wkv_b"):  # MLA's up-projections: the normalized latents
+            add("mla_latents", r.nbytes)
         elif m in ("attention.q_norm", "attention.k_norm"):  # qk_norm: as the block's RMSNorms
             if last == 1:
                 add("qk_norm_stats", r.nbytes)
