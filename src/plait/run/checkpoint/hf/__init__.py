@@ -8,7 +8,7 @@
              Conv1D, fused projections, stacked experts)
   rows.py    ``Row``, ``Family`` and the rows most families share (attention, MLP, norms, ends)
   dense_rows.py  the dense families' tables (Llama, OLMo-2, Gemma-2, Phi-3, GPT-2, GPT-BigCode)
-  moe_rows.py  the mixture-of-experts families' tables (Mixtral, Qwen2/3-MoE, OLMoE)
+  moe_rows.py  the mixture-of-experts families' tables (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3)
   load.py    ``plait train --init-from DIR``: each rank checks the checkpoint against its model and
              fills the parameters it holds (``init_from_hf``, ``load_hf_weights``)
   export.py  ``plait export``: a plait (DCP) checkpoint as a Hugging Face model directory (its

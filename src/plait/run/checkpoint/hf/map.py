@@ -4,7 +4,8 @@ Each family's table (rows: ``plait.run.checkpoint.hf.rows``; conversions:
 ``plait.run.checkpoint.hf.codecs``) lives in a module of its family group (``dense_rows``,
 ``moe_rows``); ``FAMILIES`` lists the ``Family`` objects that import and export look up by the
 checkpoint's ``model_type`` (``family_of_model_type``). A new family adds its table in a module of
-its own (or its group's) and one entry to ``FAMILIES``; nothing else changes. Import
+its own (or its group's) and one entry to ``FAMILIES`` (export also needs its config.json writer,
+``plait.spec.hf.writer``). Import
 (``plait.run.checkpoint.hf.load``) asks for the row of each plait parameter a rank holds
 (``row_for``); export (``plait.run.checkpoint.hf.export``) walks the rows of the whole model. A plait
 parameter without a row, or a Hugging Face tensor that no row reads, is an error naming it: nothing
