@@ -52,7 +52,6 @@ MLA = dataclasses.replace(get_model("tiny-dsv3"), name="tiny-mla", moe=None)
 MLA_NO_Q = dataclasses.replace(MLA, name="tiny-mla-no-q", mla=dataclasses.replace(MLA.mla, q_lora_rank=0))
 MLA_EVEN = dataclasses.replace(MLA, name="tiny-mla-even", mla=dataclasses.replace(MLA.mla, qk_nope_head_dim=16))
 POLICIES = ("none", "selective", "balanced", "full")
-MLA_POLICIES = ("none", "selective", "full")  # balanced: the latent GEMMs' cached outputs are not itemized
 ATTN = ("flash", "eager")
 DROPOUT_MASKS = ("attn_resid_dropout_mask", "mlp_dropout_mask", "attn_dropout_mask")
 
@@ -63,14 +62,13 @@ def measurable(spec, attn: str, policy: str) -> bool:
     return not (spec.dropout and attn == "flash" and policy in ("none", "balanced"))
 
 
-def cases(specs, tp: int, sp: bool, attns=ATTN, norm: str = "fused", policies=POLICIES) -> list[tuple]:
+def cases(specs, tp: int, sp: bool, attns=ATTN, norm: str = "fused") -> list[tuple]:
     return [(spec, Layout(tp=tp, sp=sp, mbs=MBS, ckpt=policy, attn=attn, norm=norm), SEQ, MBS)
-            for spec in specs for policy in policies for attn in attns if measurable(spec, attn, policy)]
+            for spec in specs for policy in POLICIES for attn in attns if measurable(spec, attn, policy)]
 
 
 def mla_cases(tp: int, sp: bool) -> list[tuple]:
-    return (cases([MLA, MLA_NO_Q], tp, sp, attns=("eager",), policies=MLA_POLICIES)
-            + cases([MLA_EVEN], tp, sp, attns=("flash",), policies=MLA_POLICIES))
+    return cases([MLA, MLA_NO_Q], tp, sp, attns=("eager",)) + cases([MLA_EVEN], tp, sp, attns=("flash",))
 
 
 def case_id(case) -> str:

@@ -52,7 +52,7 @@ MLA_EVEN = dataclasses.replace(MLA, name="tiny-mla-even", mla=dataclasses.replac
 MLA_CASES = [(MLA, "eager"), (MLA_NO_Q, "eager"), (MLA_EVEN, "flash")]
 
 
-@pytest.mark.parametrize("policy", ("none", "selective", "full"))
+@pytest.mark.parametrize("policy", ("none", "selective", "balanced", "full"))
 @pytest.mark.parametrize("case", MLA_CASES, ids=[f"{spec.name}-{attn}" for spec, attn in MLA_CASES])
 def test_fp32_mla_saved_bytes_match_planner_at_four_bytes(case, policy):
     spec, attn = case

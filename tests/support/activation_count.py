@@ -268,7 +268,8 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
       feed_forward                           -> mlp_act_out (silu / gelu output), mlp_up
       dropout (1st, 2nd call)                -> attn_resid_dropout_mask, mlp_dropout_mask
       cached by ckpt=balanced (GEMM outputs)  -> q+kv, attn_proj_out, mlp_up, mlp_down_out; the
-                                               attention kernel's output and log-sum-exp
+                                               attention kernel's output and log-sum-exp; MLA's
+                                               down-projections mla_latents, up-projections q+kv
     Anything else is reported as "other:<module>" (and fails the comparison). The s×s tensors are
     told from Q, K, V by their element count (they coincide only if seq_len == head_dim).
     """
@@ -281,7 +282,9 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
         items[item] = items.get(item, 0) + n
 
     cached = {"attention.wq": QKV, "attention.wk": QKV, "attention.wv": QKV, "attention.wo": "attn_proj_out",
-              "feed_forward.w1": "mlp_up", "feed_forward.w3": "mlp_up", "feed_forward.w2": "mlp_down_out"}
+              "feed_forward.w1": "mlp_up", "feed_forward.w3": "mlp_up", "feed_forward.w2": "mlp_down_out",
+              "attention.wq_a": "mla_latents", "attention.wkv_a": "mla_latents",  # MLA's latent GEMMs
+              "attention.wq_b": QKV, "attention.wkv_b": QKV}
     for r in records:
         if r.kind != "act":
             continue

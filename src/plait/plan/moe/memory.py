@@ -42,7 +42,9 @@ its norm output: 2·(2·r_q + 2·r_kv + d_rope) bytes per token, replicated) and
 fp32 rstd (``mla_norm_stats``: 4 bytes per token and norm, two with a query rank, one without). The
 runtime's memory-truth test (tests/run/test_memory_truth.py) measures them; it found the rstd
 missing (8 bytes per token and layer) and the runtime keeping all of wkv_b's output for V
-(a·d_nope·2 bytes per token more than counted; the runtime now copies V out).
+(a·d_nope·2 bytes per token more than counted; the runtime now copies V out). Under
+``ckpt=balanced`` (plait's runtime keeps GEMM outputs) ``mla_balanced_items``: the four latent
+GEMMs' outputs in place of Q, K and V.
 """
 
 from __future__ import annotations
@@ -174,6 +176,17 @@ def mla_items(model, layout: Layout, seq_len: int, b: int, element_bytes: float 
             "attn_out": e * sb * a * mla.v_head_dim / t,
             "mla_latents": e * sb * (2 * mla.q_lora_rank + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim),
             "mla_norm_stats": FP32 * sb * (2 if mla.q_lora_rank else 1)}
+
+
+def mla_balanced_items(model, layout: Layout, seq_len: int, b: int, element_bytes: float = BF16) -> dict[str, float]:
+    """What ``ckpt=balanced`` keeps of an MLA attention (it saves GEMM outputs) in place of GQA's Q, K
+    and V: the up-projections' outputs (``q``: a·(d_nope + d_rope); ``kv``: wkv_b's a·(d_nope + d_v),
+    /tp) and the down-projections' (``mla_latents``: r_q and r_kv + d_rope, replicated)."""
+    mla, a, t, e = model.mla, model.n_heads, layout.tp, element_bytes
+    sb = seq_len / layout.cp * b
+    return {"q": e * sb * a * mla.qk_head_dim / t,
+            "kv": e * sb * a * (mla.qk_nope_head_dim + mla.v_head_dim) / t,
+            "mla_latents": e * sb * (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim)}
 
 
 def adjust_layer_items(items: dict[str, float], model, layout: Layout, seq_len: int, mbs: int | None,
