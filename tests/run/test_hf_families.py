@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from plait.run.checkpoint.hf.export import export_checkpoint
-from plait.run.checkpoint.hf.load import load_hf_weights
+from plait.run.checkpoint.hf.load import load_hf_weights, model_weights
 from plait.run.model import apply_kernels
 from plait.spec.hf_config import model_from_hf_config
 
@@ -54,7 +54,7 @@ def test_import_gives_transformers_loss(tmp_path, family):
     spec = model_from_hf_config(directory)
     assert spec.family == family
     model = plait_model(spec)
-    load_hf_weights(directory, model.named_parameters(), spec, "cpu")
+    load_hf_weights(directory, model_weights(model).items(), spec, "cpu")
     rows = hf_models.synthetic_batch(spec.vocab, 5, GLOBAL_BATCH, SEQ)
     with torch.no_grad():
         want = hf_model(input_ids=rows, labels=rows).loss.item()

@@ -1,5 +1,5 @@
 """Hugging Face weights into plait (``plait.run.checkpoint.hf.load``), in one process, and the
-name tables' conversions (``plait.run.checkpoint.hf.map``).
+name tables' conversions (``plait.run.checkpoint.hf.codecs``).
 
 A random tiny LlamaForCausalLM / GPT2LMHeadModel saved by transformers, imported into plait's
 model, must give transformers' loss on the same batch. The two compute the same sums in other
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from plait.errors import PlaitError
 from plait.run.checkpoint.hf import files as hf_files
+from plait.run.checkpoint.hf import codecs as hf_codecs
 from plait.run.checkpoint.hf import map as hf_map
 from plait.run.checkpoint.hf.load import check_checkpoint, load_hf_weights
 from plait.spec.hf_config import model_from_hf_config
@@ -168,8 +169,8 @@ def test_directories_without_safetensors_weights_are_refused(tmp_path):
 
 
 def test_unknown_model_types_are_refused_by_name(tmp_path):
-    with pytest.raises(PlaitError, match="model_type 'deepseek_v3' has no weight-name table.*latent attention"):
-        hf_map.family_of_model_type("deepseek_v3")
+    with pytest.raises(PlaitError, match="model_type 'deepseek_v2' has no weight-name table.*DeepSeek-V2's"):
+        hf_map.family_of_model_type("deepseek_v2")
     with pytest.raises(PlaitError, match="model_type 'bert' has no weight-name table"):
         hf_map.family_of_model_type("bert")
 
@@ -181,16 +182,19 @@ def small_spec():
     return ModelSpec(name="t", arch="llama", n_layers=1, hidden=16, ffn_hidden=24, n_heads=4, n_kv_heads=2, vocab=8)
 
 
-@pytest.mark.parametrize("codec", [hf_map.Copy(), hf_map.Conv1D(), hf_map.RopeRows("q"), hf_map.RopeRows("kv"),
-                                   hf_map.RopeRows("one"), hf_map.QkNorm("q"), hf_map.Fused(("h", "kv", "kv"), conv1d=True),
-                                   hf_map.Fused(("h", "kv", "kv"), rope=True), hf_map.Fused(("ffn", "ffn"))],
+CODECS = [hf_codecs.Copy(), hf_codecs.Conv1D(), hf_codecs.RopeRows("q"), hf_codecs.RopeRows("kv"),
+          hf_codecs.RopeRows("one"), hf_codecs.QkNorm("q"), hf_codecs.Fused(("h", "kv", "kv"), conv1d=True),
+          hf_codecs.Fused(("h", "kv", "kv"), rope=True), hf_codecs.Fused(("ffn", "ffn"))]
+
+
+@pytest.mark.parametrize("codec", CODECS,
                          ids=lambda codec: type(codec).__name__ if " object at " in repr(codec) else repr(codec))
 def test_every_codec_round_trips(codec):
     spec = small_spec()
     rows = {"h": 16, "kv": 8, "ffn": 24}
-    if isinstance(codec, hf_map.Fused):
+    if isinstance(codec, hf_codecs.Fused):
         parts = tuple(torch.randn(rows[p], 16) for p in codec.parts)
-    elif isinstance(codec, hf_map.RopeRows):
+    elif isinstance(codec, hf_codecs.RopeRows):
         parts = (torch.randn({"q": 16, "kv": 8}[codec.heads], 16) if codec.heads != "one" else torch.randn(4),)
     else:
         parts = (torch.randn(16, 24),)
@@ -202,7 +206,7 @@ def test_rope_rows_move_adjacent_pairs_to_halves():
     """plait row 2j + r of a head is Hugging Face row r·d/2 + j (d = head_dim)."""
     d = 8
     plait_rows = torch.arange(2 * d).float()  # two heads
-    hf = hf_map._pairs_to_halves(plait_rows, heads=2)
+    hf = hf_codecs.pairs_to_halves(plait_rows, heads=2)
     assert hf.tolist() == [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15]
 
 

@@ -3,7 +3,8 @@
 For each checkpoint policy (none, selective, balanced, full), attention kernel (SDPA "flash" and "sdpa",
 eager), norm kernel (fused, unfused: the eager fp32 op chain, the same on CPU and GPU) and
 tensor-parallel layout (tp=1; tp=2 with and without sequence parallelism, on two gloo ranks, q/k
-norms per head and over the whole projection included),
+norms per head and over the whole projection included; DeepSeek-V3's multi-head latent attention with
+and without a query rank; OLMo-2's post norms and Gemma-2's sandwich norms at tp=1),
 ``tests/support/activation_count.py`` builds one bf16 layer of the runtime's model on the CPU and counts,
 for one micro-batch, the distinct storages that autograd saves (``saved_tensors_hooks``; DTensors
 by their local shard; parameters and the RoPE tables excluded) and, independently, the storages
@@ -41,6 +42,15 @@ GPT_NO_DROPOUT = get_model("tiny-gpt")
 HF_FEATURES = dataclasses.replace(LLAMA, name="tiny-hf", head_dim=48, qk_norm="head", qkv_bias=True,
                                   sliding_window=16)
 QK_FULL = dataclasses.replace(LLAMA, name="tiny-qk-full", qk_norm="full")  # OLMo-2's q/k norms (whole projection)
+POST = dataclasses.replace(LLAMA, name="tiny-post", norm_position="post")  # OLMo-2: norms after each sub-block
+SANDWICH = dataclasses.replace(LLAMA, name="tiny-sandwich", norm_position="sandwich")  # Gemma-2: four norms
+# DeepSeek-V3's multi-head latent attention (tiny-dsv3's: query rank 64, KV rank 32, d_nope 32, d_rope 16,
+# d_v 32) over a dense MLP (the MoE block has its own test, test_moe_memory_truth.py); without a query
+# rank; and with V as wide as Q and K (d_nope 16 + d_rope 16 = d_v 32), so that the CPU's fused SDPA
+# kernel runs (it takes one head width: other widths fall back to its fp32 math path, unlike a GPU's)
+MLA = dataclasses.replace(get_model("tiny-dsv3"), name="tiny-mla", moe=None)
+MLA_NO_Q = dataclasses.replace(MLA, name="tiny-mla-no-q", mla=dataclasses.replace(MLA.mla, q_lora_rank=0))
+MLA_EVEN = dataclasses.replace(MLA, name="tiny-mla-even", mla=dataclasses.replace(MLA.mla, qk_nope_head_dim=16))
 POLICIES = ("none", "selective", "balanced", "full")
 ATTN = ("flash", "eager")
 DROPOUT_MASKS = ("attn_resid_dropout_mask", "mlp_dropout_mask", "attn_dropout_mask")
@@ -55,6 +65,10 @@ def measurable(spec, attn: str, policy: str) -> bool:
 def cases(specs, tp: int, sp: bool, attns=ATTN, norm: str = "fused") -> list[tuple]:
     return [(spec, Layout(tp=tp, sp=sp, mbs=MBS, ckpt=policy, attn=attn, norm=norm), SEQ, MBS)
             for spec in specs for policy in POLICIES for attn in attns if measurable(spec, attn, policy)]
+
+
+def mla_cases(tp: int, sp: bool) -> list[tuple]:
+    return cases([MLA, MLA_NO_Q], tp, sp, attns=("eager",)) + cases([MLA_EVEN], tp, sp, attns=("flash",))
 
 
 def case_id(case) -> str:
@@ -79,13 +93,18 @@ def cpu_kernel_deltas(spec, items: dict[str, float], layout: Layout | None = Non
       GPU kernel saves.
     * LayerNorm (gpt): mean and rstd in bf16 on the CPU: half of ``norm_stats``.
     * dropout: a mask in the input dtype (bf16, 2 bytes) instead of CUDA's bool (1 byte).
+    * MLA's latent norms: the composite saves fp32 copies of the latent (8 bytes per element, as
+      above) instead of the bf16 latent a fused kernel keeps (r_q, and the KV down-projection's whole
+      output r_kv + d_rope, of which the latent is a view).
     """
     deltas: dict[str, float] = {}
     norms_run = "norm_stats" in items  # false under full recomputation
     if "attn_norm_fp32_input" in items:  # norm=unfused: the same op chain on every device
         norms_run = False
     if spec.arch == "llama" and norms_run:
-        for item in ("attn_norm_input", "mlp_norm_input"):
+        for item in ("attn_norm_input", "mlp_norm_input", "attn_post_norm_input", "mlp_post_norm_input"):
+            if item not in items:  # post norms: sandwich only
+                continue
             deltas[item] = -items[item]
             deltas["cpu_rmsnorm_fp32"] = deltas.get("cpu_rmsnorm_fp32", 0.0) + 4 * items[item]
     split_qk_norm = spec.qk_norm == "full" and layout is not None and layout.tp > 1
@@ -97,6 +116,11 @@ def cpu_kernel_deltas(spec, items: dict[str, float], layout: Layout | None = Non
     for item in DROPOUT_MASKS:
         if item in items:
             deltas[item] = items[item]
+    if "mla_norm_stats" in items:  # the latent norms ran
+        mla, tokens = spec.mla, SEQ * MBS
+        deltas["mla_latents"] = -2 * tokens * (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim)
+        deltas["cpu_rmsnorm_fp32"] = deltas.get("cpu_rmsnorm_fp32", 0.0) + 8 * tokens * (mla.q_lora_rank
+                                                                                          + mla.kv_lora_rank)
     return deltas
 
 
@@ -150,7 +174,9 @@ def check(spec, layout: Layout, result: dict) -> None:
 SINGLE = (cases([LLAMA, GPT, GPT_NO_DROPOUT], tp=1, sp=False)
           + cases([LLAMA, GPT_NO_DROPOUT], tp=1, sp=False, attns=("flash", "sdpa"), norm="unfused")
           + cases([LLAMA], tp=1, sp=False, attns=("sdpa",))
-          + cases([HF_FEATURES], tp=1, sp=False))
+          + cases([HF_FEATURES], tp=1, sp=False)
+          + cases([POST, SANDWICH], tp=1, sp=False)
+          + mla_cases(tp=1, sp=False))
 
 
 @pytest.mark.parametrize("case", SINGLE, ids=[case_id(c) for c in SINGLE])
@@ -162,7 +188,8 @@ def test_saved_bytes_match_planner(case):
 PARALLEL = (cases([LLAMA, GPT], tp=2, sp=False) + cases([LLAMA, GPT], tp=2, sp=True)
             + cases([LLAMA], tp=2, sp=True, attns=("flash",), norm="unfused")
             + cases([HF_FEATURES, QK_FULL], tp=2, sp=True, attns=("flash",))  # q/k norms per head, whole
-            + cases([QK_FULL], tp=2, sp=False, attns=("flash",)))
+            + cases([QK_FULL], tp=2, sp=False, attns=("flash",))
+            + mla_cases(tp=2, sp=False) + mla_cases(tp=2, sp=True))
 
 
 @pytest.fixture(scope="module")

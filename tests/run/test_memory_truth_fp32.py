@@ -12,6 +12,8 @@ eager softmax's output needs no cast, so there is no second copy (``attn_probs``
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -40,6 +42,25 @@ def test_fp32_saved_bytes_match_planner_at_four_bytes(case):
         assert items["rmsnorm_normalized"] == 2 * FP32 * SEQ * MBS * spec.hidden
     assert result["saved"] == result["live"]
     assert result["saved"] == expected, (items, [r for r in result["records"] if r.kind == "act"])
+
+
+# DeepSeek-V3's latent attention over a dense MLP (as tests/run/test_memory_truth.py): its latent norms'
+# composite also saves x·rstd (``rmsnorm_normalized``); V as wide as Q and K for the fused SDPA kernel
+MLA = dataclasses.replace(get_model("tiny-dsv3"), name="tiny-mla", moe=None)
+MLA_NO_Q = dataclasses.replace(MLA, name="tiny-mla-no-q", mla=dataclasses.replace(MLA.mla, q_lora_rank=0))
+MLA_EVEN = dataclasses.replace(MLA, name="tiny-mla-even", mla=dataclasses.replace(MLA.mla, qk_nope_head_dim=16))
+MLA_CASES = [(MLA, "eager"), (MLA_NO_Q, "eager"), (MLA_EVEN, "flash")]
+
+
+@pytest.mark.parametrize("policy", ("none", "selective", "balanced", "full"))
+@pytest.mark.parametrize("case", MLA_CASES, ids=[f"{spec.name}-{attn}" for spec, attn in MLA_CASES])
+def test_fp32_mla_saved_bytes_match_planner_at_four_bytes(case, policy):
+    spec, attn = case
+    layout = Layout(mbs=MBS, ckpt=policy, attn=attn)
+    result = measure_layer(spec, layout, SEQ, MBS, dtype=torch.float32)
+    items = kept_items(spec, layout, SEQ, mbs=MBS, runtime="torch", element_bytes=FP32)
+    assert result["saved"] == result["live"] == sum(items.values()), (items, [r for r in result["records"]
+                                                                              if r.kind == "act"])
 
 
 def test_four_byte_items_are_the_two_byte_ones_rescaled():

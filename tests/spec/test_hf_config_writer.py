@@ -82,14 +82,14 @@ def test_what_no_config_holds_is_refused_by_field():
         hf_config_of(mistral_with_biases)
 
 
-@pytest.mark.parametrize("name, why", [("deepseek-v3", "cannot export multi-head latent attention"),
-                                       ("tiny-moe", "cannot express ffn_hidden=384")])  # dense first layer, ungated shared expert
+@pytest.mark.parametrize("name, why", [("tiny-moe", "cannot express ffn_hidden=384")])  # dense first layer, ungated shared expert
 def test_moe_and_mla_presets_are_refused_by_name(name, why):
     with pytest.raises(PlaitError, match=why):
         hf_config_of(MODELS[name])
 
 
 @pytest.mark.parametrize("name, family", [("mixtral-8x7b", "mixtral"), ("qwen3-30b-a3b", "qwen3_moe"),
-                                          ("olmoe-1b-7b", "olmoe"), ("gpt-oss-120b", "gpt_oss")])
+                                          ("olmoe-1b-7b", "olmoe"), ("gpt-oss-120b", "gpt_oss"),
+                                          ("deepseek-v3", "deepseek_v3"), ("tiny-dsv3", "deepseek_v3")])
 def test_moe_presets_are_written_as_their_family(name, family):
     assert hf_config_of(MODELS[name])["model_type"] == family

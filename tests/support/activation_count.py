@@ -44,6 +44,7 @@ from torch.utils._pytree import tree_flatten
 
 from plait.run.memory.recompute import apply_activation_checkpointing
 from plait.run.model import apply_kernels, build_model, canonical_name, rope_tables
+from plait.run.modules.mla import rotary_dim
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
 
@@ -144,7 +145,7 @@ def build_layer(spec: ModelSpec, layout: Layout, seed: int = 0, dtype: torch.dty
         for param in model.parameters():
             local = param.to_local() if hasattr(param, "to_local") else param
             local.copy_(torch.randn(local.shape, generator=generator) * 0.02)
-    model.rope_cos, model.rope_sin = rope_tables(spec.head_dim, spec.max_seq_len, "cpu")
+    model.rope_cos, model.rope_sin = rope_tables(rotary_dim(spec), spec.max_seq_len, "cpu")  # MLA: d_rope wide
     model.train()
     return model
 
@@ -248,11 +249,16 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
     The rule is by the module that saved the tensor, then dtype and shape:
       block wrapper ("", full checkpoint)   -> attn_norm_input (the checkpoint's input)
       attention_norm / ffn_norm             -> attn/mlp_norm_input (compute dtype, width h),
+      (and attention_post_norm / ffn_post_norm: the same items, or attn/mlp_post_norm_input with
+      sandwich norms)
                                                norm_stats (one value per token),
                                                cpu_rmsnorm_fp32 (fp32, width h: CPU composite RMSNorm);
                                                norm=unfused: attn/mlp_norm_fp32_input (fp32, width h),
                                                attn/mlp_norm_normalized (compute dtype, width h)
       attention.q_norm / k_norm             -> qk_norm_input, qk_norm_stats, cpu_rmsnorm_fp32 (as above)
+      MLA: attention.q_norm / kv_norm       -> mla_latents (bf16: a fused kernel's input), mla_norm_stats,
+                                               cpu_rmsnorm_fp32 (the CPU composite's fp32 copies)
+           attention.wq_a / wkv_a           -> attn_norm_output; attention.wq_b / wkv_b -> mla_latents
       attention.wq/wk/wv, feed_forward.w1/w3 -> attn_norm_output, mlp_norm_output (GEMM inputs)
       attention.wo, feed_forward.w2          -> attn_out, mlp_act_out
       attention (kernel, RoPE, checkpoint)   -> attn_causal_mask (bool), attn_window_mask ((s, s), SDPA's
@@ -262,7 +268,8 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
       feed_forward                           -> mlp_act_out (silu / gelu output), mlp_up
       dropout (1st, 2nd call)                -> attn_resid_dropout_mask, mlp_dropout_mask
       cached by ckpt=balanced (GEMM outputs)  -> q+kv, attn_proj_out, mlp_up, mlp_down_out; the
-                                               attention kernel's output and log-sum-exp
+                                               attention kernel's output and log-sum-exp; MLA's
+                                               down-projections mla_latents, up-projections q+kv
     Anything else is reported as "other:<module>" (and fails the comparison). The s×s tensors are
     told from Q, K, V by their element count (they coincide only if seq_len == head_dim).
     """
@@ -275,7 +282,9 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
         items[item] = items.get(item, 0) + n
 
     cached = {"attention.wq": QKV, "attention.wk": QKV, "attention.wv": QKV, "attention.wo": "attn_proj_out",
-              "feed_forward.w1": "mlp_up", "feed_forward.w3": "mlp_up", "feed_forward.w2": "mlp_down_out"}
+              "feed_forward.w1": "mlp_up", "feed_forward.w3": "mlp_up", "feed_forward.w2": "mlp_down_out",
+              "attention.wq_a": "mla_latents", "attention.wkv_a": "mla_latents",  # MLA's latent GEMMs
+              "attention.wq_b": QKV, "attention.wkv_b": QKV}
     for r in records:
         if r.kind != "act":
             continue
@@ -287,8 +296,10 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
                 add(cached.get(m, f"other:{m}"), r.nbytes)
         elif m == "":
             add("attn_norm_input", r.nbytes)
-        elif m in ("attention_norm", "ffn_norm"):
-            part = "attn" if m == "attention_norm" else "mlp"
+        elif m in ("attention_norm", "ffn_norm", "attention_post_norm", "ffn_post_norm"):
+            part = "attn" if m.startswith("attention") else "mlp"
+            if m.endswith("post_norm") and spec.norm_position == "sandwich":  # Gemma-2: its own items
+                part += "_post"
             if last == 1 or len(r.shape) < 2:
                 add("norm_stats", r.nbytes)
             elif layout.norm == "unfused":  # the op chain: fp32 (centred) input, normalized value
@@ -297,6 +308,15 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
                 add(f"{part}_norm_input", r.nbytes)
             else:
                 add("cpu_rmsnorm_fp32", r.nbytes)
+        elif spec.mla is not None and m in ("attention.q_norm", "attention.kv_norm"):  # MLA's latent norms
+            if last == 1:
+                add("mla_norm_stats", r.nbytes)
+            else:  # a fused kernel's bf16 input (the latent), or the CPU composite's fp32 copies
+                add("mla_latents" if r.dtype == "bfloat16" else "cpu_rmsnorm_fp32", r.nbytes)
+        elif m in ("attention.wq_a", "attention.wkv_a"):  # MLA's down-projections: the norm output
+            add("attn_norm_output", r.nbytes)
+        elif m in ("attention.wq_b", "attention.wkv_b"):  # MLA's up-projections: the normalized latents
+            add("mla_latents", r.nbytes)
         elif m in ("attention.q_norm", "attention.k_norm"):  # qk_norm: as the block's RMSNorms
             if last == 1:
                 add("qk_norm_stats", r.nbytes)

@@ -67,14 +67,14 @@ def plait_model(spec, checkpoint: Path | None = None):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
-    from plait.run.checkpoint.hf.load import unique_parameters
+    from plait.run.checkpoint.hf.load import model_weights
     from plait.run.model import build_model, init_weights
 
     model = build_model(spec, "cpu")
     model.tie_embeddings()
     init_weights(model, spec, 0, "cpu")
     if checkpoint is not None:
-        state = {f"model.{name}": p.detach() for name, p in unique_parameters(model.named_parameters()).items()}
+        state = {f"model.{name}": p.detach() for name, p in model_weights(model).items()}
         with warnings.catch_warnings():  # DCP warns that it loads in one process, which is the intent
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(state, storage_reader=FileSystemReader(str(checkpoint)), no_dist=True)
@@ -112,35 +112,46 @@ FAMILY_FEATURES = {
     "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 32, "sliding_window": 5,
                 "layer_types": ["sliding_attention", "full_attention"],
                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    # multi-head latent attention (low-rank queries; one head per KV head), the sigmoid router with its
+    # balancing bias in 2 groups of which 1 is chosen, a shared expert, the first layer dense
+    "deepseek_v3": {"num_key_value_heads": HEADS, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 32,
+                    "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 48, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2,
+                    "topk_group": 1, "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6},
 }
-MOE_FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss", "deepseek_v3")
+ROUTER_BIASES = ("score_bias", "e_score_correction_bias")  # the sigmoid router's balancing bias (a buffer)
 
 
-def family_config(family: str, directory: Path) -> Path:
-    """A tiny ``family`` config.json (FAMILY_FEATURES) written by transformers into ``directory``."""
+def family_config(family: str, directory: Path, **overrides) -> Path:
+    """A tiny ``family`` config.json (FAMILY_FEATURES, then ``overrides``) written by transformers into
+    ``directory``."""
     from transformers import AutoConfig
 
     sizes = GPT_SIZES if family in ("gpt2", "gpt_bigcode") else FAMILY_SIZES
     values = {**sizes, **FAMILY_FEATURES[family], "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": None,
-              "initializer_range": INIT_STD}
+              "initializer_range": INIT_STD, **overrides}
     AutoConfig.for_model(family, **values).save_pretrained(str(directory))
     return directory
 
 
 @torch.no_grad()
 def perturb_norms_and_biases(model, seed: int) -> None:
-    """Norms start at 1 (Gemma: 0) and biases at 0: moved by 0.1·N(0, 1), so that a misplaced one shows."""
+    """Norms start at 1 (Gemma: 0) and biases at 0: moved by 0.1·N(0, 1), so that a misplaced one shows
+    (also the sigmoid router's balancing bias, a buffer: a misplaced one routes other experts)."""
     generator = torch.Generator().manual_seed(seed)
-    for name, param in model.named_parameters():
+    biases = [(name, b) for name, b in model.named_buffers() if name.endswith(ROUTER_BIASES)]
+    for name, param in [*model.named_parameters(), *biases]:
         if "norm" in name or "ln_" in name or name.endswith("bias"):
             param.add_(0.1 * torch.randn(param.shape, generator=generator))
 
 
-def family_model(family: str, directory: Path, seed: int = 0):
-    """A random tiny transformers model of ``family`` (eager attention, eval mode), its config in ``directory``."""
+def family_model(family: str, directory: Path, seed: int = 0, **overrides):
+    """A random tiny transformers model of ``family`` (eager attention, eval mode), its config (``overrides``
+    on FAMILY_FEATURES) in ``directory``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    family_config(family, directory)
+    family_config(family, directory, **overrides)
     torch.manual_seed(seed)
     config = AutoConfig.from_pretrained(str(directory), attn_implementation="eager")
     model = AutoModelForCausalLM.from_config(config).float().eval()
@@ -155,13 +166,13 @@ def save_checkpoint(model, spec, root: Path, step: int = 1) -> Path:
     from torch.distributed.checkpoint import FileSystemWriter
 
     from plait.run.checkpoint import store
-    from plait.run.checkpoint.hf.load import unique_parameters
+    from plait.run.checkpoint.hf.load import model_weights
     from plait.run.config import RunConfig, TrainJob
     from plait.spec.layout import Layout
 
     path = root / store.final_name(step)
     path.mkdir(parents=True)
-    state = {f"model.{name}": p.detach() for name, p in unique_parameters(model.named_parameters()).items()}
+    state = {f"model.{name}": p.detach() for name, p in model_weights(model).items()}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(state, storage_writer=FileSystemWriter(str(path)), no_dist=True)

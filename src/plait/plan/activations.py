@@ -111,7 +111,7 @@ from __future__ import annotations
 import math
 
 from plait.plan.memo import by_layout_fields
-from plait.plan.moe.memory import adjust_layer_items
+from plait.plan.moe.memory import adjust_layer_items, mla_balanced_items
 from plait.spec.layout import FP8_PRECISIONS, PRECISION_STORED_BYTES, Layout
 from plait.spec.model import ModelSpec
 
@@ -276,6 +276,8 @@ def torch_balanced_items(items: dict[str, float], model: ModelSpec, layout: Layo
         kept["attn_lse"] = items["attn_lse"]
     kept["attn_proj_out"] = element_bytes * s * b * model.hidden  # row-parallel: full width, before the reduction
     kept["mlp_down_out"] = element_bytes * s * b * model.hidden
+    if model.mla is not None:  # the latent GEMMs' outputs instead of Q, K, V (plait.plan.moe.memory)
+        kept.update(mla_balanced_items(model, layout, seq_len, b, element_bytes))
     return kept
 
 

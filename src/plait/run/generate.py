@@ -71,13 +71,13 @@ def _fresh_model(spec: ModelSpec):
 def load_checkpoint_model(target: str | Path):
     """(model, spec, the run's TrainJob, the checkpoint directory) of a plait checkpoint, on the CPU."""
     from plait.run.checkpoint.hf.export import find_checkpoint, read_model_tensors, saved_model
-    from plait.run.checkpoint.hf.load import unique_parameters
+    from plait.run.checkpoint.hf.load import model_weights
     from plait.run.config import RunConfig
 
     found = find_checkpoint(target)
     spec, _ = saved_model(found)
     model = _fresh_model(spec)
-    wanted = {f"model.{name}": p.detach() for name, p in unique_parameters(model.named_parameters()).items()}
+    wanted = {f"model.{name}": p.detach() for name, p in model_weights(model).items()}
     try:
         read_model_tensors(found.path, wanted)
     except PlaitError:
@@ -101,12 +101,12 @@ def hf_spec(directory: str | Path) -> ModelSpec:
 def load_hf_model(directory: str | Path, spec: ModelSpec):
     """plait's model ``spec`` with the weights of a Hugging Face model directory, read and checked as
     ``--init-from`` reads them."""
-    from plait.run.checkpoint.hf.load import load_hf_weights
+    from plait.run.checkpoint.hf.load import load_hf_weights, model_weights
 
     path = Path(directory).resolve()
     model = _fresh_model(spec)
     try:
-        load_hf_weights(path, model.named_parameters(), spec, "cpu")
+        load_hf_weights(path, model_weights(model).items(), spec, "cpu")
     except PlaitError as exc:
         raise PlaitError(str(exc).replace("--init-from", "--checkpoint", 1)) from None
     return model

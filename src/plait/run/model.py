@@ -336,6 +336,12 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def kept_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(plain-model name, tensor) of the buffers a checkpoint keeps with the parameters: the sigmoid
+    routers' balancing biases (``score_bias``)."""
+    return [(canonical_name(name), b) for name, b in module.named_buffers() if name.endswith("score_bias")]
+
+
 def canonical_name(name: str) -> str:
     """A parameter's name in the plain model: strips wrapper prefixes (checkpoint, compile, FSDP)."""
     for prefix in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.", "module."):

@@ -37,8 +37,14 @@ Transient buffers (item ``moe_buffers`` of the memory): the dispatch send and re
 layer, 2·2·R·h bytes, live during its forward and again in its backward.
 
 MLA attention (``mla_items``): Q and K of width a·(d_nope + d_rope), V of a·d_v, the attention
-output a·d_v (all /tp), and the latents (Q latent r_q, its norm output, KV latent r_kv + d_rope and
-its norm output: 2·(2·r_q + 2·r_kv + d_rope) bytes per token, replicated).
+output a·d_v (all /tp), the latents (Q latent r_q, its norm output, KV latent r_kv + d_rope and
+its norm output: 2·(2·r_q + 2·r_kv + d_rope) bytes per token, replicated) and the latent norms'
+fp32 rstd (``mla_norm_stats``: 4 bytes per token and norm, two with a query rank, one without). The
+runtime's memory-truth test (tests/run/test_memory_truth.py) measures them; it found the rstd
+missing (8 bytes per token and layer) and the runtime keeping all of wkv_b's output for V
+(a·d_nope·2 bytes per token more than counted; the runtime now copies V out). Under
+``ckpt=balanced`` (plait's runtime keeps GEMM outputs) ``mla_balanced_items``: the four latent
+GEMMs' outputs in place of Q, K and V.
 """
 
 from __future__ import annotations
@@ -168,7 +174,19 @@ def mla_items(model, layout: Layout, seq_len: int, b: int, element_bytes: float 
     return {"q": e * sb * a * mla.qk_head_dim / t,
             "kv": e * sb * a * (mla.qk_head_dim + mla.v_head_dim) / t,
             "attn_out": e * sb * a * mla.v_head_dim / t,
-            "mla_latents": e * sb * (2 * mla.q_lora_rank + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim)}
+            "mla_latents": e * sb * (2 * mla.q_lora_rank + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim),
+            "mla_norm_stats": FP32 * sb * (2 if mla.q_lora_rank else 1)}
+
+
+def mla_balanced_items(model, layout: Layout, seq_len: int, b: int, element_bytes: float = BF16) -> dict[str, float]:
+    """What ``ckpt=balanced`` keeps of an MLA attention (it saves GEMM outputs) in place of GQA's Q, K
+    and V: the up-projections' outputs (``q``: a·(d_nope + d_rope); ``kv``: wkv_b's a·(d_nope + d_v),
+    /tp) and the down-projections' (``mla_latents``: r_q and r_kv + d_rope, replicated)."""
+    mla, a, t, e = model.mla, model.n_heads, layout.tp, element_bytes
+    sb = seq_len / layout.cp * b
+    return {"q": e * sb * a * mla.qk_head_dim / t,
+            "kv": e * sb * a * (mla.qk_nope_head_dim + mla.v_head_dim) / t,
+            "mla_latents": e * sb * (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim)}
 
 
 def adjust_layer_items(items: dict[str, float], model, layout: Layout, seq_len: int, mbs: int | None,
@@ -182,6 +200,9 @@ def adjust_layer_items(items: dict[str, float], model, layout: Layout, seq_len: 
     if model.mla is not None:
         out.update(mla_items(model, layout, seq_len, b, element_bytes))
         out.pop("attn_kv_repeat", None)
+        if "rmsnorm_normalized" in out:  # fp32 on a CPU: the latent norms' composite also saves x·rstd
+            mla = model.mla
+            out["rmsnorm_normalized"] += element_bytes * seq_len / layout.cp * b * (mla.q_lora_rank + mla.kv_lora_rank)
     if model.moe is None:
         return out
     fraction = moe_layer_count(model) / model.n_layers

@@ -11,7 +11,9 @@ d_v (values), latent ranks r_q, r_kv (as transformers 5.24's ``DeepseekV3Attenti
      d_r (``rotary_dim``).
   4. causal attention of q = [q_nope, q_pe] and k = [k_nope, k_pe] (d_n + d_r wide) over v (d_v
      wide): the layout's kernel (SDPA takes a value width other than the query's) at the scale
-     ``softmax_scale``; the heads' outputs (a·d_v) through wo.
+     ``softmax_scale``; the heads' outputs (a·d_v) through wo. V is copied out of wkv_b's output
+     first: the kernel saves V for its backward, and a view would keep the whole output (k_nope's
+     a·d_n per token too) alive (``plait.plan.moe.memory.mla_items`` counts a·d_v).
 The latent norms (q_norm, kv_norm) are RMSNorms with epsilon ``LATENT_NORM_EPS`` (1e-6, transformers'
 and DeepSeek's, whatever the config's rms_norm_eps).
 
@@ -119,6 +121,7 @@ class LatentAttention(nn.Module):
         cos, sin = cos[..., :seq, :], sin[..., :seq, :]
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        v = v.contiguous()  # the kernel saves V: a view would keep all of wkv_b's output (k_nope too) alive
         q = torch.cat((q_nope, apply_rope(q_pe, cos, sin)), dim=-1)
         k = torch.cat((k_nope, apply_rope(k_pe, cos, sin).expand(-1, -1, k_nope.shape[2], -1)), dim=-1)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))

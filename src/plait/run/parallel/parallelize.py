@@ -25,7 +25,7 @@ from plait.run.parallel.expert import ExpertParallel, set_aux_grad_scale
 from plait.run.parallel.float8 import convert_to_float8
 from plait.run.parallel.mesh import ParallelDims
 from plait.run.loss import loss_function, token_loss
-from plait.run.model import Transformer, apply_kernels, build_model, canonical_name, init_weights
+from plait.run.model import Transformer, apply_kernels, build_model, init_weights, kept_buffers
 from plait.run.memory.offload import ActivationOffloader, apply_activation_offload
 from plait.run.parallel.pipeline import build_schedule, build_stage_module, stage_ids_of_rank
 from plait.run.parallel.tensor import apply_tensor_parallel
@@ -51,8 +51,7 @@ class ModelParts:
 
     def state_buffers(self) -> list[tuple[str, torch.Tensor]]:
         """(plain-model name, tensor) of the buffers a checkpoint keeps: the sigmoid routers' biases."""
-        return [(canonical_name(name), buffer) for chunk in self.chunks for name, buffer in chunk.named_buffers()
-                if name.endswith("score_bias")]
+        return [item for chunk in self.chunks for item in kept_buffers(chunk)]
 
     def sync_expert_gradients(self) -> None:
         """Reduce the expert-parallel experts' gradients over their data-parallel group (no-op at ep=1)."""

@@ -4,10 +4,11 @@
 or, for a spec of plait's own (a preset, a model JSON), the first family whose config expresses
 it: Llama, Mistral, Qwen2, Qwen3, OLMo-2, Gemma-2 for arch llama; GPT-2, then GPT-BigCode (multi-
 query attention) for arch gpt; Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE for a mixture-of-experts
-spec (``plait.spec.moe.hf_write``). Every config written is read back with plait's reader: the spec
-it gives must be the exported one (its name aside), or export refuses, naming the fields the
-family's config cannot hold. Dropout is not written for llama-like families (their configs'
-dropout keys are refused by the reader; an exported model is for inference).
+spec, DeepSeek-V3 for one with multi-head latent attention (``plait.spec.moe.hf_write``). Every
+config written is read back with plait's reader: the spec it gives must be the exported one (its
+name aside), or export refuses, naming the fields the family's config cannot hold. Dropout is not
+written for llama-like families (their configs' dropout keys are refused by the reader; an exported
+model is for inference).
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def hf_config_of(spec: ModelSpec, dtype: str = "float32") -> dict:
     """The config.json of ``spec``: its own family's, or the first candidate's that reads back as ``spec``;
     PlaitError naming what no family's config can hold."""
     moe = spec.moe is not None or spec.mla is not None
-    families = (spec.family,) if spec.family else (hf_write.CANDIDATES if moe else CANDIDATES[spec.arch])
+    families = (spec.family,) if spec.family else (hf_write.candidates(spec) if moe else CANDIDATES[spec.arch])
     missing = hf_write.unwritten(spec)
     if missing:
         raise PlaitError(f"model {spec.name}: plait cannot export {missing} in a Hugging Face format yet (it exports "

@@ -1,11 +1,14 @@
 """A mixture-of-experts ModelSpec as a Hugging Face ``config.json`` (the inverse of
 ``plait.spec.moe.hf``; no torch), for the families whose weights plait's runtime trains and
-exports (``plait.run.checkpoint.hf.map``): Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GPT-OSS
-(sinks, windows on the even layers, biased experts with the clamped SwiGLU).
+exports (``plait.run.checkpoint.hf.map``): Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V3 and
+GPT-OSS (sinks, windows on the even layers, biased experts with the clamped SwiGLU).
 
-``plait.spec.hf.writer.hf_config_of`` calls ``moe_config_for`` for each candidate family and
-keeps the first whose config reads back as the spec. DeepSeek-V2/V3 (multi-head latent
-attention) are read by plait but have no writer: ``NOT_WRITTEN`` says why, for export's refusal.
+``plait.spec.hf.writer.hf_config_of`` calls ``moe_config_for`` for each candidate family
+(``candidates``) and keeps the first whose config reads back as the spec. DeepSeek-V3 is written
+with ``rope_interleave: true`` (the RoPE layout of plait's ``apply_rope``) and without
+``moe_layer_freq`` (transformers makes every layer after the first dense ones an MoE layer).
+DeepSeek-V2 (its router is not the runtime's) is read by plait but has no writer: ``NOT_WRITTEN``
+says why, for export's refusal.
 """
 
 from __future__ import annotations
@@ -13,16 +16,22 @@ from __future__ import annotations
 from plait.spec.model import ModelSpec
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
+                 "deepseek_v3": "DeepseekV3ForCausalLM"}
 CANDIDATES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss")  # tried in order for a spec of no family
-NOT_WRITTEN = {"deepseek_v2": "multi-head latent attention", "deepseek_v3": "multi-head latent attention"}
+NOT_WRITTEN = {"deepseek_v2": "DeepSeek-V2's group-limited router (plait writes DeepSeek-V3's)"}
 SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}  # GPT-OSS's clamped SwiGLU (plait.run.modules.experts)
+
+
+def candidates(spec: ModelSpec) -> tuple[str, ...]:
+    """The families tried, in order, for an MoE or MLA ``spec`` of no family: DeepSeek-V3's alone holds MLA."""
+    return ("deepseek_v3",) if spec.mla is not None else CANDIDATES
 
 
 def unwritten(spec: ModelSpec) -> str | None:
     """What of ``spec`` no family plait writes can hold (``NOT_WRITTEN``'s words), or None."""
-    if spec.mla is not None or spec.family.startswith("deepseek"):
-        return NOT_WRITTEN["deepseek_v3"]
+    if spec.family == "deepseek_v2":
+        return NOT_WRITTEN["deepseek_v2"]
     return None
 
 
@@ -53,6 +62,16 @@ def moe_config_for(spec: ModelSpec, family: str, rope: dict) -> dict:
                    layer_types=["sliding_attention" if spec.sliding_window and spec.is_local_layer(i) else
                                 "full_attention" for i in range(spec.n_layers)],
                    attention_bias=spec.qkv_bias, **SWIGLU)
+    elif family == "deepseek_v3":
+        mla = spec.mla
+        del out["head_dim"]  # transformers sets it to qk_rope_head_dim
+        out.update(intermediate_size=spec.ffn_hidden, moe_intermediate_size=moe.expert_ffn,
+                   n_routed_experts=moe.n_experts, n_shared_experts=moe.n_shared, first_k_dense_replace=moe.first_dense,
+                   n_group=moe.n_groups, topk_group=moe.topk_groups, routed_scaling_factor=moe.route_scale,
+                   norm_topk_prob=moe.norm_topk, q_lora_rank=(mla.q_lora_rank or None) if mla else None,
+                   kv_lora_rank=mla and mla.kv_lora_rank, qk_nope_head_dim=mla and mla.qk_nope_head_dim,
+                   qk_rope_head_dim=mla and mla.qk_rope_head_dim, v_head_dim=mla and mla.v_head_dim,
+                   rope_interleave=True, attention_bias=False)
     elif family == "olmoe":
         out.update(intermediate_size=moe.expert_ffn, num_experts=moe.n_experts, norm_topk_prob=moe.norm_topk,
                    attention_bias=spec.qkv_bias, clip_qkv=None)

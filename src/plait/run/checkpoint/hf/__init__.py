@@ -2,9 +2,14 @@
 
   files.py   the directory's files without torch: config.json, safetensors headers, shards and
              their index, ``check_model_dir`` (the launcher's check), ``ExportOptions``
-  map.py     which Hugging Face tensor holds which plait parameter, one table of rows per family,
-             and the codecs that convert between the two (a new family adds rows here)
-  gpt_oss.py GPT-OSS's rows beyond Llama's: sinks, the biased router, the fused interleaved gate/up experts
+  map.py     which Hugging Face tensor holds which plait parameter: the registry of the families'
+             tables (``FAMILIES``, ``family_of_model_type``; a new family registers here) and row lookup
+  codecs.py  the conversions between a Hugging Face tensor and its plait tensors (RoPE row order,
+             Conv1D, fused projections, stacked experts)
+  rows.py    ``Row``, ``Family`` and the rows most families share (attention, MLP, norms, ends)
+  dense_rows.py  the dense families' tables (Llama, OLMo-2, Gemma-2, Phi-3, GPT-2, GPT-BigCode)
+  moe_rows.py  the mixture-of-experts families' tables (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3)
+  gpt_oss.py GPT-OSS's table: sinks, the biased router, the fused interleaved gate/up experts
   load.py    ``plait train --init-from DIR``: each rank checks the checkpoint against its model and
              fills the parameters it holds (``init_from_hf``, ``load_hf_weights``)
   export.py  ``plait export``: a plait (DCP) checkpoint as a Hugging Face model directory (its

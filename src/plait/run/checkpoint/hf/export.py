@@ -29,7 +29,7 @@ from plait.errors import PlaitError
 from plait.run.checkpoint import store
 from plait.run.checkpoint.hf import files as hf_files
 from plait.run.checkpoint.hf.files import ExportOptions
-from plait.run.checkpoint.hf.load import row_instances, unique_parameters
+from plait.run.checkpoint.hf.load import model_weights, row_instances
 from plait.run.checkpoint.hf.map import family_of_model_type
 from plait.run.checkpoint.hf.tokenizer import token_ids, write_generation_config, write_tokenizer
 from plait.run.checkpoint.safe_reader import SafeFileSystemReader, read_metadata_file
@@ -89,12 +89,12 @@ def _saved_shapes(path: Path, names: list[str]) -> dict[str, tuple[int, ...]]:
 
 
 def saved_model(found: store.Checkpoint) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
-    """(the run's ModelSpec, {plait name: meta parameter}, a tied matrix once) of a verified checkpoint;
-    PlaitError when a model tensor is missing from it or has another shape."""
+    """(the run's ModelSpec, {plait name: meta tensor}: parameters, a tied matrix once, and kept buffers) of a
+    verified checkpoint; PlaitError when a model tensor is missing from it or has another shape."""
     from plait.run.config import RunConfig
 
     spec = RunConfig.from_dict(found.run).job.model
-    full = unique_parameters(build_model(spec, "meta").named_parameters())
+    full = model_weights(build_model(spec, "meta"))
     shapes = _saved_shapes(found.path, list(full))
     for name, param in full.items():
         if shapes[name] != tuple(param.shape):

@@ -13,26 +13,26 @@ Each expert tensor is one Hugging Face tensor, already expert-major like plait's
 (``plait.run.modules.experts``): no per-expert ``{e}`` names. Gate and up are interleaved along the
 last dim of ``gate_up_proj`` (gate = column 2j, up = column 2j + 1, transformers'
 ``GptOssExperts._apply_gate``); plait keeps them apart. Q/K/V/O (with biases), the embeddings, the
-final norm and the pre-norms are Llama's rows (``plait.run.checkpoint.hf.map``, which builds the
-family from ``MLP_ROWS``).
+final norm and the pre-norms are Llama's rows (``plait.run.checkpoint.hf.rows``); ``GPT_OSS`` is the
+family that ``plait.run.checkpoint.hf.map`` registers.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from plait.run.checkpoint.hf.codecs import Codec
+from plait.run.checkpoint.hf.rows import ENDS, HF_LAYER, LAYER, PRE_NORMS, ROTARY, Family, attention, row
+
 if TYPE_CHECKING:
     import torch
 
     from plait.spec.model import ModelSpec
 
-_HF = "model.layers.{i}."
-_L = "layers.{i}."
 
-
-class GateUp:
-    """A ``plait.run.checkpoint.hf.map.Codec``: the fused ``gate_up_proj`` (E, h, 2f) or its bias (E, 2f),
-    gate and up interleaved on the last dim, to plait's (w1, w3) or (w1_bias, w3_bias) and back."""
+class GateUp(Codec):
+    """The fused ``gate_up_proj`` (E, h, 2f) or its bias (E, 2f), gate and up interleaved on the last
+    dim, to plait's (w1, w3) or (w1_bias, w3_bias) and back."""
 
     def to_plait(self, hf: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, ...]:
         return hf[..., 0::2].contiguous(), hf[..., 1::2].contiguous()
@@ -50,14 +50,15 @@ class GateUp:
         return hash(GateUp)
 
 
-# (Hugging Face name, plait names, codec: None for the same tensor in both)
-MLP_ROWS: tuple[tuple[str, tuple[str, ...], GateUp | None], ...] = (
-    (_HF + "self_attn.sinks", (_L + "attention.sinks",), None),
-    (_HF + "mlp.router.weight", (_L + "feed_forward.router.weight",), None),
-    (_HF + "mlp.router.bias", (_L + "feed_forward.router.bias",), None),
-    (_HF + "mlp.experts.gate_up_proj", (_L + "feed_forward.experts.w1", _L + "feed_forward.experts.w3"), GateUp()),
-    (_HF + "mlp.experts.gate_up_proj_bias",
-     (_L + "feed_forward.experts.w1_bias", _L + "feed_forward.experts.w3_bias"), GateUp()),
-    (_HF + "mlp.experts.down_proj", (_L + "feed_forward.experts.w2",), None),
-    (_HF + "mlp.experts.down_proj_bias", (_L + "feed_forward.experts.w2_bias",), None),
+_EXPERTS = LAYER + "feed_forward.experts."
+MLP_ROWS = (
+    row(HF_LAYER + "self_attn.sinks", LAYER + "attention.sinks"),
+    row(HF_LAYER + "mlp.router.weight", LAYER + "feed_forward.router.weight"),
+    row(HF_LAYER + "mlp.router.bias", LAYER + "feed_forward.router.bias"),
+    row(HF_LAYER + "mlp.experts.gate_up_proj", (_EXPERTS + "w1", _EXPERTS + "w3"), GateUp()),
+    row(HF_LAYER + "mlp.experts.gate_up_proj_bias", (_EXPERTS + "w1_bias", _EXPERTS + "w3_bias"), GateUp()),
+    row(HF_LAYER + "mlp.experts.down_proj", _EXPERTS + "w2"),
+    row(HF_LAYER + "mlp.experts.down_proj_bias", _EXPERTS + "w2_bias"),
 )
+GPT_OSS = Family("gpt_oss", (*ENDS, *attention(q_norm=False), *MLP_ROWS, *PRE_NORMS), ("gpt_oss",), "model.",
+                 ignored=ROTARY)

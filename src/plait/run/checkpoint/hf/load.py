@@ -26,17 +26,10 @@ import torch
 
 from plait.errors import PlaitError
 from plait.run.checkpoint.hf.files import CONFIG, TensorEntry, read_config, tensor_table
-from plait.run.checkpoint.hf.map import (
-    EXPERT,
-    Family,
-    OneExpert,
-    Row,
-    concrete,
-    expert_names,
-    family_of_model_type,
-    row_for,
-)
-from plait.run.model import build_model, canonical_name
+from plait.run.checkpoint.hf.codecs import EXPERT, OneExpert, expert_names
+from plait.run.checkpoint.hf.map import concrete, family_of_model_type, row_for
+from plait.run.checkpoint.hf.rows import Family, Row
+from plait.run.model import build_model, canonical_name, kept_buffers
 from plait.run.modules.layers import ROPE_SCALINGS
 from plait.spec.hf_config import model_from_hf_dict
 from plait.spec.model import ModelSpec
@@ -54,6 +47,7 @@ RUNTIME_VALUES = [
     ("gpt_bigcode", "scale_attn_weights", True, True),
     ("gpt_oss", "swiglu_alpha", 1.702, 1.702),  # plait.run.modules.experts.OAI_ALPHA, OAI_LIMIT
     ("gpt_oss", "swiglu_limit", 7.0, 7.0),
+    ("deepseek_v3", "rope_interleave", True, True),  # false: RoPE on the halves (plait.run.checkpoint.hf.moe_rows)
 ]
 
 
@@ -96,6 +90,13 @@ def unique_parameters(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, to
             seen.add(id(param))
             out[canonical_name(name)] = param
     return out
+
+
+def model_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """{plain-model name: tensor} of what a Hugging Face checkpoint holds for plait model ``module``: its
+    parameters (a tied one once) and the buffers checkpoints keep (``kept_buffers``: DeepSeek-V3's
+    ``e_score_correction_bias`` is plait's ``score_bias``)."""
+    return unique_parameters([*module.named_parameters(), *kept_buffers(module)])
 
 
 def row_patterns(family: Family, params: dict[str, torch.Tensor]) -> dict[str, tuple[Row, list[str]]]:
@@ -143,7 +144,7 @@ def check_checkpoint(directory: str | Path, spec: ModelSpec) -> tuple[Family, di
         raise PlaitError(f"--init-from {directory}: config.json gives {'; '.join(wrong)}; its weights would compute "
                          "another model (leave out --model to train the checkpoint's own)")
     table = tensor_table(directory)
-    full = unique_parameters(build_model(spec, "meta").named_parameters())
+    full = model_weights(build_model(spec, "meta"))
     located: dict[str, str] = {}
     for hf_name, (row, plait_names) in row_instances(family, full, spec).items():
         where = resolve_name(hf_name, table, family)
@@ -180,7 +181,7 @@ def plait_state_from_hf(hf_state: dict[str, torch.Tensor], spec: ModelSpec) -> d
     state dict of model ``spec`` (``spec.family``: its model_type), converted by the same table as
     ``load_hf_weights``; PlaitError for a missing tensor or one without a place."""
     family = family_of_model_type(spec.family or ("llama" if spec.arch == "llama" else "gpt2"))
-    full = unique_parameters(build_model(spec, "meta").named_parameters())
+    full = model_weights(build_model(spec, "meta"))
     out: dict[str, torch.Tensor] = {}
     used = set()
 
@@ -230,8 +231,9 @@ def _read_tensor(directory, file: Path, name: str, handles: dict) -> torch.Tenso
 @torch.no_grad()
 def load_hf_weights(directory: str | Path, named: Iterable[tuple[str, torch.Tensor]], spec: ModelSpec,
                     device: torch.device | str) -> int:
-    """Copy a Hugging Face checkpoint into this rank's parameters (``named``: e.g. ``ModelParts.named_parameters()``,
-    plain, DTensor or FSDP-sharded); returns the number of Hugging Face tensors this rank read."""
+    """Copy a Hugging Face checkpoint into this rank's parameters and kept buffers (``named``: e.g.
+    ``ModelParts.named_parameters()`` and ``state_buffers()``, plain, DTensor or FSDP-sharded); returns the
+    number of Hugging Face tensors this rank read."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     family, table, located = check_checkpoint(directory, spec)
@@ -269,6 +271,6 @@ def init_from_hf(job, parts, device: torch.device) -> dict:
     """Load ``job.init_from`` (a ``TrainJob``'s Hugging Face directory) into this rank's model ``parts``;
     the JSONL event that records it."""
     start = time.perf_counter()
-    read = load_hf_weights(job.init_from, parts.named_parameters(), job.model, device)
+    read = load_hf_weights(job.init_from, [*parts.named_parameters(), *parts.state_buffers()], job.model, device)
     return {"event": "init_from", "directory": job.init_from, "tensors_read": read,
             "load_s": time.perf_counter() - start, "time": time.time()}
