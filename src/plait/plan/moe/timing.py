@@ -34,9 +34,13 @@ node (``remote_nodes_per_token``: the expected distinct other nodes among its to
 balanced routing, capped by group-limited routing), then fans out over NVLink. etp > 1 adds the
 all-gather (and reduce-scatter) of the routed tokens over the etp group. Overlap (``Layout.moe_overlap``):
   none     every all-to-all is exposed;
-  shared   dispatch and combine hide behind the shared experts' GEMMs of the same layer;
+  shared   the dispatch hides behind the shared experts' GEMMs of the same layer (in the backward
+           the reverse dispatch behind their backward); the combine is exposed: exposed = 2·a2a -
+           min(a2a, shared), as ``plait.run.parallel.expert_overlap`` runs it;
   chunked  the micro-batch runs in ``MOE_CHUNKS`` chunks, one chunk's all-to-all behind another's
-           expert GEMMs: exposed = max(0, comm - gemm) + min(comm, gemm) / MOE_CHUNKS.
+           expert GEMMs: exposed = max(0, comm - gemm) + min(comm, gemm) / MOE_CHUNKS (the first
+           chunk's dispatch and the last one's combine are exposed; the runtime chunks the same
+           number: ``plait.run.parallel.expert_overlap``).
 Hidden communication slows the compute it shares the GPU with by ``CostParams.overlap_slowdown``.
 """
 
@@ -176,9 +180,9 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
     out = []
     for factor in (1.0, 2.0):  # the backward's GEMMs take twice the forward's
         moved = 2.0 * a2a  # dispatch and combine
-        if layout.moe_overlap == "shared":
+        if layout.moe_overlap == "shared":  # the dispatch (backward: its reverse) behind the shared experts
             window = factor * shared
-            hidden = min(moved, window)
+            hidden = min(a2a, window)
             out.append(moved - hidden + params.overlap_slowdown * hidden)
         elif layout.moe_overlap == "chunked":
             window = factor * experts
