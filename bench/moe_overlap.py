@@ -93,12 +93,23 @@ def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def measure(model_path: Path, calibration: Path, out: Path, args, log: Path) -> None:
+    """The profile of this CPU, then the sweep of the three layouts with it."""
+    plait("profile", "--device", "cpu", "--nproc-per-node", "2", "--model", str(model_path), "--seq-len",
+          str(SEQ_LEN), "--out", str(calibration), log=log)
+    plait("sweep", "--model", str(model_path), "--nproc-per-node", "2", "--global-batch", str(GLOBAL_BATCH),
+          "--seq-len", str(SEQ_LEN), "--device", "cpu", "--calibration", str(calibration), "--steps",
+          str(args.steps), "--repeats", str(args.repeats), "--min-time", "0", "--out", str(out),
+          *[arg for mode in MODES for arg in ("--layout", layout(mode))], log=log)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--work", default=None)
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--reuse", action="store_true", help="report on --work's profile and sweep, if there")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="moe-overlap-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -106,17 +117,14 @@ def main() -> None:
     model_path = work / "wide-moe.json"
     model_path.write_text(json.dumps(MODEL))
     started, load_before = datetime.datetime.now(datetime.timezone.utc), load()
-    calibration = work / "cpu-2proc.json"
-    plait("profile", "--device", "cpu", "--nproc-per-node", "2", "--model", str(model_path), "--seq-len",
-          str(SEQ_LEN), "--out", str(calibration), log=log)
-    out = work / "sweep.csv"
-    plait("sweep", "--model", str(model_path), "--nproc-per-node", "2", "--global-batch", str(GLOBAL_BATCH),
-          "--seq-len", str(SEQ_LEN), "--device", "cpu", "--calibration", str(calibration), "--steps",
-          str(args.steps), "--repeats", str(args.repeats), "--min-time", "0", "--out", str(out),
-          *[arg for mode in MODES for arg in ("--layout", layout(mode))], log=log)
+    calibration, out = work / "cpu-2proc.json", work / "sweep.csv"
+    if not (args.reuse and calibration.exists() and out.exists()):
+        measure(model_path, calibration, out, args, log)
     load_after = load()
-    with out.open() as handle:
-        rows = {row["layout"]: row for row in csv.DictReader(handle)}
+    from plait.spec.layout import Layout
+
+    with out.open() as handle:  # the sweep writes layouts in full: key them by their moe_overlap
+        rows = {Layout.parse(row["layout"]).moe_overlap: row for row in csv.DictReader(handle)}
     items = planner_items(model_path, calibration)
     text = report(rows, items, started, load_before, load_after, args)
     print(text)
@@ -126,8 +134,8 @@ def main() -> None:
 
 
 def report(rows: dict, items: dict, started, load_before: str, load_after: str, args) -> str:
-    measured = {mode: float(rows[layout(mode)]["measured_step_time_s"] or "nan") for mode in MODES}
-    spread = {mode: (rows[layout(mode)].get("repeat_min_s"), rows[layout(mode)].get("repeat_max_s")) for mode in MODES}
+    measured = {mode: float(rows[mode]["measured_step_time_s"] or "nan") for mode in MODES}
+    spread = {mode: (rows[mode].get("repeat_min_s"), rows[mode].get("repeat_max_s")) for mode in MODES}
     lines = [f"## {platform.processor() or platform.machine()} x {os.cpu_count()}, {started.isoformat(timespec='seconds')}",
              "",
              f"wide-moe (bench/moe_overlap.py's MODEL), seq {SEQ_LEN}, global batch {GLOBAL_BATCH}, mbs {MBS}, "
