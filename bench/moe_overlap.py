@@ -110,6 +110,7 @@ def main() -> None:
     parser.add_argument("--work", default=None)
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--reuse", action="store_true", help="report on --work's profile and sweep, if there")
+    parser.add_argument("--note", default="", help="a line added under the table (e.g. the load seen during a reused run)")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="moe-overlap-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -155,6 +156,10 @@ def report(rows: dict, items: dict, started, load_before: str, load_after: str, 
     one = items["none"]
     lines += ["", f"Planner, one MoE layer and micro-batch, forward: one all-to-all {one['a2a_s'] * 1e3:.2f} ms, "
               f"routed expert GEMMs {one['experts_s'] * 1e3:.2f} ms, shared expert GEMMs {one['shared_s'] * 1e3:.2f} ms.", ""]
+    if args.reuse:
+        lines += ["Reported from an earlier profile and sweep (`--reuse`): the load average above is the report's.", ""]
+    if args.note:
+        lines += [args.note, ""]
     return "\n".join(lines) + "\n"
 
 
