@@ -89,6 +89,92 @@ def planner_items(model_path: Path, calibration: Path) -> dict[str, dict]:
     return out
 
 
+def _exchange_worker(rank: int, port: int, repeats: int, queue) -> None:
+    """One rank of ``exchange_timings``: each mode's exchange (dispatch, routed experts, combine and
+    the shared expert, forward and backward) of one micro-batch of MODEL's shapes, ``repeats`` times
+    interleaved; rank 0 puts the medians (seconds, first two rounds left out) on ``queue``."""
+    import statistics
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from plait.run.modules.moe import SharedExperts, expert_forward
+    from plait.run.parallel.expert import AllToAllDispatcher
+    from plait.run.parallel.expert_overlap import OverlappedDispatcher
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=300))
+    moe, hidden, tokens = MODEL["moe"], MODEL["hidden"], MBS * SEQ_LEN
+    experts, local, ffn = moe["n_experts"], moe["n_experts"] // 2, moe["expert_ffn"]
+    torch.manual_seed(rank)
+    counts = torch.bincount(torch.randint(0, experts, (tokens * moe["top_k"],)), minlength=experts)
+    rows = torch.randn(tokens * moe["top_k"], hidden, requires_grad=True)
+    x = torch.randn(tokens, hidden, requires_grad=True)
+    weights = [torch.randn(local, hidden, ffn, requires_grad=True), torch.randn(local, hidden, ffn, requires_grad=True),
+               torch.randn(local, ffn, hidden, requires_grad=True)]
+    shared = SharedExperts(hidden, moe["n_shared"] * ffn)
+    group = dist.group.WORLD
+    dispatchers = {"none": AllToAllDispatcher(group, 2, experts)}
+    dispatchers.update({mode: OverlappedDispatcher(group, 2, experts, mode) for mode in ("chunked", "shared")})
+    times = {mode: [] for mode in MODES}
+    for _ in range(repeats + 2):
+        for mode in MODES:
+            dist.barrier()
+            start = time.perf_counter()
+            out, side = dispatchers[mode].exchange(rows, counts, lambda r, c: expert_forward(r, c, *weights),
+                                                   lambda: shared(x))
+            (out.sum() + side.sum()).backward()
+            times[mode].append(time.perf_counter() - start)
+    if rank == 0:
+        queue.put({mode: statistics.median(values[2:]) for mode, values in times.items()})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def exchange_timings(repeats: int) -> dict[str, float]:
+    """Median seconds of one MoE exchange, forward and backward, per mode, on 2 gloo processes."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    ranks = [context.Process(target=_exchange_worker, args=(rank, port, repeats, queue)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    result = queue.get(timeout=1200)
+    for process in ranks:
+        process.join()
+    return result
+
+
+def predicted_exchange(model_path: Path, calibration: Path) -> dict[str, float]:
+    """The planner's seconds of what ``exchange_timings`` runs: the routed and shared experts'
+    GEMMs forward and backward (3x the forward) plus the exposed all-to-alls, per mode."""
+    from plait.plan.calibration import read_calibration
+    from plait.plan.moe.timing import moe_comm_layer, moe_mlp_times
+    from plait.spec.hardware import get_cluster
+    from plait.spec.layout import Layout
+    from plait.spec.models import get_model
+
+    model = get_model(str(model_path))
+    profile = read_calibration(str(calibration))
+    cluster, _ = profile.apply(get_cluster("dgx-h100"))
+    out = {}
+    for mode in MODES:
+        lay = Layout.parse(layout(mode))
+        _, shared, experts = moe_mlp_times(model, cluster.gpu, profile.params, lay, MBS * SEQ_LEN, SEQ_LEN)
+        out[mode] = 3 * (shared + experts) + sum(moe_comm_layer(model, cluster, lay, MBS * SEQ_LEN, SEQ_LEN,
+                                                                profile.params))
+    return out
+
+
 def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -109,6 +195,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--work", default=None)
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--exchange-repeats", type=int, default=10, help="rounds of the exchange-only timing (0: none)")
     parser.add_argument("--reuse", action="store_true", help="report on --work's profile and sweep, if there")
     parser.add_argument("--note", default="", help="a line added under the table (e.g. the load seen during a reused run)")
     args = parser.parse_args()
@@ -121,6 +208,7 @@ def main() -> None:
     calibration, out = work / "cpu-2proc.json", work / "sweep.csv"
     if not (args.reuse and calibration.exists() and out.exists()):
         measure(model_path, calibration, out, args, log)
+    exchange = exchange_timings(args.exchange_repeats) if args.exchange_repeats else {}
     load_after = load()
     from plait.spec.layout import Layout
 
@@ -128,6 +216,8 @@ def main() -> None:
         rows = {Layout.parse(row["layout"]).moe_overlap: row for row in csv.DictReader(handle)}
     items = planner_items(model_path, calibration)
     text = report(rows, items, started, load_before, load_after, args)
+    if exchange:
+        text += exchange_report(exchange, predicted_exchange(model_path, calibration), args)
     print(text)
     if not args.no_record:
         print("appended to", append_result("moe_overlap.md", "Expert overlap on CPU (moe_overlap)",
@@ -161,6 +251,19 @@ def report(rows: dict, items: dict, started, load_before: str, load_after: str, 
     if args.note:
         lines += [args.note, ""]
     return "\n".join(lines) + "\n"
+
+
+
+def exchange_report(measured: dict, predicted: dict, args) -> str:
+    lines = [f"One MoE exchange alone (dispatch, experts, combine, shared expert; forward and backward; one "
+             f"micro-batch of wide-moe on 2 gloo processes, median of {args.exchange_repeats} interleaved rounds) "
+             "against the planner's GEMMs plus exposed all-to-alls with the same profile:", "",
+             "| moe_overlap | measured, s | predicted, s | measured saving vs none, s | predicted saving, s |",
+             "|---|---|---|---|---|"]
+    for mode in MODES:
+        lines.append(f"| {mode} | {measured[mode]:.4f} | {predicted[mode]:.4f} | {measured['none'] - measured[mode]:+.4f} "
+                     f"| {predicted['none'] - predicted[mode]:+.4f} |")
+    return "\n".join(lines) + "\n\n"
 
 
 if __name__ == "__main__":
