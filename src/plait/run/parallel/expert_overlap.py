@@ -35,6 +35,9 @@ for the side stream. On CPU the same code runs gloo's async work handles (gloo r
 own threads while this thread computes). The numerics equal ``none``'s: every row meets the same
 expert weights; only the order in which the expert weight gradients are summed changes.
 
+At ep = 1 there is no all-to-all (``plait.run.modules.moe.LocalDispatcher``): every mode runs as
+``none``, as the planner prices it (no all-to-all to hide).
+
 ``timeline``: when a list, every issue, wait and expert GEMM start and end (forward and
 backward) is appended as (event, exchange, chunk, seconds of ``time.perf_counter``): what
 tests/run/test_moe_overlap.py reads to show a collective in flight while an expert GEMM runs.
