@@ -85,15 +85,15 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     ``plait.run.parallel.expert``) runs models with GQA or multi-head latent attention (MLA,
     DeepSeek-V2/V3) and routed (softmax or bias-balanced sigmoid router, group-limited routing,
     route scale, router bias) and shared experts, SwiGLU or GPT-OSS's clamped SwiGLU, with or without
-    expert biases, dropless or with a capacity factor, with ep carved out of dp·cp; refused: etp > 1,
-    moe_overlap, fp8 and cp > 1 for an MoE or MLA model, and ep not dividing dp·cp."""
+    expert biases, dropless or with a capacity factor, with ep carved out of dp·cp, every ``moe_overlap``
+    (``plait.run.parallel.expert_overlap``); refused: etp > 1, fp8 and cp > 1 for an MoE or MLA model,
+    and ep not dividing dp·cp."""
     if (model.moe is None and model.mla is None and lay.ep == 1 and lay.etp == 1
             and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
         return []
     moe = model.moe
     parts: list[str] = []  # model features refused on every layout (none left: GPT-OSS's biases and clamped SwiGLU run)
-    keys = [f"{key}={getattr(lay, key)}" for key, default in (("etp", 1), ("moe_overlap", "none"))
-            if getattr(lay, key) != default]
+    keys = [f"{key}={getattr(lay, key)}" for key, default in (("etp", 1),) if getattr(lay, key) != default]
     kind = "an MoE model" if moe is not None else "an MLA model"
     if (moe is not None or model.mla is not None) and lay.precision in FP8_PRECISIONS:
         keys.append(f"precision={lay.precision} with {kind}")
@@ -107,7 +107,7 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
         return []
     what = f"model {model.name} has {', '.join(parts)}" if parts else f"layout sets {', '.join(keys)}"
     return [("runtime-moe", f"{what}: planned but not run by plait train yet; plait train runs MoE models "
-             "(GQA or MLA attention) with SwiGLU or clamped SwiGLU experts, ep dividing dp·cp, etp=1, moe_overlap=none, cp=1, "
+             "(GQA or MLA attention) with SwiGLU or clamped SwiGLU experts, ep dividing dp·cp, etp=1, cp=1, "
              "bf16 (plait plan --any-runtime ranks the rest)")]
 
 

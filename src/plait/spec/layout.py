@@ -167,10 +167,10 @@ class Layout:
     etp: int = layout_key(1, "int", "tensor-parallel degree inside each routed expert (its ffn split by etp)",
                           runtime=False)
     moe_overlap: str = layout_key("none", "choice", "how the expert all-to-all overlaps computation: `none`, "
-                                  "`shared` (behind the shared experts' and dense work of the same layer), "
+                                  "`shared` (the dispatch behind the shared experts of the same layer), "
                                   "`chunked` (Comet/FSMoE-style: micro-batch chunks, one chunk's dispatch and "
-                                  "combine behind another's expert GEMMs); see plait.plan.moe.timing",
-                                  choices=MOE_OVERLAPS, runtime=False)
+                                  "combine behind another's expert GEMMs); see plait.plan.moe.timing and "
+                                  "plait.run.parallel.expert_overlap", choices=MOE_OVERLAPS)
 
     def __post_init__(self) -> None:
         wrong = problems(self, LAYOUT_KEYS)

@@ -34,9 +34,16 @@ node (``remote_nodes_per_token``: the expected distinct other nodes among its to
 balanced routing, capped by group-limited routing), then fans out over NVLink. etp > 1 adds the
 all-gather (and reduce-scatter) of the routed tokens over the etp group. Overlap (``Layout.moe_overlap``):
   none     every all-to-all is exposed;
-  shared   dispatch and combine hide behind the shared experts' GEMMs of the same layer;
+  shared   the dispatch hides behind the shared experts' GEMMs of the same layer (in the backward
+           the reverse dispatch behind their backward); the combine is exposed: exposed = 2·a2a -
+           min(a2a, shared), as ``plait.run.parallel.expert_overlap`` runs it;
   chunked  the micro-batch runs in ``MOE_CHUNKS`` chunks, one chunk's all-to-all behind another's
-           expert GEMMs: exposed = max(0, comm - gemm) + min(comm, gemm) / MOE_CHUNKS.
+           expert GEMMs: exposed = max(0, comm - gemm) + min(comm, gemm) / MOE_CHUNKS (the first
+           chunk's dispatch and the last one's combine are exposed; the runtime chunks the same
+           number: ``plait.run.parallel.expert_overlap``), with comm the chunks' all-to-alls (each
+           its own latency) and gemm the expert GEMMs run as MOE_CHUNKS smaller grouped GEMMs;
+           what that split adds over one grouped GEMM (launches, the efficiency curve at fewer
+           rows per expert) is added to the exposed time (item ``ep_comm``).
 Hidden communication slows the compute it shares the GPU with by ``CostParams.overlap_slowdown``.
 """
 
@@ -80,10 +87,17 @@ def moe_mlp_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, token
     if moe.n_shared:
         width = moe.n_shared * moe.shared_width
         shared = gemm_time(gpu, params, tokens, h, 2 * width / t, p) + gemm_time(gpu, params, tokens, width / t, h, p)
+    return router, shared, routed_expert_gemms(model, gpu, params, layout, routed)
+
+
+def routed_expert_gemms(model, gpu: GpuSpec, params: CostParams, layout: Layout, routed: float,
+                        chunks: int = 1) -> float:
+    """Forward seconds of the routed experts' two grouped GEMMs on ``routed`` rows, run as ``chunks``
+    pairs of grouped GEMMs on routed/chunks rows each (moe_overlap=chunked)."""
+    moe, h, p = model.moe, model.hidden, layout.precision
     local = moe.n_experts / layout.ep
-    m, f = routed / local, moe.expert_ffn / layout.etp
-    experts = grouped_gemm_time(gpu, params, local, m, h, 2 * f, p) + grouped_gemm_time(gpu, params, local, m, f, h, p)
-    return router, shared, experts
+    m, f = routed / local / chunks, moe.expert_ffn / layout.etp
+    return chunks * (grouped_gemm_time(gpu, params, local, m, h, 2 * f, p) + grouped_gemm_time(gpu, params, local, m, f, h, p))
 
 
 def _attention_gemms(model, gpu: GpuSpec, params: CostParams, tokens: float, t: int, p: str) -> float:
@@ -149,12 +163,14 @@ def remote_nodes_per_token(moe, nodes: int) -> float:
 
 
 def expert_a2a(model, cluster: ClusterSpec, layout: Layout, seq_len: int, params: CostParams,
-               runtime: str = "torch") -> float:
+               runtime: str = "torch", fraction: float = 1.0) -> float:
     """One dispatch (or one combine) of one MoE layer and micro-batch, seconds (module docstring);
-    ``runtime``: whose expert groups (``plait.spec.moe.layout.expert_groups``)."""
+    ``runtime``: whose expert groups (``plait.spec.moe.layout.expert_groups``); ``fraction``: of
+    the micro-batch's rows (one chunk of moe_overlap=chunked: its own latency)."""
     groups = expert_groups(layout, cluster.gpus_per_node, runtime)
     load = params.moe_load_imbalance
     t_r, routed = routed_tokens(model, layout, seq_len, load=load)
+    t_r, routed = fraction * t_r, fraction * routed
     element = cluster.gpu.element_bytes
     sent = element * t_r * model.moe.top_k * model.hidden * load
     nic = element * t_r * model.hidden * load * remote_nodes_per_token(model.moe, groups["ep"].nodes)
@@ -173,17 +189,22 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
     if a2a <= 0.0:
         return 0.0, 0.0
     _, shared, experts = moe_mlp_times(model, cluster.gpu, params, layout, tokens, seq_len)
+    chunked, split = a2a, experts
+    if layout.moe_overlap == "chunked":  # each chunk's all-to-all its own latency, its GEMMs smaller
+        chunked = MOE_CHUNKS * expert_a2a(model, cluster, layout, seq_len, params, runtime, 1.0 / MOE_CHUNKS)
+        _, routed = routed_tokens(model, layout, seq_len, load=params.moe_load_imbalance)
+        split = routed_expert_gemms(model, cluster.gpu, params, layout, routed, MOE_CHUNKS)
     out = []
     for factor in (1.0, 2.0):  # the backward's GEMMs take twice the forward's
         moved = 2.0 * a2a  # dispatch and combine
-        if layout.moe_overlap == "shared":
+        if layout.moe_overlap == "shared":  # the dispatch (backward: its reverse) behind the shared experts
             window = factor * shared
-            hidden = min(moved, window)
+            hidden = min(a2a, window)
             out.append(moved - hidden + params.overlap_slowdown * hidden)
-        elif layout.moe_overlap == "chunked":
-            window = factor * experts
+        elif layout.moe_overlap == "chunked":  # plus what splitting the expert GEMMs costs
+            moved, window = 2.0 * chunked, factor * split
             hidden = min(moved, window) * (1.0 - 1.0 / MOE_CHUNKS)
-            out.append(moved - hidden + params.overlap_slowdown * hidden)
+            out.append(moved - hidden + params.overlap_slowdown * hidden + factor * max(0.0, split - experts))
         else:
             out.append(moved)
     return out[0], out[1]

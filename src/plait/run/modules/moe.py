@@ -16,7 +16,9 @@ top-k):
   2. dispatch: the T·k (token, expert) pairs sorted by expert; the token rows gathered in that
      order. With expert parallelism (``plait.run.parallel.expert``) the ``dispatcher`` sends each
      rank the rows of the experts it holds (all-to-all) and brings the outputs back; without it
-     the rows stay here.
+     the rows stay here. ``Dispatcher.exchange`` runs dispatch, experts, combine and then the
+     shared experts; an overlapping dispatcher (``moe_overlap``: ``plait.run.parallel.expert_overlap``)
+     interleaves them.
   3. experts: SwiGLU per expert, out = (silu(x·W1_e) ⊙ x·W3_e)·W2_e, or GPT-OSS's clamped SwiGLU
      with per-expert biases (``plait.run.modules.experts``), as a grouped GEMM over the rows of
      each expert (``torch._grouped_mm`` on CUDA in bf16, else one GEMM per expert).
@@ -79,7 +81,19 @@ class AuxLossGradient(torch.autograd.Function):
         return grad, torch.full(ctx.aux_shape, ctx.scale, dtype=ctx.aux_dtype, device=grad.device), None
 
 
-class LocalDispatcher:
+class Dispatcher:
+    """Moves the routed rows to their experts and back: ``dispatch`` and ``combine`` (below), or all
+    of one layer's exchange in ``exchange`` (an overlapping one: ``plait.run.parallel.expert_overlap``)."""
+
+    def exchange(self, rows: torch.Tensor, counts: torch.Tensor, experts, side=None):
+        """(``experts``' outputs of ``rows`` (sorted by expert, ``counts`` per expert) in ``rows``'
+        order, ``side()``: the shared experts or None): dispatch, experts, combine, then ``side``."""
+        grouped, local_counts, state = self.dispatch(rows, counts)
+        out = self.combine(experts(grouped, local_counts), state)
+        return out, (side() if side is not None else None)
+
+
+class LocalDispatcher(Dispatcher):
     """No expert parallelism: the rows stay on this rank; every expert is local."""
 
     def dispatch(self, rows: torch.Tensor, counts: torch.Tensor):
@@ -206,6 +220,13 @@ class MoEFeedForward(nn.Module):
         fraction = counts.to(probs.dtype) / (probs.shape[0] * self.top_k)
         return self.aux_coef * self.n_experts * (fraction * probs.mean(dim=0)).sum()
 
+    def shared_output(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared experts of tokens ``x`` (T, h), times their gate when ``shared_gate``."""
+        shared = self.shared(x)
+        if self.shared_gate is not None:
+            shared = torch.sigmoid(self.shared_gate(x)) * shared
+        return shared
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
@@ -217,8 +238,8 @@ class MoEFeedForward(nn.Module):
         else:
             order, kept = flat.argsort(stable=True), counts  # (token, slot) pairs grouped by expert
         token_of = order // self.top_k
-        rows, local_counts, state = self.dispatcher.dispatch(x[token_of], kept)
-        out = self.dispatcher.combine(self.experts(rows, local_counts), state)
+        side = (lambda: self.shared_output(x)) if self.shared is not None else None
+        out, shared = self.dispatcher.exchange(x[token_of], kept, self.experts, side)
         if self.capacity_factor:  # dropped pairs contribute zeros
             out = out.new_zeros((flat.shape[0], out.shape[-1])).index_copy(0, order, out)
         else:
@@ -227,10 +248,7 @@ class MoEFeedForward(nn.Module):
         # Σ_slots weight·output, accumulated in fp32 (the weights are fp32); saves the expert outputs
         # and the weights, nothing of the fp32 product
         y = (out * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
-        if self.shared is not None:
-            shared = self.shared(x)
-            if self.shared_gate is not None:
-                shared = torch.sigmoid(self.shared_gate(x)) * shared
+        if shared is not None:
             y = y + shared
         aux = self.aux_loss(probs, counts) if self.aux_coef and torch.is_grad_enabled() else None
         if self.counting():

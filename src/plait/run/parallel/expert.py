@@ -14,6 +14,8 @@ Dispatch (``AllToAllDispatcher``): the rows sorted by global expert are sent to 
 their expert with ``all_to_all_single`` and variable split sizes (the per-expert counts are
 exchanged first, one small all-to-all, and read on the host), regrouped by local expert for the
 grouped GEMM, and the outputs sent back the same way (the backward runs the reverse exchanges).
+With ``moe_overlap`` chunked or shared, ``plait.run.parallel.expert_overlap``'s dispatcher does it
+with async all-to-alls overlapping the expert GEMMs or the shared experts.
 
 Gradients. An expert's local gradient already sums the contributions of the tokens of all ep
 ranks of its group (the all-to-all's backward brings them). With ZeRO (zero >= 1) and edp > 1,
@@ -34,7 +36,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from plait.run.modules.experts import GroupedExperts
-from plait.run.modules.moe import MoEFeedForward
+from plait.run.modules.moe import Dispatcher, MoEFeedForward
+from plait.run.parallel.expert_overlap import OverlappedDispatcher
 from plait.run.parallel.mesh import ParallelDims
 
 
@@ -58,7 +61,7 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
-class AllToAllDispatcher:
+class AllToAllDispatcher(Dispatcher):
     """Sends the rows of each expert to the ep rank holding it and the outputs back (module docstring)."""
 
     def __init__(self, group: dist.ProcessGroup, ep: int, n_experts: int):
@@ -89,6 +92,7 @@ class ExpertParallel:
     def __init__(self, pdims: ParallelDims):
         layout = pdims.layout
         self.pdims = pdims
+        self.overlap = layout.moe_overlap  # chunked or shared: plait.run.parallel.expert_overlap
         self.ep = pdims.size("ep")
         self.data_parallel = layout.dp * layout.cp  # dp·cp: the ranks whose gradients are averaged
         self.ep_mesh = pdims.axis("ep")
@@ -103,7 +107,8 @@ class ExpertParallel:
         group = self.pdims.group("ep")
         for module in model.modules():
             if isinstance(module, MoEFeedForward):
-                module.dispatcher = AllToAllDispatcher(group, self.ep, module.n_experts)
+                module.dispatcher = (AllToAllDispatcher(group, self.ep, module.n_experts) if self.overlap == "none"
+                                     else OverlappedDispatcher(group, self.ep, module.n_experts, self.overlap))
                 experts = module.experts
                 for name, param in list(experts.named_parameters(recurse=False)):
                     sharded = distribute_tensor(param.data, self.ep_mesh, [Shard(0)], src_data_rank=None)

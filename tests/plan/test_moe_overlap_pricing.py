@@ -1,0 +1,48 @@
+"""The planner's moe_overlap pricing against the mechanism plait.run.parallel.expert_overlap runs.
+
+shared: only the dispatch (and, in the backward, its reverse) hides behind the shared experts;
+the combine stays exposed, so at most one of the two all-to-alls is hidden. chunked: MOE_CHUNKS
+all-to-alls of a chunk each, the first chunk's dispatch and the last one's combine never hidden,
+and the expert GEMMs split into smaller grouped GEMMs that cost at least as much as one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from plait.plan.moe.timing import MOE_CHUNKS, expert_a2a, moe_comm_layer, moe_mlp_times, routed_expert_gemms
+from plait.plan.moe.memory import routed_tokens
+from plait.plan.params import DEFAULT_PARAMS
+from plait.spec.hardware import get_cluster
+from plait.spec.layout import Layout
+from plait.spec.models import MODELS
+
+CLUSTER = get_cluster("dgx-h100", 64)
+SEQ = 4096
+
+
+@pytest.mark.parametrize("name,base", [("deepseek-v3", "dp=64,ep=64,mbs=1"), ("qwen3-30b-a3b", "dp=64,ep=8,mbs=2"),
+                                       ("mixtral-8x7b", "dp=8,tp=8,ep=8,mbs=2")])
+def test_overlap_hides_what_the_runtime_can_hide(name, base):
+    model, params = MODELS[name], DEFAULT_PARAMS
+    lay = {mode: Layout.parse(f"{base},moe_overlap={mode}") for mode in ("none", "shared", "chunked")}
+    tokens = lay["none"].mbs * SEQ  # one micro-batch on a rank (plait.plan.cost)
+    a2a = expert_a2a(model, CLUSTER, lay["none"], SEQ, params)
+    _, shared, experts = moe_mlp_times(model, CLUSTER.gpu, params, lay["none"], tokens, SEQ)
+    none = moe_comm_layer(model, CLUSTER, lay["none"], tokens, SEQ, params)
+    assert none == (2 * a2a, 2 * a2a)
+    # shared: the dispatch hidden up to the shared experts' GEMMs (twice them in the backward)
+    got = moe_comm_layer(model, CLUSTER, lay["shared"], tokens, SEQ, params)
+    for factor, exposed in zip((1.0, 2.0), got):
+        hidden = min(a2a, factor * shared)
+        assert exposed == pytest.approx(2 * a2a - hidden * (1 - params.overlap_slowdown))
+        assert exposed >= a2a  # the combine is never hidden
+    # chunked: at least the first dispatch and the last combine of a chunk each, plus the split's cost
+    chunk = expert_a2a(model, CLUSTER, lay["chunked"], SEQ, params, fraction=1.0 / MOE_CHUNKS)
+    _, routed = routed_tokens(model, lay["chunked"], SEQ, load=params.moe_load_imbalance)
+    split = routed_expert_gemms(model, CLUSTER.gpu, params, lay["chunked"], routed, MOE_CHUNKS)
+    assert split >= experts and MOE_CHUNKS * chunk >= a2a
+    got = moe_comm_layer(model, CLUSTER, lay["chunked"], tokens, SEQ, params)
+    for factor, exposed in zip((1.0, 2.0), got):
+        assert exposed >= 2 * chunk + factor * (split - experts) - 1e-12
+        assert exposed <= 2 * MOE_CHUNKS * chunk + factor * (split - experts) + 1e-12

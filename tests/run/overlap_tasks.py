@@ -1,0 +1,88 @@
+"""Task bodies of tests/run/test_moe_overlap.py, run on every rank of a DistPool.
+
+``exchange_timelines`` runs one MoE exchange (forward and backward) of random rows through the
+plain ``AllToAllDispatcher`` and through ``OverlappedDispatcher`` in each mode, on the pool's
+world group as the ep group, and returns the overlapped results' largest differences from the
+plain one and the overlapped dispatchers' timelines (event order only).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+HIDDEN, FFN, EXPERTS = 64, 96, 8
+ROWS = 96  # per rank, before routing: every expert gets some rows, a chunk of every expert too
+
+
+class _Note(torch.autograd.Function):
+    """Identity whose backward appends (event, 'shared-grad', 0, seconds) to ``timeline``."""
+
+    @staticmethod
+    def forward(ctx, x, timeline, event):
+        ctx.timeline, ctx.event = timeline, event
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.timeline.append((ctx.event, "shared-grad", 0, time.perf_counter()))
+        return grad, None, None
+
+
+def _inputs(rank: int, ep: int):
+    """This rank's rows sorted by expert and their per-expert counts, the full expert weights (the
+    same on every rank), the shared MLP's input and weights, and the loss's output weights."""
+    torch.manual_seed(100 + rank)
+    counts = torch.bincount(torch.randint(0, EXPERTS, (ROWS,)), minlength=EXPERTS)
+    rows = torch.randn(int(counts.sum()), HIDDEN)
+    side_in, probe = torch.randn(ROWS, HIDDEN), torch.randn(int(counts.sum()), HIDDEN)
+    torch.manual_seed(7)
+    weights = [torch.randn(EXPERTS, HIDDEN, FFN) / HIDDEN ** 0.5, torch.randn(EXPERTS, HIDDEN, FFN) / HIDDEN ** 0.5,
+               torch.randn(EXPERTS, FFN, HIDDEN) / FFN ** 0.5]
+    shared = torch.randn(HIDDEN, HIDDEN) / HIDDEN ** 0.5
+    local = EXPERTS // ep
+    mine = [w[rank * local:(rank + 1) * local].clone().requires_grad_() for w in weights]
+    return rows.requires_grad_(), counts, mine, side_in.requires_grad_(), shared, probe
+
+
+def _run(dispatcher, timeline: list | None) -> dict:
+    """One exchange and its backward; the output and every gradient."""
+    from plait.run.modules.moe import expert_forward
+
+    rank, ep = dist.get_rank(), dist.get_world_size()
+    rows, counts, weights, side_in, shared_w, probe = _inputs(rank, ep)
+
+    def experts(x, local_counts):
+        return expert_forward(x, local_counts, *weights)
+
+    def side():
+        x = side_in if timeline is None else _Note.apply(side_in, timeline, "gemm-end")
+        y = torch.tanh(x @ shared_w) @ shared_w
+        return y if timeline is None else _Note.apply(y, timeline, "gemm-start")
+
+    out, extra = dispatcher.exchange(rows, counts, experts, side)
+    loss = (out * probe).sum() + extra.square().sum()
+    loss.backward()
+    return {"out": out.detach(), "shared": extra.detach(), "rows": rows.grad, "side": side_in.grad,
+            **{f"w{i}": w.grad for i, w in enumerate(weights)}}
+
+
+def exchange_timelines(modes: list[str]) -> dict:
+    """Per mode: the largest absolute difference of output and every gradient from the plain
+    dispatcher's, and the timeline's (event, exchange, chunk) in order."""
+    from plait.run.parallel.expert import AllToAllDispatcher
+    from plait.run.parallel.expert_overlap import OverlappedDispatcher
+
+    group, ep = dist.group.WORLD, dist.get_world_size()
+    plain = _run(AllToAllDispatcher(group, ep, EXPERTS), None)
+    out = {}
+    for mode in modes:
+        dispatcher = OverlappedDispatcher(group, ep, EXPERTS, mode)
+        dispatcher.timeline = []
+        got = _run(dispatcher, dispatcher.timeline)
+        out[mode] = {"diff": {key: (got[key] - value).abs().max().item() for key, value in plain.items()},
+                     "scale": {key: value.abs().max().item() for key, value in plain.items()},
+                     "timeline": [event[:3] for event in dispatcher.timeline], "chunks": dispatcher.chunks}
+    return out
