@@ -49,7 +49,7 @@ def _inputs(rank: int, ep: int):
 
 def _run(dispatcher, timeline: list | None) -> dict:
     """One exchange and its backward; the output and every gradient."""
-    from plait.run.modules.moe import expert_forward
+    from plait.run.modules.experts import expert_forward
 
     rank, ep = dist.get_rank(), dist.get_world_size()
     rows, counts, weights, side_in, shared_w, probe = _inputs(rank, ep)
