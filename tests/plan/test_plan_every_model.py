@@ -12,9 +12,8 @@ Known exceptions, each checked for the reason it gives (remove an entry when its
     table (2048, or 256 for tiny-gpt), so 4K and 128K are refused by rule ``seq-positions``; they
     plan a runnable top layout at their table's length instead.
   * ``MOE_ISSUE_33``: GPT-OSS (expert and router biases, the clamped SwiGLU) is refused by
-    ``runtime-moe`` (issue 33): it plans with ``--any-runtime`` (runnable=False). So is DeepSeek-V3
-    at 128K tokens: without context parallelism nothing fits, and cp > 1 with an MoE model is not
-    run yet (issue 33 item 5).
+    ``runtime-moe`` (issue 33): it plans with ``--any-runtime`` (runnable=False). DeepSeek-V3 at
+    128K tokens needs context parallelism, which the runtime runs with MoE and MLA.
 Gemma-2's soft-capped, windowed attention runs on ``attn=flex`` (FlexAttention) and under the ring,
 all-gather and Ulysses cp kernels, so it plans a runnable top layout at 4K and 128K like the rest.
 """
@@ -37,8 +36,8 @@ MODELS_AND_CONFIGS = {**MODELS, **{name: model_from_hf_dict(config, Path(f"{name
                                    for name, config in CONFIGS.items()}}
 SEQ_LENS = (4096, 131072)
 LEARNED_POSITIONS = {name for name, spec in MODELS_AND_CONFIGS.items() if spec.learned_positions}
-MOE_ISSUE_33 = {("gpt-oss-120b", 4096): "expert or router biases", ("gpt-oss-120b", 131072): "expert or router biases",
-                ("deepseek-v3", 131072): "with an MoE model"}  # (model, seq_len): what the refusal names
+MOE_ISSUE_33 = {("gpt-oss-120b", 4096): "expert or router biases",
+                ("gpt-oss-120b", 131072): "expert or router biases"}  # (model, seq_len): what the refusal names
 
 
 def gpus_for(params: int) -> int:

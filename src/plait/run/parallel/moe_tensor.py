@@ -29,8 +29,10 @@ split column-wise (dim 2, the ffn width) and w2 row-wise (dim 1) over tp, on top
 of dim 0 (``plait.run.parallel.expert``). After the ep dispatch the etp ranks all-gather their rows
 (``TensorParallelExperts``: every rank computes every row of the group on its 1/etp of the ffn,
 R = T·top_k·etp rows, as the planner prices), and the partial outputs are reduce-scattered back
-to the rows' owners (sum over etp: the row-parallel reduce). Without sequence parallelism the
-gathered rows repeat (each tp rank brings the same), which is what the planner prices too.
+to the rows' owners (sum over etp: the row-parallel reduce). Without sequence parallelism every
+etp rank already holds the same rows: nothing is gathered (R = T·top_k), the partial outputs are
+all-reduced and so is the rows' gradient, Megatron's tensor-parallel MLP (the planner prices the
+all-reduce of R·h over etp in place of the all-gather: ``plait.plan.moe.timing.expert_a2a``).
 """
 
 from __future__ import annotations
@@ -40,21 +42,41 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from plait.run.modules.moe import GroupedExperts, MoEFeedForward
+from plait.run.modules.moe import GroupedExperts, MoEFeedForward, SumOver
 from plait.run.parallel.expert import ETP_SHARD_DIM, _AllToAll, expert_parameters
 from plait.run.parallel.mesh import ParallelDims
 
 
+class _ReduceGradient(torch.autograd.Function):
+    """Identity whose backward all-reduces the gradient over ``group`` (Megatron's copy-to-region:
+    every etp rank's slice of the ffn contributes to the rows' gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
 class TensorParallelExperts:
     """A dispatcher (``LocalDispatcher`` or ``AllToAllDispatcher``) followed by the etp exchange:
-    rows gathered over the etp group, partial outputs summed back to their owners (module docstring)."""
+    rows gathered over the etp group, partial outputs summed back to their owners (module
+    docstring). ``gather`` False (no sequence parallelism: every etp rank already has the same
+    rows): no gather; the partial outputs are all-reduced, the rows' gradient too (Megatron's MLP)."""
 
-    def __init__(self, inner, group: dist.ProcessGroup, size: int):
-        self.inner, self.group, self.size = inner, group, size
+    def __init__(self, inner, group: dist.ProcessGroup, size: int, gather: bool = True):
+        self.inner, self.group, self.size, self.gather = inner, group, size, gather
 
     def dispatch(self, rows: torch.Tensor, counts: torch.Tensor):
         """As ``inner.dispatch``, then the etp group's rows too, grouped by local expert."""
         rows, local_counts, inner_state = self.inner.dispatch(rows, counts)
+        if not self.gather:
+            return _ReduceGradient.apply(rows, self.group), local_counts, (inner_state, None, None, None)
         mine = torch.tensor(local_counts, device=rows.device, dtype=torch.int64)
         every = [torch.empty_like(mine) for _ in range(self.size)]
         dist.all_gather(every, mine, group=self.group)
@@ -69,6 +91,8 @@ class TensorParallelExperts:
     def combine(self, out: torch.Tensor, state) -> torch.Tensor:
         """Each row's partial outputs summed over the etp group, back on its rank, then ``inner.combine``."""
         inner_state, inverse, sizes, n = state
+        if not self.gather:
+            return self.inner.combine(SumOver.apply(out, (self.group,)), inner_state)
         back = _AllToAll.apply(out[inverse], [n] * self.size, sizes, self.group)
         return self.inner.combine(back.view(self.size, n, -1).sum(0), inner_state)
 
@@ -95,7 +119,8 @@ def apply_moe_tensor_parallel(model: nn.Module, pdims: ParallelDims) -> None:
             continue
         module.statistic_groups = groups
         if layout.etp > 1:
-            module.dispatcher = TensorParallelExperts(module.dispatcher, pdims.group("tp"), layout.etp)
+            module.dispatcher = TensorParallelExperts(module.dispatcher, pdims.group("tp"), layout.etp,
+                                                      gather=tokens_split_over_tp(pdims))
             if layout.ep == 1:
                 shard_experts_over_tp(module.experts, pdims)
 
