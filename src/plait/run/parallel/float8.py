@@ -39,8 +39,9 @@ grouped GEMM (``torchao.prototype.moe_training``'s ``_to_fp8_rowwise_then_scaled
 scales, ``torch._scaled_grouped_mm``) on CUDA GPUs of compute capability 9.0 or newer; elsewhere
 (CPU, older GPUs, dimensions not multiples of 16) the experts stay in the compute dtype (bf16, fp32
 on CPU) and ``plait train`` says so at startup (``ModelParts.notes``): torchao has no emulated fp8
-grouped GEMM. The router (its width, the expert count, is rarely a multiple of 16) stays too;
-the shared experts are linear layers and convert as the dense MLP's.
+grouped GEMM. The router and the shared experts' gate stay in high precision (``HIGH_PRECISION``,
+as torchtitan keeps them: routing decisions are not rounded to fp8); the shared experts are
+linear layers and convert as the dense MLP's.
 
 torchao is optional (the ``cpu`` and ``gpu`` extras install it); without it the runtime rule
 ``runtime-fp8`` refuses ``precision=fp8`` and ``mxfp8`` before launching.
@@ -112,10 +113,13 @@ def float8_config(device: torch.device):
     return import_float8().Float8LinearConfig(emulate=not has_fp8_gemms(device), round_scales_to_power_of_2=True)
 
 
+HIGH_PRECISION = ("router", "shared_gate")  # MoE routing stays in high precision (as torchtitan keeps it)
+
+
 def converts(name: str, module: nn.Module, tp: int, precision: str = "fp8") -> bool:
     """Whether layer ``name`` of a (stage) model becomes fp8: a linear layer of a block whose two
     dimensions, each divided by ``tp``, are multiples of 16 (of 32, the MX block, for mxfp8)."""
-    if not name.startswith("layers.") or not isinstance(module, nn.Linear):
+    if not name.startswith("layers.") or not isinstance(module, nn.Linear) or name.endswith(HIGH_PRECISION):
         return False
     alignment = MX_BLOCK if precision == "mxfp8" else FP8_ALIGNMENT
     return all(dim % (alignment * tp) == 0 for dim in (module.in_features, module.out_features))
