@@ -11,9 +11,8 @@ Known exceptions, each checked for the reason it gives (remove an entry when its
   * ``LEARNED_POSITIONS``: GPT-architecture presets have one learned position per row of their
     table (2048, or 256 for tiny-gpt), so 4K and 128K are refused by rule ``seq-positions``; they
     plan a runnable top layout at their table's length instead.
-  * ``MOE_ISSUE_33``: DeepSeek-V3 and GPT-OSS at 128K tokens: without context parallelism nothing
-    fits, and cp > 1 with an MoE model is not run yet (``runtime-moe``, issue 33 item 5): they plan
-    with ``--any-runtime`` (runnable=False).
+  * ``MOE_ISSUE_33``: none left - GPT-OSS's biased, clamped experts and cp > 1 with an MoE or MLA
+    model both run now (issue 33 items 2 and 5); the table stays for a model the runtime refuses.
 Gemma-2's soft-capped, windowed attention runs on ``attn=flex`` (FlexAttention) and under the ring,
 all-gather and Ulysses cp kernels, so it plans a runnable top layout at 4K and 128K like the rest.
 """
@@ -36,8 +35,7 @@ MODELS_AND_CONFIGS = {**MODELS, **{name: model_from_hf_dict(config, Path(f"{name
                                    for name, config in CONFIGS.items()}}
 SEQ_LENS = (4096, 131072)
 LEARNED_POSITIONS = {name for name, spec in MODELS_AND_CONFIGS.items() if spec.learned_positions}
-MOE_ISSUE_33 = {("gpt-oss-120b", 131072): "with an MoE model",
-                ("deepseek-v3", 131072): "with an MoE model"}  # (model, seq_len): what the refusal names
+MOE_ISSUE_33: dict = {}  # (model, seq_len): what the runtime-moe refusal names
 
 
 def gpus_for(params: int) -> int:

@@ -143,3 +143,9 @@ def dense_expert_axes(layout: str) -> dict:
     except ValueError as exc:
         refusal = str(exc)
     return {"ep": pdims.size("ep"), "edp": pdims.size("edp"), "refusal": refusal, "expert_mesh": pdims.expert_mesh}
+
+
+def train_model_layout_pairs(pairs: list[tuple[str, str]]) -> list[dict]:
+    """``train_layout`` of each (preset, layout) in order: several models in one pool round trip
+    (tests/run/test_moe_split_parity.py)."""
+    return [train_layout(layout, part_fields=("notes",), **{**RUN, "model": model}) for model, layout in pairs]

@@ -132,6 +132,33 @@ def test_only_dimensions_that_fp8_gemms_take_are_converted():
     assert not converts("layers.0.attention.wk", nn.Linear(120, 64), tp=1)
     assert not converts("output", nn.Linear(128, 512), tp=1)  # the LM head
     assert not converts("layers.0.attention.wk", nn.Linear(128, 48), tp=1, precision="mxfp8")  # 32-blocks
+    assert not converts("layers.1.feed_forward.router", nn.Linear(128, 16), tp=1)  # routing stays high precision
+
+
+@pytest.mark.parametrize("capability,device,converted", [(None, "cpu", False), ((8, 9), "cuda", False),
+                                                          ((9, 0), "cuda", True)])
+def test_moe_experts_take_fp8_grouped_gemms_only_where_torchao_runs_them(monkeypatch, capability, device,
+                                                                        converted):
+    """tiny-moe in fp8: the shared experts become Float8Linear, the router does not; the routed
+    experts get torchao's fp8 grouped GEMM on CUDA from compute capability 9.0, and elsewhere stay
+    in the compute dtype with one note saying why (naming the kernel)."""
+    from plait.run.parallel.float8 import convert_experts, fp8_grouped_mm
+    from plait.spec.moe.parts import is_moe_layer
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a gpu")
+    spec = get_model("tiny-moe")
+    net = build_model(spec)
+    linears = convert_to_float8(net, torch.device(device, 0) if device == "cuda" else torch.device(device), tp=1)
+    assert "layers.1.feed_forward.shared.w1" in linears and not any("router" in name for name in linears)
+    experts, notes = convert_experts(net, torch.device(device), "fp8")
+    moe_layers = [f"layers.{i}.feed_forward.experts" for i in range(spec.n_layers) if is_moe_layer(spec, i)]
+    if converted:
+        assert experts == moe_layers and notes == []
+        assert all(net.get_submodule(name).grouped_mm is fp8_grouped_mm for name in moe_layers)
+    else:
+        assert experts == [] and len(notes) == 1 and "torch._scaled_grouped_mm" in notes[0]
+        assert all(net.get_submodule(name).grouped_mm is None for name in moe_layers)
 
 
 def test_the_emulated_gemm_multiplies_fp8_rounded_operands():

@@ -10,8 +10,8 @@ ranks, and is compared with the single-process run (the same micro-batches of on
 
 Layouts (one pool task per world size, several runs each): ep=2 (dp=2: ep carved out of dp, edp
 = 1), ep=2 with FSDP2 ZeRO-3, ep=2 with full activation checkpointing (the all-to-all recomputed),
-dp=4 × ep=2 with ZeRO-3 (edp = 2: FSDP shards the experts over it), dp=2 × tp=2 × ep=2 (the MoE
-MLP replicated over tp, sequence parallel), pp=2 × dp=2 × ep=2 (MoE layers inside stages), dp=4 ×
+dp=4 × ep=2 with ZeRO-3 (edp = 2: FSDP shards the experts over it), dp=2 × tp=2 × ep=2 (sequence
+parallel: each tp rank routes its own tokens, the experts' gradients summed over tp), pp=2 × dp=2 × ep=2 (MoE layers inside stages), dp=4 ×
 ep=4 with ckpt=balanced, HSDP (2 × 2) × ep=2. And a
 checkpoint chain across ep degrees on 4 ranks: ep=2 (ZeRO-3) -> ep=1 -> ep=2 (zero=0: experts
 replicated over edp = 2, gradients summed by the runtime), one step each, resumed from DCP,

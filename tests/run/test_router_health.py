@@ -3,7 +3,8 @@ computation from the routers' own outputs.
 
 ``tiny-moe`` with a sigmoid router and capacity factor 1.0 (3 MoE layers, 8 experts, top-2) trains
 2 steps on 4 micro-batches of one 32-token sequence under dp=2 × ep=2 (each rank routes 2
-micro-batches), tp=2 (both ranks route the same tokens) and pp=2 (each rank holds some of the MoE
+micro-batches), tp=2 without sequence parallelism (both ranks route the same tokens; with it each
+routes its own, tests/run/test_moe_split_parity.py) and pp=2 (each rank holds some of the MoE
 layers), on 2 gloo ranks. Every training forward's expert choices and probabilities are recorded
 on every rank as its router computed them; from them the test counts, per layer and step, the
 pairs per expert (the tp replicas once), the pairs over each expert's capacity ceil(c·T·k/E) per
@@ -35,7 +36,7 @@ from plait.run.observe.router import FIELDS
 
 SPEC = router_tasks.health_model()
 MOE = SPEC.moe
-LAYOUTS = {"dp=2,ep=2": (0, 1), "tp=2": (0,), "pp=2": (0, 1)}  # the ranks whose routing counts once
+LAYOUTS = {"dp=2,ep=2": (0, 1), "tp=2,sp=0": (0,), "pp=2": (0, 1)}  # the ranks whose routing counts once
 RTOL = 4 * tolerances.reduction_rtol(router_tasks.GLOBAL_BATCH * MOE.n_experts * 3)
 
 

@@ -1,7 +1,8 @@
 """Rule runtime-moe: plait train runs MoE models (GQA or multi-head latent attention, softmax or
-sigmoid routers, GPT-OSS's router and expert biases and clamped SwiGLU) with ep dividing dp·cp
-(plait.run.modules.moe, .experts, .mla, plait.run.parallel.expert) and refuses the rest (etp,
-cp and fp8 with experts or MLA; every moe_overlap runs); the planner ranks those only with --any-runtime."""
+sigmoid routers, GPT-OSS's router and expert biases and clamped SwiGLU) with ep dividing dp·cp,
+etp 1 or tp, cp > 1 and fp8 (plait.run.modules.moe, .experts, .mla, plait.run.parallel.expert,
+.moe_tensor; every moe_overlap runs) and refuses the rest (etp other than 1 or tp, etp > 1 with
+expert biases, mxfp8 with experts); the planner ranks those only with --any-runtime."""
 
 from __future__ import annotations
 
@@ -21,11 +22,10 @@ JOB = JobSpec(global_batch=8, seq_len=64)
 
 
 @pytest.mark.parametrize("model,layout,named", [
-    (dataclasses.replace(get_model("tiny-dsv3"), moe=None), "dp=2,cp=2", "cp=2 with an MLA model"),
-    (dataclasses.replace(get_model("tiny-dsv3"), moe=None), "dp=2,precision=fp8", "precision=fp8 with an MLA model"),
-    (get_model("tiny-moe"), "tp=2,etp=2,moe_overlap=shared", "layout sets etp=2"),
-    (get_model("tiny-moe"), "dp=2,cp=2", "cp=2 with an MoE model"),
-    (get_model("tiny-moe"), "dp=2,precision=fp8", "precision=fp8 with an MoE model"),
+    (get_model("tiny-gpt-oss"), "tp=2,etp=2,attn=flex", "etp=2 with expert biases"),
+    (get_model("tiny-moe"), "tp=4,etp=2", "etp=2 other than 1 or tp=4"),
+    (get_model("tiny-moe"), "dp=2,tp=2,ep=2,etp=2,order=cp-dp-tp-pp", "needs tp innermost"),
+    (get_model("tiny-moe"), "dp=2,precision=mxfp8", "precision=mxfp8 with an MoE model"),
     (get_model("tiny-moe"), "tp=2,ep=2", "ep=2 not dividing dp·cp = 1"),
     (get_model("tiny"), "dp=2,ep=2", "layout sets ep=2 for a dense model"),
 ])
@@ -76,6 +76,18 @@ def test_the_runnable_search_keeps_runnable_expert_layouts_and_any_runtime_ranks
     refused = [p for p in every.plans if p.runtime_violations]
     assert refused and all("runtime-moe" in [v.rule for v in p.runtime_violations] for p in refused
                            if p.layout.ep > 1 and (p.layout.dp * p.layout.cp) % p.layout.ep)
+
+
+@pytest.mark.parametrize("layout", ["tp=2,etp=2", "dp=2,tp=2,ep=2,etp=2", "tp=2,sp=0,etp=2", "dp=2,cp=2",
+                                    "cp=2,ep=2", "dp=2,precision=fp8", "dp=2,ep=2,precision=fp8"])
+def test_the_runtime_runs_etp_cp_and_fp8_with_experts(layout):
+    for name in ("tiny-moe", "tiny-dsv3"):
+        assert runtime_violations(get_model(name), Layout.parse(layout), JOB) == [], (name, layout)
+
+
+def test_mla_under_cp_needs_a_kernel_that_takes_its_score_scale():
+    found = runtime_violations(get_model("tiny-dsv3"), Layout.parse("cp=2,cp_impl=torch"), JOB)
+    assert [v.rule for v in found] == ["runtime-cp-attention-options"] and "mla" in found[0].message
 
 
 @pytest.mark.parametrize("layout", ["dp=2", "tp=2", "dp=2,ep=2,zero=3", "pp=2,dp=2,ep=2", "dp=2,tp=2,ep=2"])

@@ -187,6 +187,8 @@ def test_expert_groups_follow_plaits_runtime_for_torch():
     assert torch_rule["etp"].size == 1
     dp_inside = expert_groups(Layout.parse("tp=2,dp=32,ep=8,order=dp-tp-cp-pp"), 8, "torch")
     assert (dp_inside["ep"].stride, dp_inside["ep"].nodes) == (1, 1)  # dp innermost: ranks 0..7
+    split = expert_groups(Layout.parse("tp=2,dp=32,ep=8,etp=2"), 8, "torch")
+    assert (split["etp"].size, split["etp"].stride, split["etp"].nodes) == (2, 1, 1)  # etp = tp: ranks 0, 1
 
 
 def test_plait_models_lists_total_and_active(capsys, monkeypatch):

@@ -133,6 +133,9 @@ def build_setup(config: RunConfig, device: torch.device, faults: FaultPlan) -> S
                               compile_backend=runtime.compile_backend, async_tp=runtime.async_tp,
                               offload_dir=offload_directory(config, dist.get_rank()),
                               fused_qkv=runtime.qkv == "fused")
+    if dist.get_rank() == 0:
+        for note in parts.notes:
+            print(f"plait train: {note}", flush=True)
     return StepSetup(config=config, pdims=pdims, parts=parts, optimizer=build_optimizer(parts.parameters(), config.optim),
                      source=prefetching(open_data(job.data, job.model.vocab, job.seed, tokenizer=job.data_tokenizer,
                                                   text_key=job.data_text_key), device),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 
 from plait.spec.hf.families import ROPE_TYPES
 from plait.spec.layout import FP8_PRECISIONS, JobSpec, Layout
@@ -85,20 +86,30 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     ``plait.run.parallel.expert``) runs models with GQA or multi-head latent attention (MLA,
     DeepSeek-V2/V3) and routed (softmax or bias-balanced sigmoid router, group-limited routing,
     route scale, router bias) and shared experts, SwiGLU or GPT-OSS's clamped SwiGLU, with or without
-    expert biases, dropless or with a capacity factor, with ep carved out of dp·cp, every ``moe_overlap``
-    (``plait.run.parallel.expert_overlap``); refused: etp > 1, fp8 and cp > 1 for an MoE or MLA model,
-    and ep not dividing dp·cp."""
+    expert biases, dropless or with a capacity factor, with ep carved out of dp·cp, etp 1 or tp, cp > 1
+    and fp8 (the experts' grouped GEMMs in fp8 through torchao's ``moe_training``; the rule names it
+    when it is missing), every ``moe_overlap`` (``plait.run.parallel.expert_overlap``); refused: etp > 1
+    with expert biases (the biases are not split over etp), mxfp8 with MoE (torchao's MXFP8 grouped GEMM
+    is not wired), and ep not dividing dp·cp."""
     if (model.moe is None and model.mla is None and lay.ep == 1 and lay.etp == 1
             and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
         return []
     moe = model.moe
     parts: list[str] = []  # model features refused on every layout (none left: GPT-OSS's biases and clamped SwiGLU run)
-    keys = [f"{key}={getattr(lay, key)}" for key, default in (("etp", 1),) if getattr(lay, key) != default]
-    kind = "an MoE model" if moe is not None else "an MLA model"
-    if (moe is not None or model.mla is not None) and lay.precision in FP8_PRECISIONS:
-        keys.append(f"precision={lay.precision} with {kind}")
-    if (moe is not None or model.mla is not None) and lay.cp > 1:
-        keys.append(f"cp={lay.cp} with {kind}")
+    keys: list[str] = []
+    if lay.etp not in (1, lay.tp):
+        keys.append(f"etp={lay.etp} other than 1 or tp={lay.tp} (the runtime's etp ranks are the tp ranks)")
+    if lay.etp > 1 and lay.ep > 1 and [d for d in lay.order.split("-") if d in ("tp", "cp", "dp")][0] != "tp":
+        keys.append(f"etp={lay.etp} with ep={lay.ep} and order={lay.order} (the expert mesh needs tp innermost "
+                    "of tp, cp and dp)")
+    if lay.etp > 1 and moe is not None and moe.expert_bias:
+        keys.append(f"etp={lay.etp} with expert biases (model {model.name}: the biases are not split over etp; "
+                    "use etp=1)")
+    if moe is not None and lay.precision == "mxfp8":
+        keys.append("precision=mxfp8 with an MoE model (torchao's MXFP8 grouped GEMM is not wired; use precision=fp8)")
+    if moe is not None and lay.precision == "fp8" and torchao_installed() and not torchao_grouped_fp8():
+        keys.append("precision=fp8 with an MoE model, and this torchao has no fp8 grouped GEMM "
+                    "(torchao.prototype.moe_training: _to_fp8_rowwise_then_scaled_grouped_mm); upgrade torchao")
     if moe is not None and (lay.dp * lay.cp) % lay.ep:
         keys.append(f"ep={lay.ep} not dividing dp·cp = {lay.dp * lay.cp} (the runtime carves ep out of dp·cp)")
     if moe is None and lay.ep > 1:
@@ -107,8 +118,8 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
         return []
     what = f"model {model.name} has {', '.join(parts)}" if parts else f"layout sets {', '.join(keys)}"
     return [("runtime-moe", f"{what}: planned but not run by plait train yet; plait train runs MoE models "
-             "(GQA or MLA attention) with SwiGLU or clamped SwiGLU experts, ep dividing dp·cp, etp=1, cp=1, "
-             "bf16 (plait plan --any-runtime ranks the rest)")]
+             "(GQA or MLA attention) with SwiGLU or clamped SwiGLU experts, ep dividing dp·cp, etp=1 or tp, "
+             "bf16 or fp8 (plait plan --any-runtime ranks the rest)")]
 
 
 def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
@@ -120,7 +131,8 @@ def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]
         out.append(("runtime-attn-softcap", f"model {model.name} {' and '.join(fused_only)}, which attn={lay.attn} "
                     f"(FlashAttention through SDPA) does not take; use attn=flex (FlexAttention) or attn=eager"))
     options = [name for name, value in (("sliding_window", model.sliding_window), ("attn_scale", model.attn_scale),
-                                        ("attn_softcap", model.attn_softcap), ("sinks", model.sinks)) if value]
+                                        ("attn_softcap", model.attn_softcap), ("sinks", model.sinks),
+                                        ("mla (its score scale)", model.mla)) if value]
     if options and lay.cp > 1 and lay.cp_impl == "torch":
         out.append(("runtime-cp-attention-options", f"model {model.name} sets {', '.join(options)}, which PyTorch's "
                     "ring attention (cp_impl=torch) does not take; use cp_impl=ring, allgather or ulysses"))
@@ -128,6 +140,16 @@ def _model_feature_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]
         out.append(("runtime-logit-softcap-loss", f"model {model.name} soft-caps its logits, which the fused "
                     "(chunked) loss does not; use loss=unfused"))
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def torchao_grouped_fp8() -> bool:
+    """Whether the installed torchao has the fp8 grouped GEMM of MoE training
+    (``torchao/prototype/moe_training/fp8_grouped_mm.py``); found without importing torchao."""
+    spec = importlib.util.find_spec("torchao")
+    folders = spec.submodule_search_locations if spec is not None else None
+    return any(os.path.exists(os.path.join(folder, "prototype", "moe_training", "fp8_grouped_mm.py"))
+               for folder in folders or ())
 
 
 @functools.lru_cache(maxsize=1)

@@ -164,8 +164,8 @@ class Layout:
     ep: int = layout_key(1, "int", "expert-parallel degree: each MoE layer's routed experts are split over ep "
                          "ranks carved out of tp·cp·dp (Megatron-Core's expert mesh: etp innermost, then ep, then "
                          "expert data parallel = tp·cp·dp/(ep·etp)); 1 for a dense model; plait train carves it out of dp·cp")
-    etp: int = layout_key(1, "int", "tensor-parallel degree inside each routed expert (its ffn split by etp)",
-                          runtime=False)
+    etp: int = layout_key(1, "int", "tensor-parallel degree inside each routed expert (its ffn split by etp); "
+                          "plait train runs etp=1 or etp=tp (the etp ranks are the tp ranks)")
     moe_overlap: str = layout_key("none", "choice", "how the expert all-to-all overlaps computation: `none`, "
                                   "`shared` (the dispatch behind the shared experts of the same layer), "
                                   "`chunked` (Comet/FSMoE-style: micro-batch chunks, one chunk's dispatch and "

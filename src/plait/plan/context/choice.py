@@ -25,8 +25,8 @@ def fastest_cp_impl(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, lay: L
     the kernels apart (``plait.plan.context.exchange``), so the search tries this one rather than all four."""
     group = group_of(lay, cluster.gpus_per_node, ("cp",))
     recomputed = lay.ckpt in ("full", "selective")
-    options = model.sliding_window or model.attn_scale or model.attn_softcap or model.sinks
-    if job.doc_len or options:  # masks and score options: PyTorch's ring takes none (runtime-doc-mask-cp-torch,
+    options = model.sliding_window or model.attn_scale or model.attn_softcap or model.sinks or model.mla
+    if job.doc_len or options:  # masks and score options (MLA's scale): PyTorch's ring takes none (runtime-doc-mask-cp-torch,
         impls = tuple(impl for impl in impls if impl != "torch") or impls  # runtime-cp-attention-options)
     if is_extended(model):  # experts, MLA: their own layer times, which read more of the layout
         return _fastest(model, cluster, job.seq_len, params, lay, group, recomputed, impls)

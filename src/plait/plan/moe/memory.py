@@ -14,7 +14,8 @@ Saved activations of one MoE block (``moe_layer_saved_bytes``, one layer and mic
 runtime's memory-truth test compares with it). T tokens on the rank enter the block (s·b, or
 s·b/tp with sequence parallelism: the router and the dispatch see the sequence shard), R =
 T·top_k·etp·c tokens reach its experts after dispatch (c: the capacity factor, 1 when dropless
-and balanced):
+and balanced; the etp ranks gather their tokens with sequence parallelism, without it they hold
+the same ones: R = T·top_k·c):
   moe_router_probs     4·T·E        fp32 router probabilities (softmax or sigmoid output)
   moe_combine_weights  4·T·k        fp32 top-k weights (the combine's gradient w.r.t. expert outputs)
   moe_dispatched       2·R·h        tokens after dispatch: input of the experts' gate/up GEMM
@@ -117,7 +118,8 @@ def routed_tokens(model, layout: Layout, seq_len: int, mbs: int | None = None, l
     tokens = seq_len / layout.cp * b / rep
     moe = model.moe
     factor = min(load, moe.capacity_factor) if moe.capacity_factor else load
-    return tokens, tokens * moe.top_k * layout.etp * factor
+    gathered = layout.etp if layout.sequence_parallel else 1  # without sp the etp ranks hold the same tokens
+    return tokens, tokens * moe.top_k * gathered * factor
 
 
 def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None = None, *,

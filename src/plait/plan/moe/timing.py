@@ -9,8 +9,9 @@ dense model:
   * router GEMM (T_r × h × E, T_r = tokens on the rank after sequence parallelism), shared experts
     as a dense MLP of n_shared·f_s split by tp, and the routed experts as two grouped GEMMs
     (``grouped_gemm_time``): n_experts/ep experts, each on m = R / (n_experts/ep) tokens, R =
-    T_r·top_k·etp·load; the efficiency curve is taken at one expert's FLOPs (a grouped GEMM of small
-    per-expert GEMMs under-fills the GPU like each of them: "tokens-per-expert efficiency"), with
+    T_r·top_k·etp·load (etp with sequence parallelism only: ``plait.plan.moe.memory.routed_tokens``);
+    the efficiency curve is taken at one expert's FLOPs (a grouped GEMM of small per-expert GEMMs
+    under-fills the GPU like each of them: "tokens-per-expert efficiency"), with
     one launch for the group and the roofline on all the experts' weights;
   * the attention core counts only the keys a query sees in a sliding-window layer, as
     FlashAttention's and Transformer Engine's windowed kernels compute them (the MoE sources run
@@ -32,7 +33,8 @@ Megatron places it (``plait.spec.moe.layout``). Across nodes it is the hierarchi
 (``plait.plan.comm.all_to_all_hierarchical``): a token crosses the network once per destination
 node (``remote_nodes_per_token``: the expected distinct other nodes among its top-k experts under
 balanced routing, capped by group-limited routing), then fans out over NVLink. etp > 1 adds the
-all-gather (and reduce-scatter) of the routed tokens over the etp group. Overlap (``Layout.moe_overlap``):
+all-gather (and reduce-scatter) of the routed tokens over the etp group with sequence parallelism,
+the all-reduce of the experts' partial outputs without it (the etp ranks hold the same tokens). Overlap (``Layout.moe_overlap``):
   none     every all-to-all is exposed;
   shared   the dispatch hides behind the shared experts' GEMMs of the same layer (in the backward
            the reverse dispatch behind their backward); the combine is exposed: exposed = 2·a2a -
@@ -175,8 +177,10 @@ def expert_a2a(model, cluster: ClusterSpec, layout: Layout, seq_len: int, params
     sent = element * t_r * model.moe.top_k * model.hidden * load
     nic = element * t_r * model.hidden * load * remote_nodes_per_token(model.moe, groups["ep"].nodes)
     seconds = comm.all_to_all_hierarchical(cluster, groups["ep"], sent, nic)
-    if layout.etp > 1:
+    if layout.etp > 1 and layout.sequence_parallel:  # the etp ranks' tokens gathered (reduce-scattered back)
         seconds += comm.all_gather(cluster, groups["etp"], element * routed * model.hidden)
+    elif layout.etp > 1:  # the same tokens on every etp rank: the partial outputs all-reduced
+        seconds += comm.all_reduce(cluster, groups["etp"], element * routed * model.hidden)
     return seconds
 
 

@@ -55,19 +55,21 @@ def _plus_bias(out: torch.Tensor, bias: torch.Tensor | None, counts_t: torch.Ten
 
 def expert_forward(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w3: torch.Tensor,
                    w2: torch.Tensor, grouped: bool | None = None, biases: tuple | None = None,
-                   activation: str = "silu") -> torch.Tensor:
+                   activation: str = "silu", mm=None) -> torch.Tensor:
     """The experts on rows ``x`` (grouped: ``counts[e]`` rows for local expert e) through w1, w3
     (E_l, h, f) and w2 (E_l, f, h), with ``biases`` (b1, b3, b2) or None; one output row per input
     row. ``grouped``: one ``torch._grouped_mm`` per projection (None: ``use_grouped_mm``), else one
-    GEMM per expert."""
+    GEMM per expert. ``mm``: another grouped GEMM (fp8: ``plait.run.parallel.float8.fp8_grouped_mm``),
+    always used."""
     w1, w3, w2 = (w.to(x.dtype) for w in (w1, w3, w2))  # fp32 master weights under bf16 compute
     b1, b3, b2 = (b.to(x.dtype) for b in biases) if biases is not None else (None, None, None)
-    if use_grouped_mm(x) if grouped is None else grouped:
+    if mm is not None or (use_grouped_mm(x) if grouped is None else grouped):
+        mm = mm or torch._grouped_mm
         counts_t = torch.tensor(counts, device=x.device)
         offsets = counts_t.cumsum(0).to(torch.int32)
-        gate = _plus_bias(torch._grouped_mm(x, w1, offs=offsets), b1, counts_t)
-        up = _plus_bias(torch._grouped_mm(x, w3, offs=offsets), b3, counts_t)
-        return _plus_bias(torch._grouped_mm(glu(gate, up, activation), w2, offs=offsets), b2, counts_t)
+        gate = _plus_bias(mm(x, w1, offs=offsets), b1, counts_t)
+        up = _plus_bias(mm(x, w3, offs=offsets), b3, counts_t)
+        return _plus_bias(mm(glu(gate, up, activation), w2, offs=offsets), b2, counts_t)
     outs, start = [], 0
     for e, n in enumerate(counts):  # an expert with no rows still runs (its weights get a zero gradient)
         rows = x[start:start + n]
@@ -94,6 +96,7 @@ class GroupedExperts(nn.Module):
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden, ffn))
         self.w2 = nn.Parameter(torch.empty(n_experts, ffn, hidden))
         self.bias = bias
+        self.grouped_mm = None  # fp8: plait.run.parallel.float8.convert_experts sets its grouped GEMM
         if bias:
             self.w1_bias = nn.Parameter(torch.empty(n_experts, ffn))
             self.w3_bias = nn.Parameter(torch.empty(n_experts, ffn))
@@ -114,4 +117,4 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         return expert_forward(x, counts, *self.local_weights(), biases=self.local_biases(),
-                              activation=self.activation)
+                              activation=self.activation, mm=self.grouped_mm)

@@ -23,7 +23,8 @@ top-k):
      with per-expert biases (``plait.run.modules.experts``), as a grouped GEMM over the rows of
      each expert (``torch._grouped_mm`` on CUDA in bf16, else one GEMM per expert).
      With ``capacity_factor`` c > 0 each expert first keeps only its ceil(c·T·k/E) pairs of
-     highest router probability (per micro-batch, before any dispatch); the dropped pairs add
+     highest router probability (per micro-batch, before any dispatch; T: this rank's tokens,
+     a share of the micro-batch when tp with sp or cp split it, as Megatron drops); the dropped pairs add
      nothing (the token keeps its other experts and the residual).
   4. combine: the outputs back in (token, slot) order; each token's output is the sum over its k
      experts of weight·expert output (fp32 accumulation), plus the shared experts (one SwiGLU of width n_shared·shared_ffn: n_shared
@@ -31,13 +32,16 @@ top-k):
 
 Auxiliary loss (Switch Transformer's): aux = coef · E · Σ_e f_e · P_e, where f_e is the fraction
 of the T·k routed pairs that chose expert e (no gradient) and P_e the mean router probability of
-e over the T tokens. It is computed over the tokens of one micro-batch as this module sees them
-(the full micro-batch: under sequence parallelism the block gathers the sequence first), and
-its gradient is injected in the backward (``AuxLossGradient``) scaled by ``aux_grad_scale``
+e over the T tokens. It is computed over the tokens of one whole micro-batch: when ranks split a
+micro-batch's tokens (tp with sequence parallelism, cp: ``plait.run.parallel.moe_tensor``) each
+routes only its own, and ``statistic_groups`` all-reduce the per-expert counts and probability
+sums over those ranks (the sum's backward is the identity: each rank gets the aux gradient of its
+own tokens), so every rank computes the one-process aux. Its gradient is injected in the backward (``AuxLossGradient``) scaled by ``aux_grad_scale``
 (1/micro-batches, as the LM loss of each micro-batch is scaled): the total gradient is that of
 mean LM loss + Σ_layers mean over micro-batches of aux. The reported loss is the LM loss alone.
 Every layout splits the global batch into the same micro-batches (mbs sequences), so the sum is
-the same under any dp/ep/tp/pp split: parity holds.
+the same under any dp/ep/tp/cp/pp split: parity holds (dropless; with a capacity factor the
+tokens dropped depend on how tp and cp split a micro-batch).
 
 Router health (``plait.run.observe.router``): every training forward (not a recomputation in the
 backward) also adds, on the device and without a host read, its routed pairs per expert to
@@ -57,6 +61,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -79,6 +84,22 @@ class AuxLossGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         return grad, torch.full(ctx.aux_shape, ctx.scale, dtype=ctx.aux_dtype, device=grad.device), None
+
+
+class SumOver(torch.autograd.Function):
+    """All-reduce (sum) over each of ``groups``; the backward is the identity (each rank's part of
+    a replicated result gets that result's gradient, as Megatron's reduce-from-region)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, groups: tuple):
+        x = x.clone()
+        for group in groups:
+            dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
 
 
 class Dispatcher:
@@ -142,6 +163,7 @@ class MoEFeedForward(nn.Module):
         self.shared = SharedExperts(spec.hidden, moe.n_shared * moe.shared_width) if moe.n_shared else None
         self.shared_gate = nn.Linear(spec.hidden, 1, bias=False) if moe.n_shared and moe.shared_gate else None
         self.dispatcher = LocalDispatcher()  # plait.run.parallel.expert sets an all-to-all one
+        self.statistic_groups: tuple = ()  # ranks splitting the micro-batch's tokens (plait.run.parallel.moe_tensor)
         self.aux_grad_scale = 1.0  # 1/micro-batches without a pipeline (set by build_model_parts)
 
     def route(self, x: torch.Tensor):
@@ -216,9 +238,15 @@ class MoEFeedForward(nn.Module):
         return order[keep], counts.clamp(max=capacity)
 
     def aux_loss(self, probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """coef · E · Σ_e f_e · P_e over this micro-batch's tokens (module docstring)."""
-        fraction = counts.to(probs.dtype) / (probs.shape[0] * self.top_k)
-        return self.aux_coef * self.n_experts * (fraction * probs.mean(dim=0)).sum()
+        """coef · E · Σ_e f_e · P_e over the whole micro-batch's tokens (module docstring)."""
+        tokens, total = probs.shape[0], probs.sum(dim=0)
+        if self.statistic_groups:
+            counts, total = counts.clone(), SumOver.apply(total, self.statistic_groups)
+            for group in self.statistic_groups:
+                dist.all_reduce(counts, group=group)
+                tokens *= dist.get_world_size(group)
+        fraction = counts.to(probs.dtype) / (tokens * self.top_k)
+        return self.aux_coef * self.n_experts * (fraction * total / tokens).sum()
 
     def shared_output(self, x: torch.Tensor) -> torch.Tensor:
         """The shared experts of tokens ``x`` (T, h), times their gate when ``shared_gate``."""

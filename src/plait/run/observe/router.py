@@ -54,9 +54,10 @@ def moe_layer_indices(spec: ModelSpec) -> list[int]:
 
 
 def token_replicas(pdims) -> int:
-    """How many ranks route the same tokens through a layer: its tensor-parallel ranks (the MoE block
-    runs whole on each of them)."""
-    return pdims.layout.tp
+    """How many ranks route the same tokens through a layer: its tensor-parallel ranks without
+    sequence parallelism (the MoE block runs whole on each of them), 1 with it (each routes its
+    own tokens: ``plait.run.parallel.moe_tensor``)."""
+    return 1 if pdims.layout.sequence_parallel else pdims.layout.tp
 
 
 def layer_holders(pdims) -> int:

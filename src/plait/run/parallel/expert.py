@@ -8,7 +8,10 @@ experts [r·E/ep, (r+1)·E/ep) of each MoE layer (r: its ep index); the expert w
 DTensors ``Shard(0)`` over the 1-D ep mesh, so the gradient norm sums their squares over ep
 (``plait.run.optim``) and a checkpoint holds each expert's full tensor under its plain name
 (``plait.run.checkpoint.dcp``): it loads under any other ep. Tensor-parallel ranks hold the same
-experts and compute the same tokens (the MoE MLP is replicated over tp; etp > 1 is not run). Everything else (attention, router, shared experts, dense MLPs) keeps the dense layout.
+experts (etp = 1; with sequence parallelism each routes its own tokens) or split each expert's ffn
+(etp = tp: the weights are DTensors over the (ep, etp) mesh, ``Shard(0)`` and ``ETP_SHARD_DIM``):
+``plait.run.parallel.moe_tensor``. Everything else (attention, router, shared experts, dense MLPs)
+keeps the dense layout.
 
 Dispatch (``AllToAllDispatcher``): the rows sorted by global expert are sent to the rank holding
 their expert with ``all_to_all_single`` and variable split sizes (the per-expert counts are
@@ -39,6 +42,9 @@ from plait.run.modules.experts import GroupedExperts
 from plait.run.modules.moe import Dispatcher, MoEFeedForward
 from plait.run.parallel.expert_overlap import OverlappedDispatcher
 from plait.run.parallel.mesh import ParallelDims
+
+
+ETP_SHARD_DIM = {"w1": 2, "w3": 2, "w2": 1}  # etp > 1: w1/w3 column-wise (ffn width), w2 row-wise
 
 
 class _AllToAll(torch.autograd.Function):
@@ -96,6 +102,8 @@ class ExpertParallel:
         self.ep = pdims.size("ep")
         self.data_parallel = layout.dp * layout.cp  # dp·cp: the ranks whose gradients are averaged
         self.ep_mesh = pdims.axis("ep")
+        self.etp = layout.etp  # > 1: the weights also split over the etp axis (plait.run.parallel.moe_tensor)
+        self.weight_mesh = pdims.expert_mesh["ep", "etp"] if self.etp > 1 else self.ep_mesh
         self.edp = pdims.size("edp")
         # ZeRO (zero >= 1) over edp > 1 ranks: FSDP2 shards the experts over edp and averages their
         # gradients there (plait.run.parallel.data); else they are replicated and summed here
@@ -111,7 +119,8 @@ class ExpertParallel:
                                      else OverlappedDispatcher(group, self.ep, module.n_experts, self.overlap))
                 experts = module.experts
                 for name, param in list(experts.named_parameters(recurse=False)):
-                    sharded = distribute_tensor(param.data, self.ep_mesh, [Shard(0)], src_data_rank=None)
+                    placements = [Shard(0)] + ([Shard(ETP_SHARD_DIM[name])] if self.etp > 1 else [])
+                    sharded = distribute_tensor(param.data, self.weight_mesh, placements, src_data_rank=None)
                     setattr(experts, name, nn.Parameter(sharded))
 
     @torch.no_grad()
@@ -144,14 +153,16 @@ def set_aux_grad_scale(chunks: list[nn.Module], scale: float) -> None:
 
 @torch.no_grad()
 def balance_routers(chunks: list[nn.Module], pdims: ParallelDims, update: bool = True) -> None:
-    """After an optimizer step: sum the sigmoid routers' loads over the data-parallel ranks (one
-    all-reduce per dp/cp mesh dimension for all layers), move their biases (``update``: False for a
-    skipped step), and zero every MoE layer's load."""
+    """After an optimizer step: sum the sigmoid routers' loads over the data-parallel ranks and the
+    ranks that split a micro-batch's tokens (one all-reduce per dp/cp/tp mesh dimension for all
+    layers; tp under sequence parallelism), move their biases (``update``: False for a skipped step),
+    and zero every MoE layer's load."""
     layers = [m for chunk in chunks for m in chunk.modules() if isinstance(m, MoEFeedForward)]
     sigmoid = [m for m in layers if m.router_type == "sigmoid"]
     if sigmoid and update:
         loads = torch.stack([m.expert_load for m in sigmoid])
-        for name in ("dp_replicate", "dp_shard", "cp"):
+        split = ("tp",) if pdims.layout.sequence_parallel else ()  # the tp ranks route their own tokens
+        for name in ("dp_replicate", "dp_shard", "cp") + split:
             if pdims.size(name) > 1:
                 dist.all_reduce(loads, group=pdims.group(name))
         for module, load in zip(sigmoid, loads):

@@ -34,6 +34,15 @@ bf16 all-gathers). Both only save communication on GPU.
 per 32 elements; ``mxfp8_config``): MX GEMMs on B200, emulated on CPU, refused on GPUs without
 MX tensor cores and, by rule ``runtime-mxfp8-tp``, with tensor parallelism.
 
+Mixture-of-experts (``convert_experts``): the routed experts' grouped GEMMs run torchao's fp8
+grouped GEMM (``torchao.prototype.moe_training``'s ``_to_fp8_rowwise_then_scaled_grouped_mm``: row-wise
+scales, ``torch._scaled_grouped_mm``) on CUDA GPUs of compute capability 9.0 or newer; elsewhere
+(CPU, older GPUs, dimensions not multiples of 16) the experts stay in the compute dtype (bf16, fp32
+on CPU) and ``plait train`` says so at startup (``ModelParts.notes``): torchao has no emulated fp8
+grouped GEMM. The router and the shared experts' gate stay in high precision (``HIGH_PRECISION``,
+as torchtitan keeps them: routing decisions are not rounded to fp8); the shared experts are
+linear layers and convert as the dense MLP's.
+
 torchao is optional (the ``cpu`` and ``gpu`` extras install it); without it the runtime rule
 ``runtime-fp8`` refuses ``precision=fp8`` and ``mxfp8`` before launching.
 """
@@ -104,10 +113,13 @@ def float8_config(device: torch.device):
     return import_float8().Float8LinearConfig(emulate=not has_fp8_gemms(device), round_scales_to_power_of_2=True)
 
 
+HIGH_PRECISION = ("router", "shared_gate")  # MoE routing stays in high precision (as torchtitan keeps it)
+
+
 def converts(name: str, module: nn.Module, tp: int, precision: str = "fp8") -> bool:
     """Whether layer ``name`` of a (stage) model becomes fp8: a linear layer of a block whose two
     dimensions, each divided by ``tp``, are multiples of 16 (of 32, the MX block, for mxfp8)."""
-    if not name.startswith("layers.") or not isinstance(module, nn.Linear):
+    if not name.startswith("layers.") or not isinstance(module, nn.Linear) or name.endswith(HIGH_PRECISION):
         return False
     alignment = MX_BLOCK if precision == "mxfp8" else FP8_ALIGNMENT
     return all(dim % (alignment * tp) == 0 for dim in (module.in_features, module.out_features))
@@ -147,3 +159,55 @@ def mxfp8_config(device: torch.device):
                          f"{torch.cuda.get_device_name(device)} has none; use precision=fp8")
     emulated = device.type != "cuda"
     return MXFP8TrainingOpConfig(kernel_preference=KernelPreference.EMULATED if emulated else KernelPreference.AUTO)
+
+
+FP8_GROUPED_MIN_CAPABILITY = (9, 0)  # torch._scaled_grouped_mm: Hopper and newer
+
+
+def experts_fp8_blocker(device: torch.device, precision: str, hidden: int, ffn: int) -> str | None:
+    """Why the routed experts (hidden, ffn: the local expert widths) stay in the compute dtype under
+    ``precision`` (None: they run torchao's fp8 grouped GEMM; module docstring)."""
+    if precision != "fp8":
+        return None if precision == "bf16" else f"precision={precision} has no grouped GEMM here"
+    if device.type != "cuda":
+        return (f"torchao's fp8 grouped GEMM (torch._scaled_grouped_mm) runs on CUDA only, and this is "
+                f"{device.type}")
+    if torch.cuda.get_device_capability(device) < FP8_GROUPED_MIN_CAPABILITY:
+        return (f"torchao's fp8 grouped GEMM (torch._scaled_grouped_mm) needs compute capability 9.0; "
+                f"{torch.cuda.get_device_name(device)} has {torch.cuda.get_device_capability(device)}")
+    if hidden % FP8_ALIGNMENT or ffn % FP8_ALIGNMENT:
+        return f"the experts' widths (hidden {hidden}, ffn {ffn}) are not multiples of {FP8_ALIGNMENT}"
+    return None
+
+
+def fp8_grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm(x, weight, offs=offs)`` with fp8 operands (row-wise scales; torchao):
+    x (rows, k) bf16, weight (groups, k, n), given to torchao column-major as it requires."""
+    quiet_torchao()
+    from torchao.prototype.moe_training import _to_fp8_rowwise_then_scaled_grouped_mm
+
+    column_major = weight.transpose(-2, -1).contiguous().transpose(-2, -1)
+    return _to_fp8_rowwise_then_scaled_grouped_mm(x, column_major, offs, out_dtype=x.dtype)
+
+
+def convert_experts(model: nn.Module, device: torch.device, precision: str,
+                    etp: int = 1) -> tuple[list[str], list[str]]:
+    """Give the routed experts of ``model`` the fp8 grouped GEMM where it runs (module docstring;
+    ``etp``: the split of each expert's ffn); (names of the converted experts, notes of those left
+    in the compute dtype, one per reason)."""
+    from plait.run.modules.experts import GroupedExperts
+
+    converted, notes = [], []
+    for name, module in model.named_modules():
+        if not isinstance(module, GroupedExperts):
+            continue
+        hidden, ffn = module.w1.shape[1], module.w1.shape[2] // etp
+        why = experts_fp8_blocker(device, precision, hidden, ffn)
+        if why is None:
+            module.grouped_mm = fp8_grouped_mm
+            converted.append(name)
+        else:
+            note = f"the routed experts stay in the compute dtype under precision={precision}: {why}"
+            if note not in notes:
+                notes.append(note)
+    return converted, notes

@@ -11,7 +11,9 @@ Axes (``MESH_DIMS``), each ``ParallelDims.group(name)``, ``.rank_in(name)``, ``.
   * ``edp``, ``ep`` (``EXPERT_DIMS``, built when ep > 1): the routed experts' view. The dp·cp ranks
     of each (pp, tp) position, flattened in the world mesh's order (``dp_cp``), are unflattened into
     edp × ep, ep innermost: expert parallelism carved out of data parallelism, as Megatron-Core
-    and torchtitan do (``plait.run.parallel.expert``).
+    and torchtitan do (``plait.run.parallel.expert``). With etp > 1 (etp = tp) the view is
+    (edp, ep, etp) of the dp·cp·tp ranks, etp innermost, so that the expert weights split over ep
+    and etp share the root mesh with edp (``plait.run.parallel.moe_tensor``).
 
 Context parallelism: the cp ranks of a data-parallel replica hold the same weights and
 different tokens, so data parallelism runs over dp×cp. With cp > 1 two flattened dimensions
@@ -172,5 +174,12 @@ def expert_view(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
         raise PlaitError(f"ep={layout.ep} needs a torch whose DeviceMesh has _unflatten (2.11 or newer); "
                          f"this is torch {torch.__version__}")
     dims = tuple(name for name in mesh.mesh_dim_names if name in _DATA_DIMS)  # a slice keeps the mesh's order
+    if layout.etp > 1:  # (edp, ep, etp): etp the tp ranks, innermost (Megatron-Core's expert mesh)
+        names = mesh.mesh_dim_names
+        if names.index("tp") < max(names.index(name) for name in dims):
+            raise PlaitError(f"etp={layout.etp} with ep={layout.ep} needs tp inside dp and cp in the rank order "
+                             f"(order={layout.order}); use the default order tp-cp-dp-pp")
+        flat = mesh[dims + ("tp",)]._flatten("dp_cp_tp")
+        return flat._unflatten(0, (data_parallel // layout.ep, layout.ep, layout.etp), EXPERT_DIMS + ("etp",))
     flat = mesh[dims]._flatten("dp_cp")
     return flat._unflatten(0, (data_parallel // layout.ep, layout.ep), EXPERT_DIMS)

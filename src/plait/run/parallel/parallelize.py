@@ -2,7 +2,8 @@
 
 The order is fixed (each step changes what the next one sees):
   build on meta → fp8 linear layers (precision=fp8/mxfp8) → tensor parallel → expert parallel
-  (ep > 1: ``plait.run.parallel.expert``) → context parallel →
+  (ep > 1: ``plait.run.parallel.expert``) → MoE tokens and etp (``plait.run.parallel.moe_tensor``)
+  → context parallel →
   activation checkpointing → activation offload hooks → torch.compile per block → FSDP2 →
   materialize on the device and initialize → DDP (zero=0) → pipeline schedule.
 """
@@ -22,8 +23,9 @@ from plait.run.parallel.context.ring import apply_context_parallel
 from plait.run.parallel.context.shard import SequenceShard
 from plait.run.parallel.data import apply_ddp, apply_fsdp, reshard_all, uses_fsdp
 from plait.run.parallel.expert import ExpertParallel, set_aux_grad_scale
-from plait.run.parallel.float8 import convert_to_float8
+from plait.run.parallel.float8 import convert_experts, convert_to_float8
 from plait.run.parallel.mesh import ParallelDims
+from plait.run.parallel import moe_tensor
 from plait.run.loss import loss_function, token_loss
 from plait.run.model import Transformer, apply_kernels, build_model, init_weights, kept_buffers
 from plait.run.memory.offload import ActivationOffloader, apply_activation_offload
@@ -48,15 +50,20 @@ class ModelParts:
     sequence_shard: SequenceShard | None = None  # context parallelism: this rank's tokens of each sequence
     loss_fn: Callable = token_loss  # (model output, labels) -> mean token loss (Layout.loss, plait.run.loss)
     experts: ExpertParallel | None = None  # ep > 1: syncs the expert gradients after the backward
+    pdims: ParallelDims | None = None  # the run's mesh (the MoE experts' gradient sum over tp)
+    notes: list[str] = field(default_factory=list)  # what plait train says at startup (fp8 experts not converted)
 
     def state_buffers(self) -> list[tuple[str, torch.Tensor]]:
         """(plain-model name, tensor) of the buffers a checkpoint keeps: the sigmoid routers' biases."""
         return [item for chunk in self.chunks for item in kept_buffers(chunk)]
 
     def sync_expert_gradients(self) -> None:
-        """Reduce the expert-parallel experts' gradients over their data-parallel group (no-op at ep=1)."""
+        """Reduce the routed experts' gradients over their data-parallel group (ep > 1) and, when the
+        tp ranks split the tokens with etp = 1, over tp (``plait.run.parallel.moe_tensor``)."""
         if self.experts is not None:
             self.experts.sync_gradients(self.chunks)
+        if self.pdims is not None:
+            moe_tensor.sync_gradients(self.chunks, self.pdims)
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for chunk in self.chunks for p in chunk.parameters()]
@@ -106,20 +113,26 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         chunks = [build_model(spec)]
     sequence_shard = None
     fp8: list[str] = []
+    notes: list[str] = []
     experts = ExpertParallel(pdims) if layout.ep > 1 else None
     # the aux loss's gradient is scaled as each micro-batch's loss: by the step without a pipeline,
     # by the schedule's scale_grads with one
-    set_aux_grad_scale(chunks, 1.0 if layout.pp > 1 else 1.0 / n_microbatches)
+    # (times cp: plait.run.parallel.moe_tensor.aux_grad_factor)
+    set_aux_grad_scale(chunks, (1.0 if layout.pp > 1 else 1.0 / n_microbatches) * moe_tensor.aux_grad_factor(pdims))
     for chunk in chunks:
         apply_kernels(chunk, layout.attn, layout.norm, layout.loss)
         for block in chunk.layers.values():
             block.attention.fused_qkv = fused_qkv
         if layout.precision != "bf16":
             fp8 += convert_to_float8(chunk, device, layout.tp, layout.precision)
+            experts_fp8, experts_notes = convert_experts(chunk, device, layout.precision, layout.etp)
+            fp8 += experts_fp8
+            notes += [note for note in experts_notes if note not in notes]
         if layout.tp > 1:
             apply_tensor_parallel(chunk, pdims.mesh["tp"], layout.sequence_parallel)
         if experts is not None:
             experts.apply(chunk)
+        moe_tensor.apply_moe_tensor_parallel(chunk, pdims)
         if layout.cp > 1:
             sequence_shard = apply_context_parallel(chunk, pdims.mesh["cp"], layout.cp_impl)
     checkpointed = apply_activation_checkpointing(chunks, layout)
@@ -143,4 +156,4 @@ def build_model_parts(spec: ModelSpec, pdims: ParallelDims, device: torch.device
         schedule = build_schedule(trained, stage_ids, pdims, n_microbatches, loss_fn, device)
     return ModelParts(chunks=trained, stage_ids=stage_ids, schedule=schedule,
                       checkpointed=checkpointed, fp8=fp8, fsdp=fsdp, offloader=offloader, offloaded=offloaded,
-                      sequence_shard=sequence_shard, loss_fn=loss_fn, experts=experts)
+                      sequence_shard=sequence_shard, loss_fn=loss_fn, experts=experts, pdims=pdims, notes=notes)

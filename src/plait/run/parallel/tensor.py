@@ -8,6 +8,10 @@ parallelism (``Layout.sp``) the residual stream, the norms and dropout between t
 a 1/tp slice of the sequence: the column-parallel input is all-gathered and the row-parallel
 output reduce-scattered, instead of one all-reduce in each place.
 
+Mixture-of-experts blocks (``moe_block_plan``): with sequence parallelism the MoE takes this rank's
+tokens (no gather), its router and shared-expert gate replicated with their gradients summed over
+tp; the shared experts are a dense tensor-parallel MLP (``plait.run.parallel.moe_tensor``).
+
 The token embedding is row-parallel (vocabulary-sharded); the LM head is column-parallel and,
 with ``loss_parallel``, its vocabulary-sharded logits go straight into a parallel cross entropy
 (``loss_parallel()`` context in the training step), so the full logits are never gathered.
@@ -33,7 +37,6 @@ from torch.distributed.tensor import Replicate, Shard, distribute_module, distri
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
-    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -106,17 +109,30 @@ def block_plan(sequence_parallel: bool, gated: bool) -> dict:
     return plan
 
 
-def moe_block_plan(sequence_parallel: bool) -> dict:
-    """The plan of a block whose MLP is an MoE (``plait.run.modules.moe``): attention as in a dense
-    block; the MoE MLP is replicated over tp (every tp rank routes and computes all of the
-    micro-batch's tokens), so with sequence parallelism its input is gathered and its output
-    scattered back to the sequence shard."""
+def moe_block_plan(sequence_parallel: bool, moe: nn.Module) -> dict:
+    """The plan of a block whose MLP is an MoE (``plait.run.modules.moe``; ``moe`` the block's
+    ``MoEFeedForward``): attention as in a dense block; the shared experts a dense tensor-parallel
+    MLP. With sequence parallelism the MoE takes this rank's tokens (no gather): the router and the
+    shared experts' gate replicated with their gradients summed over tp (``SequenceParallel`` on the
+    token axis), the shared experts on the gathered tokens, reduce-scattered back. Without it the
+    router and the routed experts run whole on every tp rank (``plait.run.parallel.moe_tensor``)."""
     plan = {key: value for key, value in block_plan(sequence_parallel, gated=False).items()
             if not key.startswith("feed_forward")}
+    rows = Shard(0)  # inside the MoE the tokens are rows (batch·seq, hidden)
     if sequence_parallel:
-        plan["feed_forward"] = PrepareModuleInputOutput(
-            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
-            output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
+        plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                                  use_local_output=True)
+        plan["feed_forward.router"] = SequenceParallel(sequence_dim=0, use_local_output=True)
+        if moe.shared_gate is not None:
+            plan["feed_forward.shared_gate"] = SequenceParallel(sequence_dim=0, use_local_output=True)
+    if moe.shared is not None:
+        plan["feed_forward.shared.w1"] = ColwiseParallel()
+        plan["feed_forward.shared.w3"] = ColwiseParallel()
+        if sequence_parallel:
+            plan["feed_forward.shared"] = PrepareModuleInput(input_layouts=(rows,), desired_input_layouts=(Replicate(),))
+            plan["feed_forward.shared.w2"] = RowwiseParallel(output_layouts=rows)
+        else:
+            plan["feed_forward.shared.w2"] = RowwiseParallel()
     return plan
 
 
@@ -170,7 +186,8 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sequence_para
     parallelize_module(model, tp_mesh, root_plan(model, sequence_parallel, loss_parallel))
     for block in model.layers.values():
         gated = getattr(block.feed_forward, "gated", None)
-        plan = moe_block_plan(sequence_parallel) if gated is None else block_plan(sequence_parallel, gated)
+        plan = moe_block_plan(sequence_parallel, block.feed_forward) if gated is None \
+            else block_plan(sequence_parallel, gated)
         if isinstance(block.attention, LatentAttention):
             plan = mla_attention_plan(plan, sequence_parallel, hasattr(block.attention, "wq_b"))
         parallelize_module(block, tp_mesh, {**plan, **norm_plan(model.spec, sequence_parallel)})

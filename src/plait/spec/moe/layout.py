@@ -45,11 +45,13 @@ def expert_groups(layout: Layout, gpus_per_node: int, runtime: str = "megatron")
     Megatron-Core (``runtime`` megatron or megatron-core) re-divides the tp·cp·dp ranks, tp innermost,
     into etp × ep × edp, so with etp=1 an ep group takes the tp ranks first. plait's runtime
     (``torch``: ``plait.run.parallel.mesh.expert_view``) builds ep from the dp·cp ranks alone, in the
-    order ``layout.order`` gives them, ep innermost; its experts are not split (etp=1)."""
+    order ``layout.order`` gives them, ep innermost; its experts are split over the tp ranks
+    (etp = tp) or not at all (etp = 1)."""
     ep, etp = layout.ep, layout.etp
     if runtime == "torch":
         ranks = _non_pp_ranks(layout, tuple(d for d in layout.order.split("-") if d in ("cp", "dp")))
-        return {"etp": _placement(ranks[:1], gpus_per_node), "ep": _placement(ranks[:ep], gpus_per_node),
+        tp_ranks = _non_pp_ranks(layout, ("tp",))
+        return {"etp": _placement(tp_ranks[:etp], gpus_per_node), "ep": _placement(ranks[:ep], gpus_per_node),
                 "edp": _placement(ranks[0::ep], gpus_per_node)}
     ranks = _non_pp_ranks(layout)
     return {

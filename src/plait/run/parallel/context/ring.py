@@ -206,6 +206,22 @@ def cp_kernel(impl: str, cp_mesh: DeviceMesh):
     raise ValueError(f"unknown context-parallel attention {impl!r}; known: ring, allgather, torch, ulysses")
 
 
+@dataclass(frozen=True)
+class PaddedValues:
+    """A cp kernel for values narrower than the queries and keys (multi-head latent attention: d_v <
+    d_n + d_r; the cp kernels take one head width): V zero-padded to the query width, the output's
+    padded columns dropped (they are zeros; their gradient is dropped with them). Equal widths pass through."""
+
+    kernel: object
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, **options) -> torch.Tensor:
+        width = v.shape[-1]
+        if width == q.shape[-1]:
+            return self.kernel(q, k, v, dropout_p, **options)
+        padded = torch.nn.functional.pad(v, (0, q.shape[-1] - width))
+        return self.kernel(q, k, padded, dropout_p, **options)[..., :width]
+
+
 def apply_context_parallel(model, cp_mesh: DeviceMesh, impl: str = "ring") -> SequenceShard:
     """Make ``model`` (a full ``Transformer``) attend across the 1-D ``cp_mesh``, in place.
 
@@ -213,7 +229,7 @@ def apply_context_parallel(model, cp_mesh: DeviceMesh, impl: str = "ring") -> Se
     sequence this rank is given: the model's forward must be called with their global positions
     (``SequenceShard.positions``).
     """
-    kernel = cp_kernel(impl, cp_mesh)
+    kernel = PaddedValues(cp_kernel(impl, cp_mesh))
     for block in model.layers.values():
         block.attention.kernel = kernel
     model.sequence_parts = cp_mesh.size()  # RoPE tables for the whole sequence (Transformer.rope_for)
