@@ -123,3 +123,29 @@ def test_plan_explain_itemizes_the_expert_all_to_all(capsys):
                  "--seq-len", "4096", "--layout", "dp=64,ep=8,zero=1,ckpt=selective", "--explain"])
     out = capsys.readouterr().out
     assert code == 0 and "ep comm" in out and "ep=8" in out
+
+
+def test_plait_runtime_shards_experts_over_dp_cp_only_and_sums_their_gradients_over_tp():
+    """plait's runtime carves ep out of dp·cp and holds the same experts on every tp rank (etp = 1):
+    their optimizer states shard over dp·cp/ep = 32/8 = 4 ranks, not Megatron's tp·cp·dp/ep = 8; and
+    with sp it sums their gradients over tp once a step (plait.run.parallel.moe_tensor.sync_gradients)."""
+    from plait.plan.moe.timing import expert_tp_comm
+    from plait.plan.params import DEFAULT_PARAMS
+    from plait.plan.moe.memory import stage_expert_params
+    from plait.spec.layout import group_of
+    from plait.plan import comm
+
+    lay = Layout.parse("dp=32,tp=2,ep=8,zero=1,ckpt=full")
+    experts = expert_params_total(MIXTRAL) / 8
+    dense = MIXTRAL.total_params() - expert_params_total(MIXTRAL)
+    mine = estimate_memory(MIXTRAL, CLUSTER, JOB, lay, runtime="torch")
+    megatron = estimate_memory(MIXTRAL, CLUSTER, JOB, lay, runtime="megatron")
+    assert mine.optimizer - megatron.optimizer == pytest.approx(12 * (experts / 4 - experts / 8))
+    layers = MIXTRAL.n_layers
+    grads = DEFAULT_PARAMS.grad_reduce_bytes * stage_expert_params(MIXTRAL, lay, layers)
+    tp_group = group_of(lay, CLUSTER.gpus_per_node, ("tp",))
+    assert expert_tp_comm(MIXTRAL, CLUSTER, lay, layers, DEFAULT_PARAMS, "torch") == pytest.approx(
+        comm.all_reduce(CLUSTER, tp_group, grads))
+    assert expert_tp_comm(MIXTRAL, CLUSTER, lay, layers, DEFAULT_PARAMS, "megatron") == 0.0
+    assert expert_tp_comm(MIXTRAL, CLUSTER, lay.variant(sp=False), layers, DEFAULT_PARAMS, "torch") == 0.0
+    assert dense > 0

@@ -246,7 +246,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     local = max(stage_params(model, lay).values())
     dp_comm = dp_step(model, cluster, groups, lay, m, layers, times, local, recompute_mb, recompute_per_layer, n_ckpt,
                       head_mb, params, runtime)
-    optimizer, offload_step = optimizer_step(model, cluster, lay, local, layers, params)
+    optimizer, offload_step = optimizer_step(model, cluster, lay, local, layers, params, runtime)
 
     step = (m * slowest_mb + fill_drain + dp_comm + optimizer + offload_step + params.step_overhead_s)
     return StepBreakdown(

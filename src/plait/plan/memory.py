@@ -324,7 +324,7 @@ def rank_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: La
     weights, grads, optim, buffers, host = model_states(held, model, layout, e)
     grads += ddp_accumulation_bytes(held, layout, m, e)
     if model.moe is not None:  # routed experts: split by ep·etp, ZeRO over edp (plait.plan.moe.memory)
-        experts = expert_states(model, layout, stage_layers(model, layout) * layout.vpp, e)
+        experts = expert_states(model, layout, stage_layers(model, layout) * layout.vpp, e, runtime)
         weights, grads, optim, buffers, host = (a + b for a, b in zip((weights, grads, optim, buffers, host), experts))
     moe_buffers = dispatch_buffer_bytes(model, layout, job.seq_len, e) if model.moe is not None else 0.0
     in_flight = rank_in_flight(layout, m, rank, runtime)

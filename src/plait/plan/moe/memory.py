@@ -99,15 +99,16 @@ def stage_expert_params(model, layout: Layout, layers: int) -> float:
     return stage_layer_split(model, layout, layers)[1] * expert_layer_local(model, layout)
 
 
-def expert_states(model, layout: Layout, layers: int,
-                  element_bytes: float = BF16) -> tuple[float, float, float, float, float]:
+def expert_states(model, layout: Layout, layers: int, element_bytes: float = BF16,
+                  runtime: str = "megatron") -> tuple[float, float, float, float, float]:
     """(weights, gradients, optimizer, ZeRO-3 buffers, host bytes) of the routed experts on one rank
-    (``element_bytes``: the compute dtype's, ``plait.plan.states``)."""
+    (``element_bytes``: the compute dtype's, ``plait.plan.states``; ``runtime``: whose expert-data-parallel
+    ranks shard them, ``plait.spec.moe.layout.expert_data_parallel``)."""
     params = stage_expert_params(model, layout, layers)
     if params == 0.0:
         return 0.0, 0.0, 0.0, 0.0, 0.0
     layer = expert_layer_local(model, layout) if layout.zero >= 3 else 0.0  # gathered: one layer of experts
-    return sharded_states(params, layout, expert_data_parallel(layout), layer, element_bytes)
+    return sharded_states(params, layout, expert_data_parallel(layout, runtime), layer, element_bytes)
 
 
 def routed_tokens(model, layout: Layout, seq_len: int, mbs: int | None = None, load: float = 1.0) -> tuple[float, float]:

@@ -58,10 +58,10 @@ from plait.plan.kernels import LayerTimes, cp_keys_per_query, gemm_time, layer_t
 from plait.plan.moe.memory import routed_tokens, stage_expert_params
 from plait.plan.params import CostParams
 from plait.spec.hardware import ClusterSpec, GpuSpec
-from plait.spec.layout import FP8_PRECISIONS, Layout
+from plait.spec.layout import FP8_PRECISIONS, Layout, group_of
 from plait.spec.moe.parts import moe_layer_count
 from plait.spec.moe.counts import mean_keys_per_query
-from plait.spec.moe.layout import expert_data_parallel, expert_groups
+from plait.spec.moe.layout import expert_data_parallel, expert_groups, expert_tp_sum
 
 MOE_CHUNKS = 4  # moe_overlap=chunked: chunks per micro-batch (Comet and FSMoE pipeline 2-8)
 PERMUTE_PASSES = 4.0  # dispatch permute and combine unpermute: read + write of R·h bf16 each, forward
@@ -214,15 +214,30 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
     return out[0], out[1]
 
 
+def expert_tp_comm(model, cluster: ClusterSpec, layout: Layout, layers: int, params: CostParams,
+                   runtime: str = "torch") -> float:
+    """plait's runtime's all-reduce of the routed experts' gradients over tp, once a step, when its tp
+    ranks split the tokens and hold the same experts (``expert_tp_sum``:
+    ``plait.run.parallel.moe_tensor.sync_gradients``); 0 otherwise."""
+    if not expert_tp_sum(layout, runtime):
+        return 0.0
+    grads = params.grad_reduce_bytes * stage_expert_params(model, layout, layers)
+    return comm.all_reduce(cluster, group_of(layout, cluster.gpus_per_node, ("tp",)), grads)
+
+
 def expert_dp_comm(model, cluster: ClusterSpec, layout: Layout, layers: int, params: CostParams,
                    runtime: str = "torch") -> float:
-    """Routed experts' gradient reduction of one step over the expert-data-parallel group (before
-    overlap): all-reduce (ZeRO 0), else reduce-scatter and the all-gather of the updated weights."""
+    """Routed experts' gradient reduction of one step (before overlap): ``expert_tp_comm``, and over
+    the expert-data-parallel group an all-reduce (ZeRO 0), else reduce-scatter and the all-gather of
+    the updated weights."""
     params_local = stage_expert_params(model, layout, layers)
-    group = expert_groups(layout, cluster.gpus_per_node, runtime)["edp"]
-    if params_local == 0.0 or expert_data_parallel(layout) <= 1:
+    if params_local == 0.0:
         return 0.0
+    seconds = expert_tp_comm(model, cluster, layout, layers, params, runtime)
+    if expert_data_parallel(layout, runtime) <= 1:
+        return seconds
     grads = params.grad_reduce_bytes * params_local
+    group = expert_groups(layout, cluster.gpus_per_node, runtime)["edp"]
     if layout.zero == 0:
-        return comm.all_reduce(cluster, group, grads)
-    return comm.reduce_scatter(cluster, group, grads) + comm.all_gather(cluster, group, 2.0 * params_local)
+        return seconds + comm.all_reduce(cluster, group, grads)
+    return seconds + comm.reduce_scatter(cluster, group, grads) + comm.all_gather(cluster, group, 2.0 * params_local)

@@ -13,12 +13,12 @@ from plait.plan.terms.zero3 import Unit, stage_units, zero3_exposed
 from plait.plan.kernels import LayerTimes
 from plait.plan.memory import end_params, stage_blocks_params, tied_params, zero_shard_degree
 from plait.plan.moe.memory import stage_expert_params
-from plait.plan.moe.timing import expert_dp_comm
+from plait.plan.moe.timing import expert_dp_comm, expert_tp_comm
 from plait.plan.params import CostParams
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import GroupPlacement, Layout
 from plait.spec.model import ModelSpec
-from plait.spec.moe.layout import expert_data_parallel, expert_groups
+from plait.spec.moe.layout import expert_data_parallel, expert_tp_sum, expert_groups
 
 
 def gradient_reductions(lay: Layout, micro_batches: int) -> int:
@@ -69,13 +69,15 @@ def dp_step(model: ModelSpec, cluster: ClusterSpec, groups: dict[str, GroupPlace
         if lay.hsdp > 1:  # FSDP2 all-reduces the shards across replicas with every reduce-scatter
             replicas = comm.all_reduce(cluster, groups["replicate"], grad_bytes / max(1, d // lay.cp))
             dp_comm += gradient_reductions(lay, m) * replicas
-    if model.moe is not None and expert_data_parallel(lay) > 1:  # routed experts: over the expert-dp ranks
-        if lay.zero == 3:  # gathered layer by layer, as the dense weights
-            edp = expert_groups(lay, cluster.gpus_per_node, runtime)["edp"]
-            experts = stage_expert_params(model, lay, layers)
-            backward = times.bwd + n_ckpt * recompute_layer / max(1, layers)
-            units = [Unit(experts / max(1, layers), times.fwd, backward, lay.reshard)] * max(1, layers)
-            dp_comm += zero3_exposed(cluster, edp, units, m, params)
-        else:
-            dp_comm += exposed(expert_dp_comm(model, cluster, lay, layers, params, runtime), bwd_window, params)
+    if model.moe is not None and lay.zero == 3 and expert_data_parallel(lay, runtime) > 1:
+        # routed experts gathered layer by layer over the expert-dp ranks, as the dense weights
+        edp = expert_groups(lay, cluster.gpus_per_node, runtime)["edp"]
+        experts = stage_expert_params(model, lay, layers)
+        backward = times.bwd + n_ckpt * recompute_layer / max(1, layers)
+        units = [Unit(experts / max(1, layers), times.fwd, backward, lay.reshard)] * max(1, layers)
+        dp_comm += zero3_exposed(cluster, edp, units, m, params)
+        if expert_tp_sum(lay, runtime):  # plait's runtime: the experts' gradients summed over tp too
+            dp_comm += exposed(expert_tp_comm(model, cluster, lay, layers, params, runtime), bwd_window, params)
+    elif model.moe is not None and (expert_data_parallel(lay, runtime) > 1 or expert_tp_sum(lay, runtime)):
+        dp_comm += exposed(expert_dp_comm(model, cluster, lay, layers, params, runtime), bwd_window, params)
     return dp_comm

@@ -13,14 +13,14 @@ from plait.spec.moe.layout import expert_data_parallel
 
 
 def optimizer_step(model: ModelSpec, cluster: ClusterSpec, lay: Layout, local_params: float, layers: int,
-                   params: CostParams) -> tuple[float, float]:
+                   params: CostParams, runtime: str = "megatron") -> tuple[float, float]:
     """(optimizer seconds, host-link seconds of an offloaded optimizer) per step."""
     gpu = cluster.gpu
     d = zero_shard_degree(lay)
     opt_params = local_params / d if lay.zero >= 1 else local_params
     if model.moe is not None:
         experts = stage_expert_params(model, lay, layers)
-        opt_params += experts / expert_data_parallel(lay) if lay.zero >= 1 else experts
+        opt_params += experts / expert_data_parallel(lay, runtime) if lay.zero >= 1 else experts
     if lay.opt_offload:
         return (opt_params / params.cpu_adam_params_per_s,
                 opt_params * (params.grad_reduce_bytes + 2.0) / cluster.host_link_bandwidth)

@@ -16,9 +16,20 @@ from plait.spec.units import divisors
 _NON_PP = ("tp", "cp", "dp")
 
 
-def expert_data_parallel(layout: Layout) -> int:
-    """Ranks holding the same routed experts (tp·cp·dp / (ep·etp); at least 1)."""
+def expert_data_parallel(layout: Layout, runtime: str = "megatron") -> int:
+    """Ranks holding the same routed experts, at least 1: Megatron-Core re-divides the tp·cp·dp ranks
+    into etp × ep × edp (tp·cp·dp / (ep·etp)); plait's runtime (``torch``) carves ep out of dp·cp alone,
+    every tp rank holding the same experts (etp = 1) or its own etp slice of them (etp = tp), so its
+    experts are sharded by ZeRO over dp·cp / ep (``expert_groups``' edp)."""
+    if runtime == "torch":
+        return max(1, layout.cp * layout.dp // layout.ep)
     return max(1, layout.tp * layout.cp * layout.dp // (layout.ep * layout.etp))
+
+
+def expert_tp_sum(layout: Layout, runtime: str = "megatron") -> bool:
+    """Whether plait's runtime (``torch``) sums the routed experts' gradients over tp: its tp ranks
+    hold the same experts (etp = 1) and, under sequence parallelism, route different tokens."""
+    return runtime == "torch" and layout.tp > 1 and layout.etp == 1 and layout.sequence_parallel
 
 
 def _non_pp_ranks(layout: Layout, dims: tuple[str, ...] = _NON_PP) -> list[int]:
