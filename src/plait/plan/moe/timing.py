@@ -45,7 +45,8 @@ the all-reduce of the experts' partial outputs without it (the etp ranks hold th
            number: ``plait.run.parallel.expert_overlap``), with comm the chunks' all-to-alls (each
            its own latency) and gemm the expert GEMMs run as MOE_CHUNKS smaller grouped GEMMs;
            what that split adds over one grouped GEMM (launches, the efficiency curve at fewer
-           rows per expert) is added to the exposed time (item ``ep_comm``).
+           rows per expert) and the rows' gather into chunk order and back (2 read+write passes
+           over R·h per pass) are added to the exposed time (item ``ep_comm``).
 Hidden communication slows the compute it shares the GPU with by ``CostParams.overlap_slowdown``.
 """
 
@@ -193,11 +194,14 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
     if a2a <= 0.0:
         return 0.0, 0.0
     _, shared, experts = moe_mlp_times(model, cluster.gpu, params, layout, tokens, seq_len)
-    chunked, split = a2a, experts
+    chunked, split, regroup = a2a, experts, 0.0
     if layout.moe_overlap == "chunked":  # each chunk's all-to-all its own latency, its GEMMs smaller
+        gpu = cluster.gpu
         chunked = MOE_CHUNKS * expert_a2a(model, cluster, layout, seq_len, params, runtime, 1.0 / MOE_CHUNKS)
         _, routed = routed_tokens(model, layout, seq_len, load=params.moe_load_imbalance)
-        split = routed_expert_gemms(model, cluster.gpu, params, layout, routed, MOE_CHUNKS)
+        split = routed_expert_gemms(model, gpu, params, layout, routed, MOE_CHUNKS)
+        # the rows gathered into chunk order and back: read + write of R·h twice per pass
+        regroup = 4.0 * gpu.element_bytes * routed * model.hidden / (gpu.hbm_bandwidth * gpu.memory_efficiency)
     out = []
     for factor in (1.0, 2.0):  # the backward's GEMMs take twice the forward's
         moved = 2.0 * a2a  # dispatch and combine
@@ -208,7 +212,8 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
         elif layout.moe_overlap == "chunked":  # plus what splitting the expert GEMMs costs
             moved, window = 2.0 * chunked, factor * split
             hidden = min(moved, window) * (1.0 - 1.0 / MOE_CHUNKS)
-            out.append(moved - hidden + params.overlap_slowdown * hidden + factor * max(0.0, split - experts))
+            out.append(moved - hidden + params.overlap_slowdown * hidden + factor * max(0.0, split - experts)
+                       + regroup)
         else:
             out.append(moved)
     return out[0], out[1]
