@@ -24,6 +24,7 @@ JOB = JobSpec(global_batch=8, seq_len=64)
 @pytest.mark.parametrize("model,layout,named", [
     (get_model("tiny-gpt-oss"), "tp=2,etp=2,attn=flex", "etp=2 with expert biases"),
     (get_model("tiny-moe"), "tp=4,etp=2", "etp=2 other than 1 or tp=4"),
+    (get_model("tiny-moe"), "dp=2,tp=2,ep=2,etp=2,moe_overlap=chunked", "moe_overlap=chunked with etp=2 and ep=2"),
     (get_model("tiny-moe"), "dp=2,tp=2,ep=2,etp=2,order=cp-dp-tp-pp", "needs tp innermost"),
     (get_model("tiny-moe"), "dp=2,precision=mxfp8", "precision=mxfp8 with an MoE model"),
     (get_model("tiny-moe"), "tp=2,ep=2", "ep=2 not dividing dp·cp = 1"),

@@ -88,8 +88,8 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     route scale, router bias) and shared experts, SwiGLU or GPT-OSS's clamped SwiGLU, with or without
     expert biases, dropless or with a capacity factor, with ep carved out of dp·cp, etp 1 or tp, cp > 1
     and fp8 (the experts' grouped GEMMs in fp8 through torchao's ``moe_training``; the rule names it
-    when it is missing), every ``moe_overlap`` (``plait.run.parallel.expert_overlap``); refused: etp > 1
-    with expert biases (the biases are not split over etp), mxfp8 with MoE (torchao's MXFP8 grouped GEMM
+    when it is missing), every ``moe_overlap`` (``plait.run.parallel.expert_overlap``; with etp > 1 only
+    at ep = 1, where it runs as none); refused: etp > 1 with expert biases (the biases are not split over etp), mxfp8 with MoE (torchao's MXFP8 grouped GEMM
     is not wired), and ep not dividing dp·cp."""
     if (model.moe is None and model.mla is None and lay.ep == 1 and lay.etp == 1
             and lay.moe_overlap == "none"):  # a dense model and layout: asked for every plan of a search
@@ -102,6 +102,9 @@ def _moe_rules(model: ModelSpec, lay: Layout) -> list[tuple[str, str]]:
     if lay.etp > 1 and lay.ep > 1 and [d for d in lay.order.split("-") if d in ("tp", "cp", "dp")][0] != "tp":
         keys.append(f"etp={lay.etp} with ep={lay.ep} and order={lay.order} (the expert mesh needs tp innermost "
                     "of tp, cp and dp)")
+    if lay.etp > 1 and lay.ep > 1 and lay.moe_overlap != "none":
+        keys.append(f"moe_overlap={lay.moe_overlap} with etp={lay.etp} and ep={lay.ep} (the etp exchange wraps the "
+                    "plain all-to-all; use moe_overlap=none or etp=1)")
     if lay.etp > 1 and moe is not None and moe.expert_bias:
         keys.append(f"etp={lay.etp} with expert biases (model {model.name}: the biases are not split over etp; "
                     "use etp=1)")

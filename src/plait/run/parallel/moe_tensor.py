@@ -43,7 +43,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from plait.run.modules.experts import GroupedExperts
-from plait.run.modules.moe import MoEFeedForward, SumOver
+from plait.run.modules.moe import Dispatcher, MoEFeedForward, SumOver
 from plait.run.parallel.expert import ETP_SHARD_DIM, _AllToAll, expert_parameters
 from plait.run.parallel.mesh import ParallelDims
 
@@ -64,7 +64,7 @@ class _ReduceGradient(torch.autograd.Function):
         return grad, None
 
 
-class TensorParallelExperts:
+class TensorParallelExperts(Dispatcher):
     """A dispatcher (``LocalDispatcher`` or ``AllToAllDispatcher``) followed by the etp exchange:
     rows gathered over the etp group, partial outputs summed back to their owners (module
     docstring). ``gather`` False (no sequence parallelism: every etp rank already has the same
