@@ -49,9 +49,27 @@ def pytest_configure(config):
         config.option.numprocesses = workers
         config.option.dist = "loadfile"
         config.option.tx = ["popen"] * workers
+        config.option.loadscopereorder = False  # files in collection order (LONGEST_FIRST), not by test count
     config.addinivalue_line("markers", "slow: a long test (still run in CI)")
     # A TP plan key that does not resolve only warns, and the grads are then silently wrong.
     config.addinivalue_line("filterwarnings", "error:Parallelize plan key")
+
+
+# Under xdist, files go to the workers in the workers' collection order, so the folders with the longest
+# files go first (tests/run holds the multi-rank parity runs): a long file handed out last would leave
+# one core idle at the end (xdist's own order, by test count, hands out files of few long tests last).
+LONGEST_FIRST = ("run", "cli", "measure", "support", "plan", "spec")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):  # in this process: pytest's own order, as before
+        return
+
+    def folder_rank(item) -> int:
+        parts = os.path.relpath(str(item.path), TESTS_DIR).split(os.sep)
+        return LONGEST_FIRST.index(parts[0]) if len(parts) > 1 and parts[0] in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=folder_rank)  # stable: each file's tests keep their order, and stay together
 
 
 @pytest.fixture(scope="session")
