@@ -82,9 +82,10 @@ assert BUDGET_S <= 510, BUDGET_S
 
 
 def effective_steps(dry_run: bool = False, environ=os.environ) -> tuple[Step, ...]:
-    """STEPS with the limits of a dry run (x ``DRY_LIMIT_SCALE``) and of ``GPU_PROOF_LIMITS=
-    "fast=200,sweep=150"`` (seconds as given: a slower GPU; the tests' timeout check); raises
-    ValueError with a one-line message on a bad value."""
+    """STEPS with the limits of a dry run (x ``DRY_LIMIT_SCALE``, or x ``GPU_PROOF_DRY_SCALE``: the
+    test suite's CPU may be shared by other jobs) and of ``GPU_PROOF_LIMITS="fast=200,sweep=150"``
+    (seconds as given: a slower GPU; the tests' timeout check); raises ValueError with a one-line
+    message on a bad value."""
     text = environ.get("GPU_PROOF_LIMITS", "").strip()
     limits = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -94,7 +95,10 @@ def effective_steps(dry_run: bool = False, environ=os.environ) -> tuple[Step, ..
         if not value.isdigit() or int(value) < 6:
             raise ValueError(f"GPU_PROOF_LIMITS: {item!r} needs whole seconds >= 6")
         limits[name] = int(value)
-    scale = DRY_LIMIT_SCALE if dry_run else 1
+    scale_text = environ.get("GPU_PROOF_DRY_SCALE", str(DRY_LIMIT_SCALE)).strip()
+    if not scale_text.isdigit() or int(scale_text) < 1:
+        raise ValueError(f"GPU_PROOF_DRY_SCALE: {scale_text!r} needs a whole number >= 1")
+    scale = int(scale_text) if dry_run else 1
     return tuple(Step(step.name, limits.get(step.name, step.limit_s * scale), step.what) for step in STEPS)
 
 

@@ -16,10 +16,60 @@ for _folder in reversed(TEST_FOLDERS):
         sys.path.insert(0, _folder)
 
 
+def suite_workers(config) -> int:
+    """How many pytest-xdist workers run this session: 0 (in this process) unless the whole suite runs.
+
+    ``python -m pytest -q`` (the README's and CI's command: no paths, so pytest takes ``testpaths``)
+    runs on one worker per core, at most 4, file by file (``--dist loadfile``: a module's fixtures
+    are built once). Much of the suite keeps one core busy (the planner, single-process torch,
+    imports), so a second worker uses the second core. Given paths run here, in this process,
+    as before; ``-n N`` on the command line or ``PLAIT_TEST_WORKERS=N`` (0: none) decide otherwise.
+    Without pytest-xdist (the ``test`` extra installs it) the suite runs in this process.
+    """
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return 0
+    if config.getoption("numprocesses", None) is not None or config.getoption("collectonly"):
+        return 0  # -n given (it wins), or nothing runs
+    if config.getoption("usepdb", False):
+        return 0
+    wanted = os.environ.get("PLAIT_TEST_WORKERS")
+    if wanted is not None:
+        return max(0, int(wanted))
+    testpaths = getattr(pytest.Config, "ArgsSource", None)  # pytest >= 7.2
+    if testpaths is None or config.args_source != testpaths.TESTPATHS:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cores, 4) if cores > 1 else 0
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own pytest_configure (trylast) starts the workers
 def pytest_configure(config):
+    workers = suite_workers(config)
+    if workers:
+        config.option.numprocesses = workers
+        config.option.dist = "loadfile"
+        config.option.tx = ["popen"] * workers
+        config.option.loadscopereorder = False  # files in collection order (LONGEST_FIRST), not by test count
     config.addinivalue_line("markers", "slow: a long test (still run in CI)")
     # A TP plan key that does not resolve only warns, and the grads are then silently wrong.
     config.addinivalue_line("filterwarnings", "error:Parallelize plan key")
+
+
+# Under xdist, files go to the workers in the workers' collection order, so the folders with the longest
+# files go first (tests/run holds the multi-rank parity runs): a long file handed out last would leave
+# one core idle at the end (xdist's own order, by test count, hands out files of few long tests last).
+LONGEST_FIRST = ("run", "cli", "measure", "support", "plan", "spec")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):  # in this process: pytest's own order, as before
+        return
+
+    def folder_rank(item) -> int:
+        parts = os.path.relpath(str(item.path), TESTS_DIR).split(os.sep)
+        return LONGEST_FIRST.index(parts[0]) if len(parts) > 1 and parts[0] in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=folder_rank)  # stable: each file's tests keep their order, and stay together
 
 
 @pytest.fixture(scope="session")

@@ -26,9 +26,9 @@ def test_pool_is_reused(dist_pool):
     pool = dist_pool(2)
     assert dist_pool(2) is pool
     pids = [o["pid"] for o in pool.run(pool_tasks.allreduce_sum)]
-    t0 = time.monotonic()
+    # the same processes answer again: nothing was respawned (a wall-time bound would say less, and
+    # fail on a loaded machine)
     assert [o["pid"] for o in pool.run(pool_tasks.allreduce_sum)] == pids
-    assert time.monotonic() - t0 < 1.0
 
 
 def test_non_importable_function_is_refused(dist_pool):
@@ -68,10 +68,10 @@ def test_other_failures_raise(dist_pool, task, expected):
 def test_hang_hits_timeout(dist_pool):
     pool = dist_pool(2)
     t0 = time.monotonic()
-    with pytest.raises(DistTaskError, match=r"timeout: running pool_tasks.hang_on_rank took longer than 3 s; "
+    with pytest.raises(DistTaskError, match=r"timeout: running pool_tasks.hang_on_rank took longer than 10 s; "
                                             r"no reply from rank\(s\) \[0\]"):
-        pool.run(pool_tasks.hang_on_rank, 0, timeout=3)
-    assert time.monotonic() - t0 < 8
+        pool.run(pool_tasks.hang_on_rank, 0, timeout=10)  # rank 1 answers at once, even on a loaded CPU
+    assert time.monotonic() - t0 < 600  # cut at run()'s timeout, not when the hang (3600 s) ends; loose for a loaded CPU
     assert not pool.alive and not any(p.is_alive() for p in pool.processes)
 
 
