@@ -18,9 +18,6 @@ or more.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -33,7 +30,6 @@ import tolerances
 import torch
 import torch.nn.functional as F
 
-from plait.cli import main
 from plait.errors import PlaitError
 from plait.run.checkpoint import store
 from plait.run.checkpoint.hf.export import export_checkpoint
@@ -74,27 +70,16 @@ def test_rope_on_the_halves_is_refused(tmp_path):
         check_checkpoint(source, model_from_hf_config(source))
 
 
-def test_deepseek_v3_in_and_out_under_expert_parallelism_and_zero3(tmp_path, capsys):
+def test_deepseek_v3_in_and_out_under_expert_parallelism_and_zero3(tmp_path):
     hf_model = hf_models.family_model("deepseek_v3", tmp_path / "source", seed=13)
     source = hf_models.save(hf_model, tmp_path / "source")
-    log, checkpoints, out = tmp_path / "run.jsonl", tmp_path / "ckpt", tmp_path / "exported"
-    proc = subprocess.run([sys.executable, "-m", "plait.cli", "train", "--init-from", str(source),
-                           "--layout", "dp=2,ep=2,zero=3", "--nproc-per-node", "2", "--global-batch",
-                           str(GLOBAL_BATCH), "--seq-len", str(SEQ), "--steps", str(STEPS), "--seed", str(SEED),
-                           "--lr", "1e-2", "--device", "cpu", "--checkpoint-dir", str(checkpoints), "--log", str(log)],
-                          capture_output=True, text=True, timeout=300, check=False, env=dict(os.environ))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert lines[1]["event"] == "init_from"
-    records = [line for line in lines if "loss" in line and "summary" not in line]
+    records, checkpoints, out = hf_models.train_from_and_export(source, "dp=2,ep=2,zero=3", tmp_path, GLOBAL_BATCH, SEQ,
+                                                                 STEPS, SEED)
     spec = model_from_hf_config(source)
     rows = hf_models.synthetic_batch(spec.vocab, SEED, GLOBAL_BATCH, SEQ)
     with torch.no_grad():
         first = hf_model(input_ids=rows, labels=rows).loss.item()
     assert records[0]["loss"] == pytest.approx(first, rel=RTOL)
-
-    capsys.readouterr()
-    assert main(["export", "--checkpoint", str(checkpoints), "--to", str(out)]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "deepseek_v3" and config["architectures"] == ["DeepseekV3ForCausalLM"]
     reloaded = hf_models.load(out)

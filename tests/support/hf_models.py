@@ -193,3 +193,28 @@ def assert_export_holds_trained(trained, reloaded, hf_model, inputs: torch.Tenso
     assert (got - want).abs().max().item() <= rtol * scale
     assert (start - want).abs().max().item() > 1e3 * rtol * scale
 
+
+
+def train_from_and_export(source: Path, layout: str, tmp_path: Path, global_batch: int, seq_len: int,
+                          steps: int, seed: int) -> tuple[list[dict], Path, Path]:
+    """``plait train --init-from source`` on 2 CPU processes under ``layout`` (lr 1e-2), then ``plait
+    export`` of its final checkpoint: (the step records of its JSONL log, the checkpoint directory, the
+    export directory). The run's first log line must be its ``init_from`` event."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from plait.cli import main
+
+    log, checkpoints, out = tmp_path / "run.jsonl", tmp_path / "ckpt", tmp_path / "exported"
+    proc = subprocess.run([sys.executable, "-m", "plait.cli", "train", "--init-from", str(source), "--layout", layout,
+                           "--nproc-per-node", "2", "--global-batch", str(global_batch), "--seq-len", str(seq_len),
+                           "--steps", str(steps), "--seed", str(seed), "--lr", "1e-2", "--device", "cpu",
+                           "--checkpoint-dir", str(checkpoints), "--log", str(log)],
+                          capture_output=True, text=True, timeout=300, check=False, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines[1]["event"] == "init_from"
+    assert main(["export", "--checkpoint", str(checkpoints), "--to", str(out)]) == 0
+    return [line for line in lines if "loss" in line and "summary" not in line], checkpoints, out
