@@ -17,14 +17,14 @@ for _folder in reversed(TEST_FOLDERS):
 
 
 def suite_workers(config) -> int:
-    """How many pytest-xdist workers run this session: 0 (in this process) unless the whole suite runs.
+    """How many pytest-xdist workers run this session: ``PLAIT_TEST_WORKERS`` (default 0: in this process).
 
-    ``python -m pytest -q`` (the README's and CI's command: no paths, so pytest takes ``testpaths``)
-    runs on one worker per core, at most 4, file by file (``--dist loadfile``: a module's fixtures
-    are built once). Much of the suite keeps one core busy (the planner, single-process torch,
-    imports), so a second worker uses the second core. Given paths run here, in this process,
-    as before; ``-n N`` on the command line or ``PLAIT_TEST_WORKERS=N`` (0: none) decide otherwise.
-    Without pytest-xdist (the ``test`` extra installs it) the suite runs in this process.
+    With N > 1 the whole suite (no paths given) runs on N workers, file by file (``--dist loadfile``:
+    a module's fixtures are built once). It is off by default: on a 2-core clean clone (2026-11-27)
+    two workers drove the load average to 450 and ran slower than one process, because each worker
+    keeps its own session pools of 2- and 4-rank gloo processes (``dist_pool``), whose process groups
+    (one per layout a task builds) are never destroyed and hold ~500 threads each by mid-suite.
+    ``-n N`` on the command line still wins; given paths always run in this process.
     """
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return 0
@@ -32,14 +32,11 @@ def suite_workers(config) -> int:
         return 0  # -n given (it wins), or nothing runs
     if config.getoption("usepdb", False):
         return 0
-    wanted = os.environ.get("PLAIT_TEST_WORKERS")
-    if wanted is not None:
-        return max(0, int(wanted))
+    wanted = max(0, int(os.environ.get("PLAIT_TEST_WORKERS", "0")))
     testpaths = getattr(pytest.Config, "ArgsSource", None)  # pytest >= 7.2
-    if testpaths is None or config.args_source != testpaths.TESTPATHS:
+    if wanted <= 1 or testpaths is None or config.args_source != testpaths.TESTPATHS:
         return 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(cores, 4) if cores > 1 else 0
+    return wanted
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own pytest_configure (trylast) starts the workers
