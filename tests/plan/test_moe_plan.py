@@ -137,7 +137,6 @@ def test_plait_runtime_shards_experts_over_dp_cp_only_and_sums_their_gradients_o
 
     lay = Layout.parse("dp=32,tp=2,ep=8,zero=1,ckpt=full")
     experts = expert_params_total(MIXTRAL) / 8
-    dense = MIXTRAL.total_params() - expert_params_total(MIXTRAL)
     mine = estimate_memory(MIXTRAL, CLUSTER, JOB, lay, runtime="torch")
     megatron = estimate_memory(MIXTRAL, CLUSTER, JOB, lay, runtime="megatron")
     assert mine.optimizer - megatron.optimizer == pytest.approx(12 * (experts / 4 - experts / 8))
@@ -148,4 +147,3 @@ def test_plait_runtime_shards_experts_over_dp_cp_only_and_sums_their_gradients_o
         comm.all_reduce(CLUSTER, tp_group, grads))
     assert expert_tp_comm(MIXTRAL, CLUSTER, lay, layers, DEFAULT_PARAMS, "megatron") == 0.0
     assert expert_tp_comm(MIXTRAL, CLUSTER, lay.variant(sp=False), layers, DEFAULT_PARAMS, "torch") == 0.0
-    assert dense > 0

@@ -34,7 +34,7 @@ def runnable_attention(model: ModelSpec, attn: str) -> str:
     """``attn`` when the runtime runs ``model`` with it, else the first fused kernel it runs the
     model with (``flex`` for soft-capped scores or sinks): the kernel of a layout that does not name one."""
     kernels = runtime_attention_kernels(model)
-    return attn if attn in kernels else next(k for k in kernels if k != "eager")
+    return attn if attn in kernels else next((k for k in kernels if k != "eager"), "eager")
 
 
 @lru_cache(maxsize=1024)
