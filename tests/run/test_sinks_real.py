@@ -14,6 +14,7 @@ import importlib.util
 import json
 import math
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,8 @@ def wandb_records(run_file: Path) -> list:
         if kind == 0:  # zeros to the end of the block
             pos += block - pos % block
             continue
+        if pos + 7 + length > len(data):  # a chunk the service has not finished writing
+            break
         pending += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
@@ -103,9 +106,20 @@ def wandb_records(run_file: Path) -> list:
     return records
 
 
-def wandb_run(root: Path) -> list:
+def wandb_run(root: Path, patience_s: float = 120.0) -> list:
+    """The records of the one offline run under ``root``, once its exit record is in the file.
+
+    ``run.finish()`` returns when the service has handled the exit, but the service writes and closes
+    the ``.wandb`` file on its own afterwards: read at once on a loaded machine, the file can still
+    lack its last block (a run's only history row is written at exit). So this reads until the exit
+    record is there, up to ``patience_s`` seconds, and then returns what the file holds."""
     (run_file,) = root.glob("wandb/offline-run-*/run-*.wandb")
-    return wandb_records(run_file)
+    deadline = time.monotonic() + patience_s
+    while True:
+        records = wandb_records(run_file)
+        if of_type(records, "exit") or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
 
 
 def of_type(records: list, kind: str) -> list:
