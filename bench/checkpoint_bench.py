@@ -68,7 +68,7 @@ def save_and_load(model_name: str, device: torch.device, use_async: bool, direct
     pdims = build_parallel_dims(layout, device.type)
     start = time.perf_counter()
     parts = build_model_parts(spec, pdims, device, seed=0, n_microbatches=1)
-    optimizer = build_optimizer(parts.parameters(), config.optim)
+    optimizer = build_optimizer(parts.named_parameters(), config.optim)
     ensure_optimizer_state(optimizer)
     n_params = sum(p.numel() for p in {id(p): p for p in parts.parameters()}.values())
     build_s = time.perf_counter() - start

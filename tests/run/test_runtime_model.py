@@ -148,3 +148,24 @@ def test_tied_embeddings_stay_tied_on_the_device(dist_pool, layout):
         assert rank["tied"], layout
         if layout == "dp=2":  # unsharded: the full count
             assert rank["count"] == rank["planned"]
+
+
+def test_weight_decay_skips_every_bias_the_experts_stacked_ones_included():
+    """AdamW's groups for tiny-gpt-oss: the matrices (attention, stacked expert weights, router,
+    embeddings) decay; norms, attention sinks and every bias do not, the experts' 2-D (E, f) biases
+    included (the rule was ``ndim >= 2`` alone, which decayed them)."""
+    from plait.run.optim import build_optimizer
+
+    model = build_model(get_model("tiny-gpt-oss"))
+    named = list(model.named_parameters())
+    optimizer = build_optimizer(named, OptimConfig(weight_decay=0.1))
+    decay_of = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
+    by_name = {name: decay_of[id(p)] for name, p in named}
+    assert len(by_name) == len(named)  # every parameter is in exactly one group
+    expert_biases = [name for name in by_name if name.endswith(("w1_bias", "w2_bias", "w3_bias"))]
+    assert expert_biases and all(dict(named)[name].ndim == 2 for name in expert_biases)
+    assert {by_name[name] for name in expert_biases} == {0.0}
+    stacked = [name for name in by_name if name.endswith((".w1", ".w2", ".w3")) and dict(named)[name].ndim == 3]
+    assert stacked and {by_name[name] for name in stacked} == {0.1}
+    assert {by_name[name] for name, p in named if p.ndim == 1} == {0.0}  # norms, sinks, vector biases
+    assert by_name["tok_embeddings.weight"] == 0.1

@@ -71,17 +71,25 @@ def lr_at(step: int, total_steps: int, config: OptimConfig) -> float:
     return floor + (config.lr - floor) * (1.0 - progress)  # linear, and wsd's decay
 
 
-def build_optimizer(params: list[torch.nn.Parameter], config: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW, fused (one kernel per parameter group; foreach where fused is not supported); matrices
-    decay, vectors (norms, biases) do not.
+def decays(name: str, param: torch.Tensor) -> bool:
+    """Whether AdamW's weight decay applies to parameter ``name``: matrices (and the experts' stacked
+    weight matrices) decay; vectors - norm weights, biases, attention sinks - do not, and neither do the
+    experts' biases, which are 2-D only because they are stacked over the experts (``w1_bias`` (E, f)),
+    as in GPT-OSS's own training code and transformers' trainer (no decay for any ``bias``)."""
+    return param.ndim >= 2 and not name.rpartition(".")[2].endswith("bias")
+
+
+def build_optimizer(named_params: list[tuple[str, torch.nn.Parameter]], config: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW, fused (one kernel per parameter group; foreach where fused is not supported) over
+    ``named_params`` (module-path name, parameter); what decays is ``decays``'s rule.
 
     One parameter group per (mesh, decay): a fused or foreach kernel takes a list of tensors that
     must all be plain tensors or all DTensors on one mesh, so parameters on several meshes (or
     some on none) get a group each, and every group still runs as one kernel.
     """
     groups: dict[tuple, list[torch.nn.Parameter]] = {}
-    for p in params:
-        groups.setdefault((_mesh_of(p), p.ndim >= 2), []).append(p)
+    for name, p in named_params:
+        groups.setdefault((_mesh_of(p), decays(name, p)), []).append(p)
     param_groups = [{"params": members, "weight_decay": config.weight_decay if decay else 0.0}
                     for (_, decay), members in groups.items()]
     kwargs = {"lr": config.lr, "betas": (config.beta1, config.beta2), "eps": config.eps}

@@ -136,7 +136,7 @@ def build_setup(config: RunConfig, device: torch.device, faults: FaultPlan) -> S
     if dist.get_rank() == 0:
         for note in parts.notes:
             print(f"plait train: {note}", flush=True)
-    return StepSetup(config=config, pdims=pdims, parts=parts, optimizer=build_optimizer(parts.parameters(), config.optim),
+    return StepSetup(config=config, pdims=pdims, parts=parts, optimizer=build_optimizer(parts.named_parameters(), config.optim),
                      source=prefetching(open_data(job.data, job.model.vocab, job.seed, tokenizer=job.data_tokenizer,
                                                   text_key=job.data_text_key), device),
                      device=device,
