@@ -114,6 +114,11 @@ def wandb_run(root: Path, patience_s: float = 120.0) -> list:
     lack its last block (a run's only history row is written at exit). So this reads until the exit
     record is there, up to ``patience_s`` seconds, and then returns what the file holds."""
     (run_file,) = root.glob("wandb/offline-run-*/run-*.wandb")
+    return finished_records(run_file, patience_s)
+
+
+def finished_records(run_file: Path, patience_s: float = 120.0) -> list:
+    """``wandb_records(run_file)`` once the file holds its exit record (up to ``patience_s`` s; ``wandb_run``)."""
     deadline = time.monotonic() + patience_s
     while True:
         records = wandb_records(run_file)
@@ -206,3 +211,70 @@ def test_wandb_run_that_cannot_start_is_one_line(monkeypatch, tmp_path):
     with pytest.raises(PlaitError, match=r"^--wandb-project x+: W&B could not start the run \(Invalid project name "
                                          r"[^\n]+\); WANDB_MODE=offline logs it locally$"):
         open_sinks(LogConfig(wandb_project="x" * 200), RUN)
+
+
+def test_a_resumed_run_goes_on_in_the_same_wandb_and_mlflow_runs(monkeypatch, tmp_path):
+    """Three steps with a checkpoint after step 2 and at the end; the step-3 checkpoint is removed (as if
+    the job had died before writing it), and the same command with --steps 4 resumes from step 2:
+    it re-runs step 3 and runs step 4. MLflow: one run, every step's loss once, at its value from the
+    JSONL log; W&B: the second offline run directory carries the first one's run id (``wandb sync``
+    joins them) and the steps it ran."""
+    if not all(HAVE.values()):
+        pytest.skip("needs both wandb and mlflow (pip install wandb mlflow-skinny)")
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    offline_env(monkeypatch, tmp_path)
+    mlruns, ckpt, jsonl = str(tmp_path / "mlruns"), tmp_path / "ck", tmp_path / "run.jsonl"
+    args = ["train", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", "--device", "cpu",
+            "--log", str(jsonl), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
+            "--wandb-project", "plait-test", "--mlflow-uri", mlruns]
+    assert main([*args, "--steps", "3"]) == 0
+    manifest = json.loads((ckpt / "step_00000002" / "manifest.json").read_text())
+    assert set(manifest["sinks"]) == {"wandb", "mlflow"}
+    shutil.rmtree(ckpt / "step_00000003")
+    assert main([*args, "--steps", "4"]) == 0
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(mlruns)
+    (run,) = client.search_runs(experiment_ids=["0"])
+    assert run.info.run_id == manifest["sinks"]["mlflow"] and run.info.status == "FINISHED"
+    losses = {line["step"]: line["loss"] for line in map(json.loads, jsonl.read_text().splitlines())
+              if "loss" in line and "step" in line and not line.get("event")}
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert history == sorted(losses.items()) and [step for step, _ in history] == [1, 2, 3, 4]
+    run_dirs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(run_dirs) == 2 and all(d.name.endswith(manifest["sinks"]["wandb"]) for d in run_dirs)
+    (second,) = run_dirs[1].glob("run-*.wandb")
+    records = finished_records(second)
+    assert sorted(row.step.num for row in of_type(records, "history")) == [3, 4]
+    assert [record.exit_code for record in of_type(records, "exit")] == [0]
+
+
+def test_mlflow_resumed_with_another_setting_keeps_the_first_as_a_parameter_and_tags_the_new(monkeypatch, tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from plait.run.observe.sinks import MlflowSink
+
+    offline_env(monkeypatch, tmp_path)
+    uri = str(tmp_path / "mlruns")
+    first = MlflowSink(uri, RUN)
+    first.log({"loss": 3.0}, 1)
+    first.log({"loss": 2.0}, 2)
+    first.close(failed=True)
+    moved = json.loads(json.dumps(RUN))
+    moved["job"]["layout"] = "dp=2,tp=1,pp=1,cp=1,mbs=1"
+    again = MlflowSink(uri, moved, run_id=first.run_id)
+    assert again.run_id == first.run_id and again.last_step == 2
+    again.log({"loss": 2.5}, 2)  # a replayed step: MLflow has it already
+    again.log({"loss": 1.0}, 3)
+    again.close()
+    run = MlflowClient(uri).get_run(first.run_id)
+    assert run.data.params["job.layout"] == RUN["job"]["layout"]
+    assert run.data.tags["resumed.job.layout"] == "dp=2,tp=1,pp=1,cp=1,mbs=1"
+    history = sorted((m.step, m.value) for m in MlflowClient(uri).get_metric_history(first.run_id, "loss"))
+    assert history == [(1, 3.0), (2, 2.0), (3, 1.0)]
+    lost = MlflowSink(uri, RUN, run_id="0123456789abcdef0123456789abcdef")  # not in this store: a new run
+    assert lost.run_id != first.run_id and lost.last_step == -1
+    lost.close()

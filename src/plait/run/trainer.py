@@ -92,16 +92,25 @@ def open_log(config: RunConfig, is_rank0: bool, append: bool, start_step: int = 
     """Rank 0's JSONL log and metrics sinks (``--tensorboard``, ``--wandb-project``, ``--mlflow-uri``);
     on other ranks a log that writes nothing. ``append`` (a resumed or restarted run, from
     ``start_step`` steps done): the lines and TensorBoard events of later steps, about to be re-run,
-    are set aside (JSONL: into a "replayed" line) and purged (TensorBoard), so no step appears twice."""
+    are set aside (JSONL: into a "replayed" line) and purged (TensorBoard), so no step appears twice;
+    W&B and MLflow go on in the runs whose ids the checkpoint's manifest holds (``sinks``)."""
     if not is_rank0:
         return MetricsLog(JsonlLog(None))
     jsonl = JsonlLog(config.observe.log, append=append, resume_step=start_step if append else None)
     try:
         return MetricsLog(jsonl, open_sinks(config.observe, config.to_dict(),
-                                            purge_step=start_step + 1 if append else None))
+                                            purge_step=start_step + 1 if append else None,
+                                            resume_ids=saved_sink_ids(config)))
     except BaseException:
         jsonl.close()
         raise
+
+
+def saved_sink_ids(config: RunConfig) -> dict[str, str]:
+    """The W&B / MLflow run ids in the manifest of the checkpoint the run resumes from ({} for none)."""
+    path = config.checkpoint.resume_from
+    saved = read_manifest(Path(path)).get("sinks") if path else None
+    return {str(k): str(v) for k, v in saved.items()} if isinstance(saved, dict) else {}
 
 
 def offload_directory(config: RunConfig, rank: int) -> str | None:
@@ -220,6 +229,8 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     counter = TensorMemoryCounter(device.type == "cpu", start_step, config.job.steps)  # counted tensor bytes
     is_rank0 = dist.get_rank() == 0
     log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0, start_step=start_step)
+    if checkpointer is not None:
+        checkpointer.sink_ids = log.sink_ids()
     stop = StopOrLogFailure(stop, log)
     for event in events:
         log.write(event)

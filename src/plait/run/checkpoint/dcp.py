@@ -128,6 +128,7 @@ class Checkpointer:
         self.keep = keep
         self.run = run
         self.layout = layout
+        self.sink_ids: dict[str, str] = {}  # rank 0's W&B / MLflow run ids, into each manifest (``sinks``)
         self.use_async = use_async
         self.device = device
         self.parts = parts
@@ -222,7 +223,8 @@ class Checkpointer:
                 files.update(store.file_records(pending.temporary, unclaimed))
                 store.write_manifest(pending.temporary, pending.step, files, self.run,
                                      {"layout": self.layout, "world_size": world, "torch": torch.__version__,
-                                      **({"data": pending.data} if pending.data is not None else {})})
+                                      **({"data": pending.data} if pending.data is not None else {}),
+                                      **({"sinks": dict(self.sink_ids)} if self.sink_ids else {})})
                 store.commit(pending.temporary, pending.final)
                 store.prune(self.root, self.keep)
 

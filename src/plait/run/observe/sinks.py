@@ -106,18 +106,29 @@ class TensorBoardSink:
 
 class WandbSink:
     """A Weights & Biases run in ``project`` (``WANDB_MODE=offline`` writes it locally, under ./wandb
-    or ``WANDB_DIR``, for ``wandb sync``), with the run's settings as its config."""
+    or ``WANDB_DIR``, for ``wandb sync``), with the run's settings as its config.
 
-    def __init__(self, project: str, run: dict):
+    ``run_id``: the W&B run of the checkpoint a resumed run starts from (its manifest's ``sinks``);
+    the run goes on in it (``resume="allow"``; offline, the new directory has the same id and
+    ``wandb sync`` joins the two). Steps W&B already has (a resumed run re-runs the steps after its
+    checkpoint, with the same values) are not sent again."""
+
+    ID_KEY = "wandb"
+
+    def __init__(self, project: str, run: dict, run_id: str | None = None):
         wandb = _import("--wandb-project")
+        again = {"id": run_id, "resume": "allow", "allow_val_change": True} if run_id else {}
         try:
-            self.run = wandb.init(project=project, config=run_params(run))
+            self.run = wandb.init(project=project, config=run_params(run), **again)
         except importlib.import_module("wandb.errors").Error as exc:  # no API key, no server: one line, with the offline way out
             raise PlaitError(f"--wandb-project {project}: W&B could not start the run ({_first_line(exc)}); "
                              "WANDB_MODE=offline logs it locally") from None
+        self.run_id = self.run.id
+        self.next_step = int(getattr(self.run, "step", 0) or 0) if run_id else 0  # W&B's next step (0 offline)
 
     def log(self, values: dict[str, float], step: int) -> None:
-        self.run.log(values, step=step)
+        if step >= self.next_step:
+            self.run.log(values, step=step)
 
     def close(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)
@@ -141,23 +152,49 @@ class MlflowSink:
     (a path or ``file:`` URI) is MLflow's file store, which MLflow 3 keeps only behind
     ``MLFLOW_ALLOW_FILE_STORE=true``: set here unless the environment says otherwise."""
 
-    def __init__(self, uri: str, run: dict):
+    ID_KEY = "mlflow"
+
+    def __init__(self, uri: str, run: dict, run_id: str | None = None):
+        """``run_id``: the MLflow run of the checkpoint a resumed run starts from; it goes on in that
+        run when the store at ``uri`` has it (else in a new one), logs the settings it did not have
+        (a changed one, e.g. a new layout, as a ``resumed.NAME`` tag: MLflow keeps a parameter's first
+        value) and skips the steps the run already has."""
         mlflow = self.mlflow = _import("--mlflow-uri")
+        errors = importlib.import_module("mlflow.exceptions").MlflowException
         if is_file_store(uri):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.last_step = -1
         try:
             mlflow.set_tracking_uri(uri)
-            self.run_id = mlflow.start_run().info.run_id
-        except importlib.import_module("mlflow.exceptions").MlflowException as exc:  # a URI the installed MLflow cannot store to
+            started = None
+            if run_id:
+                try:
+                    started = mlflow.start_run(run_id=run_id)
+                except errors:  # not in this store (another --mlflow-uri): a new run
+                    started = None
+            self.run_id = (started or mlflow.start_run()).info.run_id
+        except errors as exc:  # a URI the installed MLflow cannot store to
             raise PlaitError(f"--mlflow-uri {uri}: MLflow could not start the run ({_first_line(exc)})") from None
         try:
-            mlflow.log_params(run_params(run))
+            params, had = run_params(run), {}
+            if started is not None:
+                client = importlib.import_module("mlflow.tracking").MlflowClient(uri)
+                data = client.get_run(self.run_id).data
+                had = data.params
+                self.last_step = max((m.step for name in data.metrics
+                                      for m in client.get_metric_history(self.run_id, name)), default=-1)
+            mlflow.log_params({name: value for name, value in params.items() if name not in had})
+            changed = {f"resumed.{name}": value for name, value in params.items()
+                       if name in had and had[name] != str(value)}
+            if changed:
+                mlflow.set_tags(changed)
         except BaseException:
             mlflow.end_run(status="FAILED")
             raise
 
     def log(self, values: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics({mlflow_name(name): value for name, value in values.items()}, step=step)
+        if step > self.last_step:
+            self.mlflow.log_metrics({mlflow_name(name): value for name, value in values.items()}, step=step)
 
     def close(self, failed: bool = False) -> None:
         self.mlflow.end_run(status="FAILED" if failed else "FINISHED")
@@ -168,17 +205,20 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def open_sinks(observe: LogConfig, run: dict, purge_step: int | None = None) -> list[MetricsSink]:
+def open_sinks(observe: LogConfig, run: dict, purge_step: int | None = None,
+               resume_ids: dict[str, str] | None = None) -> list[MetricsSink]:
     """The sinks ``observe`` asks for (call on rank 0 only); ``run`` is ``RunConfig.to_dict()``;
-    ``purge_step``: a resumed run's first step (``TensorBoardSink``)."""
+    ``purge_step``: a resumed run's first step (``TensorBoardSink``); ``resume_ids``: the W&B and
+    MLflow run ids saved with the checkpoint it starts from (``MetricsLog.sink_ids``)."""
+    resume_ids = resume_ids or {}
     sinks: list[MetricsSink] = []
     try:
         if observe.tensorboard:
             sinks.append(TensorBoardSink(observe.tensorboard, purge_step=purge_step))
         if observe.wandb_project:
-            sinks.append(WandbSink(observe.wandb_project, run))
+            sinks.append(WandbSink(observe.wandb_project, run, resume_ids.get(WandbSink.ID_KEY)))
         if observe.mlflow_uri:
-            sinks.append(MlflowSink(observe.mlflow_uri, run))
+            sinks.append(MlflowSink(observe.mlflow_uri, run, resume_ids.get(MlflowSink.ID_KEY)))
     except BaseException:
         for sink in sinks:
             sink.close(failed=True)
@@ -219,6 +259,11 @@ class MetricsLog:
                     sink.log(values, step)
         except OSError as exc:
             self.failure = f"could not write the {where} ({os.strerror(exc.errno) if exc.errno else exc})"
+
+    def sink_ids(self) -> dict[str, str]:
+        """``{"wandb": id, "mlflow": id}`` of the runs the sinks write to (kept in each checkpoint's
+        manifest, so that a resumed run goes on in the same runs)."""
+        return {sink.ID_KEY: sink.run_id for sink in self.sinks if getattr(sink, "run_id", None)}
 
     def close(self, failed: bool = False) -> None:
         """Close the log and the sinks; ``failed`` (the run ended on an error), or a write that
