@@ -15,7 +15,7 @@ parallel: each tp rank routes its own tokens, the experts' gradients summed over
 ep=4 with ckpt=balanced, HSDP (2 × 2) × ep=2. And a
 checkpoint chain across ep degrees on 4 ranks: ep=2 (ZeRO-3) -> ep=1 -> ep=2 (zero=0: experts
 replicated over edp = 2, gradients summed by the runtime), one step each, resumed from DCP,
-against the same uninterrupted run.
+against the same uninterrupted run; and one across expert tensor parallelism: etp=2 -> etp=1 -> no tp.
 """
 
 from __future__ import annotations
@@ -114,3 +114,15 @@ def test_checkpoints_resume_across_ep_degrees(dist_pool, reference, tmp_path):
     for start, run in enumerate(runs[:2]):
         assert run["losses"][0] == pytest.approx(reference["losses"][start], rel=LOSS_RTOL)
     assert_same_training(runs[2], reference, "ep=2 -> ep=1 -> ep=2", start=2)
+
+
+def test_checkpoints_resume_across_expert_tensor_parallel_degrees(dist_pool, reference, tmp_path):
+    """etp=2 (each expert's matrices split over the tp ranks) -> etp=1 (whole experts, each tp rank
+    routing its own tokens) -> dp=4 with no tp at all: one step each, each resumed from the previous
+    run's DCP checkpoint, against the uninterrupted single-process run."""
+    runs = dist_pool(4).run(moe_tasks.resume_across_ep, str(tmp_path),
+                            ("dp=2,tp=2,ep=2,etp=2", "dp=2,tp=2,ep=2", "dp=4,ep=2"), timeout=300)[0]
+    assert [run["steps"] for run in runs] == [[0], [1], [2]]
+    for start, run in enumerate(runs[:2]):
+        assert run["losses"][0] == pytest.approx(reference["losses"][start], rel=LOSS_RTOL)
+    assert_same_training(runs[2], reference, "etp=2 -> etp=1 -> tp=1", start=2)
