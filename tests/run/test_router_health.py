@@ -3,9 +3,10 @@ computation from the routers' own outputs.
 
 ``tiny-moe`` with a sigmoid router and capacity factor 1.0 (3 MoE layers, 8 experts, top-2) trains
 2 steps on 4 micro-batches of one 32-token sequence under dp=2 × ep=2 (each rank routes 2
-micro-batches), tp=2 without sequence parallelism (both ranks route the same tokens; with it each
-routes its own, tests/run/test_moe_split_parity.py) and pp=2 (each rank holds some of the MoE
-layers), on 2 gloo ranks. Every training forward's expert choices and probabilities are recorded
+micro-batches), tp=2 without sequence parallelism (both ranks route the same tokens), tp=2 with it
+(each rank routes its half of every micro-batch with its own capacity, and the aux loss is the
+micro-batch's, over both halves: tests/run/test_moe_split_parity.py trains it as one process does) and
+pp=2 (each rank holds some of the MoE layers), on 2 gloo ranks. Every training forward's expert choices and probabilities are recorded
 on every rank as its router computed them; from them the test counts, per layer and step, the
 pairs per expert (the tp replicas once), the pairs over each expert's capacity ceil(c·T·k/E) per
 micro-batch and the Switch aux loss coef·E·Σ_e f_e·P_e of each micro-batch, then the fields: min,
@@ -36,13 +37,19 @@ from plait.run.observe.router import FIELDS
 
 SPEC = router_tasks.health_model()
 MOE = SPEC.moe
-LAYOUTS = {"dp=2,ep=2": (0, 1), "tp=2,sp=0": (0,), "pp=2": (0, 1)}  # the ranks whose routing counts once
+LAYOUTS = {"dp=2,ep=2": (0, 1), "tp=2,sp=0": (0,), "tp=2": (0, 1), "pp=2": (0, 1)}  # the ranks whose routing counts once
+SPLIT = ("tp=2",)  # sequence parallel: each tp rank routes its part of every micro-batch
 RTOL = 4 * tolerances.reduction_rtol(router_tasks.GLOBAL_BATCH * MOE.n_experts * 3)
 
 
-def direct_fields(routed: list) -> list[dict]:
-    """The fields of each step, computed from the recorded (step, layer, ids, probs) of every forward."""
+def direct_fields(routed: list, micro_batches: list | None = None) -> list[dict]:
+    """The fields of each step, computed from the recorded (step, layer, ids, probs) of every forward.
+
+    ``micro_batches``: the same records joined per micro-batch where a micro-batch's tokens were routed
+    in parts (tp with sequence parallelism: each tp rank routes its slice of the sequence, with its own
+    capacity, while the aux loss is the micro-batch's, over the tokens of all parts); default ``routed``."""
     out = []
+    micro_batches = routed if micro_batches is None else micro_batches
     steps = sorted({step for step, *_ in routed})
     bias_spread = 0.0  # the bias the first step routes with
     for step in steps:
@@ -53,6 +60,8 @@ def direct_fields(routed: list) -> list[dict]:
             loads[layer] = loads.get(layer, torch.zeros(MOE.n_experts, dtype=torch.float64)) + counts
             capacity = math.ceil(MOE.capacity_factor * probs.shape[0] * MOE.top_k / MOE.n_experts)
             dropped += int((counts - capacity).clamp_min(0).sum())
+        for _, layer, ids, probs in (r for r in micro_batches if r[0] == step):
+            counts = torch.bincount(ids.flatten(), minlength=MOE.n_experts).double()
             fraction = counts / (probs.shape[0] * MOE.top_k)
             per_layer_aux.setdefault(layer, []).append(
                 MOE.aux_loss_coef * MOE.n_experts * float((fraction * probs.double().mean(0)).sum()))
@@ -73,7 +82,12 @@ def direct_fields(routed: list) -> list[dict]:
 def test_router_fields_equal_a_direct_computation_from_the_routers_outputs(dist_pool, layout):
     runs = dist_pool(2).run(router_tasks.router_records, layout, timeout=300)
     routed = [r for rank in LAYOUTS[layout] for r in runs[rank]["routed"]]
-    want = direct_fields(routed)
+    joined = None
+    if layout in SPLIT:  # the tp ranks' parts of each micro-batch, in forward order on both
+        joined = [(a[0], a[1], torch.cat([a[2], b[2]]), torch.cat([a[3], b[3]]))
+                  for a, b in zip(runs[0]["routed"], runs[1]["routed"], strict=True)]
+        assert all(a[:2] == b[:2] for a, b in zip(runs[0]["routed"], runs[1]["routed"]))
+    want = direct_fields(routed, joined)
     layers = sum(1 for i in range(SPEC.n_layers) if i >= MOE.first_dense)
     tokens = router_tasks.GLOBAL_BATCH * router_tasks.SEQ
     assert len(want) == router_tasks.STEPS and all(w["layers"] == layers for w in want)
