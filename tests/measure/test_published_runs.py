@@ -187,3 +187,21 @@ def test_an_arch_word_is_read_and_said():
     row["arch"] = "Llama-2"
     result = predict_row(row)
     assert result.complete and "arch 'llama-2' read as llama" in result.notes
+
+
+def test_a_blank_vocabulary_comes_from_the_preset_the_model_name_names():
+    """Llama 2 70B and Llama 3 70B share every dimension but the vocabulary: a row that names Llama 3
+    gets Llama 3's 128256 tokens, one that names Llama 2 its 32000, whichever preset is listed first."""
+    from plait.measure.validate.specs import same_dims_preset
+    from plait.spec.models import get_model
+
+    llama3 = get_model("llama3-70b")
+    dims = {k: getattr(llama3, k) for k in ("n_layers", "hidden", "n_heads", "ffn_hidden", "n_kv_heads")}
+    assert {k: getattr(get_model("llama2-70b"), k) for k in dims} == dims  # the two presets tie on dimensions
+    for name in ("LLAMA3_70B", "Llama 3.1 70B", "Llama 3 70B"):
+        assert same_dims_preset("llama", dims, name).vocab == llama3.vocab
+    assert same_dims_preset("llama", dims, "Llama 2 70B").vocab == get_model("llama2-70b").vocab
+    row = dict(next(r for r in read_runs(RUNS) if r["id"] == "torchtitan-2408-llama2-13b-a100-sel-op"))
+    row.update(n_layers="80", hidden="8192", n_heads="64", ffn_hidden="28672", n_kv_heads="8", vocab="",
+               model_name="Llama 3 70B")
+    assert f"vocab {llama3.vocab} from preset llama3-70b" in "; ".join(predict_row(row).notes)

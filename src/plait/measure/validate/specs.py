@@ -6,7 +6,8 @@ completed and every completion is written in the row's notes:
 
 * data fields, by documented defaults per architecture (``DATA_DEFAULTS``): ffn_hidden 4h (GPT)
   or 8h/3 rounded up to a multiple of 256 (Llama); n_kv_heads = n_heads; the vocabulary of a
-  preset with the same dimensions, else of the family (GPT 51200: GPT-2's 50257 padded as
+  preset with the same dimensions (of the one the row's model name names, where several share
+  them: Llama 2 and Llama 3 70B), else of the family (GPT 51200: GPT-2's 50257 padded as
   Megatron-LM pads it; Llama 3 128256; other Llama 32000); 8 GPUs per node; FlashAttention.
 * layout knobs (``plait.plan.complete``): the missing one of tp/pp/dp is the GPU count's rest;
   anything else left open (the tp/pp split of a stated model-parallel size, micro-batch, ZeRO
@@ -97,6 +98,19 @@ def _llama_ffn(hidden: int) -> int:
     return -(-int(2 * 4 * hidden / 3) // multiple) * multiple
 
 
+def same_dims_preset(arch: str, dims: dict, model_name: str):
+    """The preset of ``arch`` with the dimensions ``dims``, or None; where several share them (Llama 2 and
+    Llama 3 70B differ only in their vocabulary), the one whose name the row's ``model_name`` names
+    ("LLAMA3_70B", "Llama 3.1 70B" -> llama3-70b; "Llama 2 70B" -> llama2-70b), else the first."""
+    same = [m for m in MODELS.values() if m.arch == arch and all(getattr(m, k) == v for k, v in dims.items())]
+    family = re.search(r"(llama|mixtral|qwen|mistral|gpt)[\s_.-]*(\d?)", model_name.lower())
+    if family:
+        stem = family.group(1) + family.group(2)
+        named = [m for m in same if re.sub(r"[^a-z0-9]", "", m.name).startswith(stem)]
+        same = named + [m for m in same if m not in named]
+    return same[0] if same else None
+
+
 def model_for_row(row: dict, seq_len: int, notes: list[str]) -> ModelSpec:
     """The model of a row; omitted ffn_hidden, n_kv_heads and vocab get ``DATA_DEFAULTS`` (noted)."""
     arch = (row.get("arch") or "").strip().lower()
@@ -120,14 +134,13 @@ def model_for_row(row: dict, seq_len: int, notes: list[str]) -> ModelSpec:
     dims.update(ffn_hidden=ffn, n_kv_heads=kv)
     vocab = integer(row, "vocab")
     if vocab is None:
-        preset = next((m for m in MODELS.values() if m.arch == arch and all(getattr(m, k) == v for k, v in dims.items())),
-                      None)
+        name = (row.get("model_name") or "").lower()
+        llama3 = re.search(r"llama[\s-]*3", name) is not None
+        preset = same_dims_preset(arch, dims, name)
         if preset is not None:
             vocab = preset.vocab
             notes.append(f"vocab {vocab} from preset {preset.name}")
         else:
-            name = (row.get("model_name") or "").lower()
-            llama3 = re.search(r"llama[\s-]*3", name) is not None
             vocab = DATA_DEFAULTS["gpt_vocab" if arch == "gpt" else "llama3_vocab" if llama3 else "llama_vocab"]
             family = "GPT" if arch == "gpt" else "Llama 3" if llama3 else "Llama"
             notes.append(f"vocab {vocab} of the {family} family assumed")
