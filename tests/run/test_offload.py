@@ -44,7 +44,7 @@ ATOL = tolerances.param_atol(RUN["steps"])
 SINGLE = [
     "ckpt=selective", "ckpt=balanced", "ckpt=full", "ckpt=balanced:2", "attn=eager,ckpt=balanced",
     "offload=cpu:1", "offload=disk:1", "ckpt=selective,offload=cpu:0.5", "ckpt=full:2,offload=disk:0.75",
-    "ckpt=balanced,offload=cpu:1", "ckpt=mlp", "ckpt=mlp,offload=cpu:1",
+    "ckpt=balanced,offload=cpu:1", "ckpt=mlp:2", "ckpt=mlp,offload=cpu:1",
 ]
 
 
