@@ -72,9 +72,19 @@ def test_plait_and_megatron_flops_agree_within_two_percent_except_windows():
     assert statistics.fmean([oss.model_flops_per_token(4096) / megatron_flops_per_token(oss, 4096)]) < 0.96
 
 
-@pytest.mark.parametrize("text,policy", [("selective(norm, act)", "balanced"), ("selective(layernorm, moe)", "full"),
-                                         ("full", None)])
+@pytest.mark.parametrize("text,policy", [("selective(norm, act)", "balanced"), ("selective(layernorm, moe)", "mlp"),
+                                         ("selective(core_attn, mlp)", "mlp"), ("full", None)])
 def test_megatron_recompute_modules(text, policy):
     notes: list[str] = []
     given = moe_given({"recompute": text, "notes": ""}, notes)
     assert given.get("ckpt") == policy and len(notes) == (policy is not None)
+
+
+def test_the_layernorm_module_difference_is_in_the_notes():
+    """Megatron's layernorm module recomputes the attention norm's output, which plait's mlp keeps:
+    2 bytes per element of the (s/cp)·b·h/tp shard, said in MiB."""
+    notes: list[str] = []
+    row = {"recompute": "selective(layernorm, moe)", "notes": "", "seq_len": "16384", "cp": "1", "mbs": "",
+           "hidden": "4096", "tp": "4"}
+    moe_given(row, notes)
+    assert f"({2 * 16384 * 4096 // 4 // 2**20} MiB per layer" in notes[0]

@@ -131,6 +131,7 @@ def test_zero_stage_words(text, stage):
 
 @pytest.mark.parametrize("text,policy", [("op-level SAC", "full"), ("selective (op-level)", "full"), ("full", "full"),
                                          ("selective", "selective"), ("none", "none"), ("no", "none"),
+                                         ("selective(layernorm, mlp)", "mlp"), ("selective(core_attn)", "selective"),
                                          ("activation checkpointing", "full"), ("something else", None)])
 def test_recompute_words(text, policy):
     from plait.measure.validate.cells import recompute_of

@@ -1,10 +1,11 @@
 """Memory truth: the bytes one runtime layer saves for its backward, measured, against the planner.
 
-For each checkpoint policy (none, selective, balanced, full), attention kernel (SDPA "flash" and "sdpa",
+For each checkpoint policy (none, selective, balanced, mlp, full), attention kernel (SDPA "flash" and "sdpa",
 eager), norm kernel (fused, unfused: the eager fp32 op chain, the same on CPU and GPU) and
 tensor-parallel layout (tp=1; tp=2 with and without sequence parallelism, on two gloo ranks, q/k
 norms per head and over the whole projection included; DeepSeek-V3's multi-head latent attention with
-and without a query rank; OLMo-2's post norms and Gemma-2's sandwich norms at tp=1),
+and without a query rank; OLMo-2's post norms and Gemma-2's sandwich norms at tp=1; a whole MoE layer
+under ``mlp`` and ``full``),
 ``tests/support/activation_count.py`` builds one bf16 layer of the runtime's model on the CPU and counts,
 for one micro-batch, the distinct storages that autograd saves (``saved_tensors_hooks``; DTensors
 by their local shard; parameters and the RoPE tables excluded) and, independently, the storages
@@ -51,7 +52,7 @@ SANDWICH = dataclasses.replace(LLAMA, name="tiny-sandwich", norm_position="sandw
 MLA = dataclasses.replace(get_model("tiny-dsv3"), name="tiny-mla", moe=None)
 MLA_NO_Q = dataclasses.replace(MLA, name="tiny-mla-no-q", mla=dataclasses.replace(MLA.mla, q_lora_rank=0))
 MLA_EVEN = dataclasses.replace(MLA, name="tiny-mla-even", mla=dataclasses.replace(MLA.mla, qk_nope_head_dim=16))
-POLICIES = ("none", "selective", "balanced", "full")
+POLICIES = ("none", "selective", "balanced", "mlp", "full")
 ATTN = ("flash", "eager")
 DROPOUT_MASKS = ("attn_resid_dropout_mask", "mlp_dropout_mask", "attn_dropout_mask")
 
@@ -59,7 +60,7 @@ DROPOUT_MASKS = ("attn_resid_dropout_mask", "mlp_dropout_mask", "attn_dropout_ma
 def measurable(spec, attn: str, policy: str) -> bool:
     """SDPA with dropout runs the CPU math fallback, not a fused kernel (whose outputs balanced keeps);
     under recomputation its tensors are not kept."""
-    return not (spec.dropout and attn == "flash" and policy in ("none", "balanced"))
+    return not (spec.dropout and attn == "flash" and policy in ("none", "balanced", "mlp"))
 
 
 def cases(specs, tp: int, sp: bool, attns=ATTN, norm: str = "fused") -> list[tuple]:
@@ -88,7 +89,8 @@ def cpu_kernel_deltas(spec, items: dict[str, float], layout: Layout | None = Non
 
     * RMSNorm (llama): the composite CPU ``rms_norm`` saves its fp32 input and fp32 normalized
       output (8 bytes per element, item ``cpu_rmsnorm_fp32``) instead of the bf16 input (2).
-      Under ``full`` the only norm input kept is the checkpoint's input (bf16, unchanged). Q/k norms
+      Under ``full`` the only norm input kept is the checkpoint's input (bf16, unchanged); under ``mlp``
+      the MLP half's (``mlp_norm_input``), while the attention norm runs the composite. Q/k norms
       over the whole projection under tp > 1 run ``SplitRMSNorm`` instead, which saves what the
       GPU kernel saves.
     * LayerNorm (gpt): mean and rstd in bf16 on the CPU: half of ``norm_stats``.
@@ -103,8 +105,8 @@ def cpu_kernel_deltas(spec, items: dict[str, float], layout: Layout | None = Non
         norms_run = False
     if spec.arch == "llama" and norms_run:
         for item in ("attn_norm_input", "mlp_norm_input", "attn_post_norm_input", "mlp_post_norm_input"):
-            if item not in items:  # post norms: sandwich only
-                continue
+            if item not in items or (item == "mlp_norm_input" and layout is not None and layout.ckpt == "mlp"):
+                continue  # post norms: sandwich only; ckpt=mlp: the checkpoint's bf16 input
             deltas[item] = -items[item]
             deltas["cpu_rmsnorm_fp32"] = deltas.get("cpu_rmsnorm_fp32", 0.0) + 4 * items[item]
     split_qk_norm = spec.qk_norm == "full" and layout is not None and layout.tp > 1
@@ -184,12 +186,25 @@ def test_saved_bytes_match_planner(case):
     check(case[0], case[1], measure_layer(*case))
 
 
+# a whole MoE layer (tiny-moe's, every layer MoE; the block's own items: test_moe_memory_truth.py) under
+# the policies that recompute its MoE block: what stays is the attention half and the block's input
+MOE_LAYER = dataclasses.replace(get_model("tiny-moe"), name="tiny-moe-layer",
+                                moe=dataclasses.replace(get_model("tiny-moe").moe, first_dense=0))
+MOE_CASES = [c for c in cases([MOE_LAYER], tp=1, sp=False, attns=("flash",)) if c[1].ckpt in ("mlp", "full")]
+
+
+@pytest.mark.parametrize("case", MOE_CASES, ids=[case_id(c) for c in MOE_CASES])
+def test_moe_layer_saved_bytes_match_planner(case):
+    check(case[0], case[1], measure_layer(*case))
+
+
 # ------------------------------------------------------------------ tensor parallel (tp=2, gloo)
 PARALLEL = (cases([LLAMA, GPT], tp=2, sp=False) + cases([LLAMA, GPT], tp=2, sp=True)
             + cases([LLAMA], tp=2, sp=True, attns=("flash",), norm="unfused")
             + cases([HF_FEATURES, QK_FULL], tp=2, sp=True, attns=("flash",))  # q/k norms per head, whole
             + cases([QK_FULL], tp=2, sp=False, attns=("flash",))
-            + mla_cases(tp=2, sp=False) + mla_cases(tp=2, sp=True))
+            + mla_cases(tp=2, sp=False) + mla_cases(tp=2, sp=True)
+            + [c for c in cases([MOE_LAYER], tp=2, sp=True, attns=("flash",)) if c[1].ckpt == "mlp"])
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ bf16 conversions of tests/run/test_memory_truth.py.
 
 The planner's fp32 items include the CPU kernel difference: the composite CPU RMSNorm saves its
 input (``*_norm_input``) and also its fp32 normalized value x·rstd (``rmsnorm_normalized``, one
-more ``4·s·b·h`` per norm; none under ``balanced`` and ``full``, which recompute the norms).
+more ``4·s·b·h`` per norm; none under ``balanced`` and ``full``, which recompute the norms, and the
+attention norm's only under ``mlp``).
 LayerNorm's CPU statistics are in the input dtype: fp32, as the planner counts them. In fp32 the
 eager softmax's output needs no cast, so there is no second copy (``attn_probs``).
 """
@@ -26,7 +27,7 @@ from plait.spec.models import get_model
 
 SEQ, MBS = 64, 2
 FP32 = 4
-CASES = [(model, policy, attn) for model in ("tiny", "tiny-gpt") for policy in ("none", "selective", "balanced", "full")
+CASES = [(model, policy, attn) for model in ("tiny", "tiny-gpt") for policy in ("none", "selective", "balanced", "mlp", "full")
          for attn in ("flash", "eager")]
 
 
@@ -38,8 +39,8 @@ def test_fp32_saved_bytes_match_planner_at_four_bytes(case):
     result = measure_layer(spec, layout, SEQ, MBS, dtype=torch.float32)
     items = kept_items(spec, layout, SEQ, mbs=MBS, runtime="torch", element_bytes=FP32)
     expected = sum(items.values())
-    if spec.arch == "llama" and "norm_stats" in items:  # the norms ran: their x·rstd is saved
-        assert items["rmsnorm_normalized"] == 2 * FP32 * SEQ * MBS * spec.hidden
+    if spec.arch == "llama" and "norm_stats" in items:  # the norms ran (mlp: the attention's only): their x·rstd
+        assert items["rmsnorm_normalized"] == (1 if policy == "mlp" else 2) * FP32 * SEQ * MBS * spec.hidden
     assert result["saved"] == result["live"]
     assert result["saved"] == expected, (items, [r for r in result["records"] if r.kind == "act"])
 
@@ -52,7 +53,7 @@ MLA_EVEN = dataclasses.replace(MLA, name="tiny-mla-even", mla=dataclasses.replac
 MLA_CASES = [(MLA, "eager"), (MLA_NO_Q, "eager"), (MLA_EVEN, "flash")]
 
 
-@pytest.mark.parametrize("policy", ("none", "selective", "balanced", "full"))
+@pytest.mark.parametrize("policy", ("none", "selective", "balanced", "mlp", "full"))
 @pytest.mark.parametrize("case", MLA_CASES, ids=[f"{spec.name}-{attn}" for spec, attn in MLA_CASES])
 def test_fp32_mla_saved_bytes_match_planner_at_four_bytes(case, policy):
     spec, attn = case

@@ -11,7 +11,8 @@ Layouts: tp=2 with and without sequence parallelism (the latent up-projections c
 heads, the down-projections and latent norms replicated, the shared RoPE key's gradient summed over
 tp), dp=2 × ep=2 with ZeRO-3; on 4 ranks pp=2 × dp=2 × ep=2, dp=2 × tp=2 × ep=2, and that with
 ZeRO-3, full activation checkpointing and the fused loss (the kind of layout plait plan ranks first
-for deepseek-v3 on 2048 H100s: dp=1024, tp=2, ep=8, zero=3, ckpt=full, loss=fused).
+for deepseek-v3 on 2048 H100s: dp=1024, tp=2, ep=8, zero=3, ckpt=full, loss=fused), and with ckpt=mlp
+(the MoE half recomputed, the latent attention's tensors kept).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ PARAM_ATOL = tolerances.adamw_atol(tolerances.TINY_LR, moe_tasks.STEPS, toleranc
                                    tolerances.TINY_LONGEST_SUM, tolerances.TINY_LAYERS)
 
 LAYOUTS_2 = ["tp=2", "tp=2,sp=0", "dp=2,ep=2,zero=3"]
-LAYOUTS_4 = ["pp=2,dp=2,ep=2", "dp=2,tp=2,ep=2", "dp=2,tp=2,ep=2,zero=3,ckpt=full,loss=fused"]
+LAYOUTS_4 = ["pp=2,dp=2,ep=2", "dp=2,tp=2,ep=2", "dp=2,tp=2,ep=2,zero=3,ckpt=full,loss=fused",
+             "dp=2,tp=2,ep=2,ckpt=mlp"]
 
 
 @pytest.fixture(scope="module")

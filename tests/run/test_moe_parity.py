@@ -9,7 +9,8 @@ ranks, and is compared with the single-process run (the same micro-batches of on
     difference ≤ the AdamW bound of tests/support/tolerances.py for tiny-moe's parameter count.
 
 Layouts (one pool task per world size, several runs each): ep=2 (dp=2: ep carved out of dp, edp
-= 1), ep=2 with FSDP2 ZeRO-3, ep=2 with full activation checkpointing (the all-to-all recomputed),
+= 1), ep=2 with FSDP2 ZeRO-3, ep=2 with full and with MLP activation checkpointing (the all-to-all
+recomputed),
 dp=4 × ep=2 with ZeRO-3 (edp = 2: FSDP shards the experts over it), dp=2 × tp=2 × ep=2 (sequence
 parallel: each tp rank routes its own tokens, the experts' gradients summed over tp), pp=2 × dp=2 × ep=2 (MoE layers inside stages), dp=4 ×
 ep=4 with ckpt=balanced, HSDP (2 × 2) × ep=2. And a
@@ -37,7 +38,7 @@ PARAM_ATOL = tolerances.adamw_atol(tolerances.TINY_LR, moe_tasks.STEPS, toleranc
                                    1.0 / math.sqrt(get_model(moe_tasks.MODEL).total_params()),
                                    tolerances.TINY_LONGEST_SUM, tolerances.TINY_LAYERS)  # ≈ 1.6e-4
 
-LAYOUTS_2 = ["dp=2,ep=2", "dp=2,ep=2,zero=3", "dp=2,ep=2,ckpt=full"]
+LAYOUTS_2 = ["dp=2,ep=2", "dp=2,ep=2,zero=3", "dp=2,ep=2,ckpt=full", "dp=2,ep=2,ckpt=mlp"]
 LAYOUTS_4 = ["dp=4,ep=2,zero=3", "dp=2,tp=2,ep=2", "pp=2,dp=2,ep=2", "dp=4,ep=4,ckpt=balanced",
              "dp=4,zero=3,hsdp=2,ep=2"]
 

@@ -44,7 +44,7 @@ ATOL = tolerances.param_atol(RUN["steps"])
 SINGLE = [
     "ckpt=selective", "ckpt=balanced", "ckpt=full", "ckpt=balanced:2", "attn=eager,ckpt=balanced",
     "offload=cpu:1", "offload=disk:1", "ckpt=selective,offload=cpu:0.5", "ckpt=full:2,offload=disk:0.75",
-    "ckpt=balanced,offload=cpu:1",
+    "ckpt=balanced,offload=cpu:1", "ckpt=mlp:2", "ckpt=mlp,offload=cpu:1",
 ]
 
 
@@ -117,7 +117,7 @@ def test_two_ranks_with_offload_match_one_process(dist_pool, reference, layout, 
 
 # ------------------------------------------------------------------ bytes against the planner
 BYTES_CASES = [(spec, Layout(mbs=MBS, ckpt=policy, attn=attn))
-               for spec in (LLAMA, GPT_NO_DROPOUT) for policy in ("none", "selective", "balanced", "full")
+               for spec in (LLAMA, GPT_NO_DROPOUT) for policy in ("none", "selective", "balanced", "mlp", "full")
                for attn in ("flash", "eager")]
 
 

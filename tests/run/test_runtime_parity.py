@@ -14,7 +14,7 @@ with the single-process run of the same global batch:
 
 Layouts: DDP, FSDP2 ZeRO-2 and ZeRO-3 (both reshard modes), HSDP, TP with and without SP,
 every pipeline schedule, and FSDP×TP, PP×TP, PP×FSDP, PP×DDP and PP×FSDP×TP (8 ranks), with
-and without activation checkpointing; GPT (LayerNorm, biases, learned positions) as well.
+and without activation checkpointing (full, selective, mlp: the MLP half recomputed); GPT (LayerNorm, biases, learned positions) as well.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ CASES_2 = [
     ("dp=2,zero=3,reshard=0,ckpt=full", "ZeRO-3 without reshard, full checkpointing"),
     ("tp=2", "TP + SP"),
     ("tp=2,sp=0,ckpt=selective", "TP without SP, selective checkpointing"),
+    ("tp=2,ckpt=mlp", "TP + SP, MLP checkpointing"),
+    ("dp=2,zero=3,ckpt=mlp", "FSDP2 ZeRO-3, MLP checkpointing"),
     ("pp=2,schedule=gpipe", "PP GPipe"),
     ("pp=2,ckpt=full:1", "PP 1F1B, 1 of 2 layers checkpointed"),
     ("pp=2,vpp=2", "PP interleaved 1F1B"),

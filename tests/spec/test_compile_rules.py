@@ -41,9 +41,11 @@ def test_auto_and_no_compile_refuse_nothing_for_compile(layout):
 def test_forced_compile_with_tp_is_refused_only_with_a_checkpoint_inside_the_block():
     assert runtime_violations(TINY, Layout.parse("tp=2"), JOB, compile=True) == []
     assert runtime_violations(TINY, Layout.parse("tp=2,ckpt=full"), JOB, compile=True) == []
-    found = runtime_violations(TINY, Layout.parse("tp=2,ckpt=balanced"), JOB, compile=True)
-    assert [v.rule for v in found] == ["runtime-compile-tp-ckpt"]
-    assert "ckpt=full or none" in found[0].message
+    for policy in ("selective", "balanced", "mlp"):
+        found = runtime_violations(TINY, Layout.parse(f"tp=2,ckpt={policy}"), JOB, compile=True)
+        assert [v.rule for v in found] == ["runtime-compile-tp-ckpt"]
+        assert f"ckpt={policy}" in found[0].message and "ckpt=full or none" in found[0].message
+    assert runtime_violations(TINY, Layout.parse("ckpt=mlp"), JOB, compile=True) == []  # tp=1: compiled
 
 
 @pytest.mark.parametrize("layout,device,compile,backend,rules", [

@@ -248,6 +248,7 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
 
     The rule is by the module that saved the tensor, then dtype and shape:
       block wrapper ("", full checkpoint)   -> attn_norm_input (the checkpoint's input)
+      block ("", ckpt=mlp's checkpoint)     -> mlp_norm_input (the MLP half's input)
       attention_norm / ffn_norm             -> attn/mlp_norm_input (compute dtype, width h),
       (and attention_post_norm / ffn_post_norm: the same items, or attn/mlp_post_norm_input with
       sandwich norms)
@@ -294,8 +295,8 @@ def classify(records: list[Saved], spec: ModelSpec, layout: Layout, seq_len: int
                 add("attn_lse" if r.dtype == "float32" else "attn_out", r.nbytes)
             else:
                 add(cached.get(m, f"other:{m}"), r.nbytes)
-        elif m == "":
-            add("attn_norm_input", r.nbytes)
+        elif m == "":  # the checkpoint's input: the layer's (full) or the MLP half's (mlp)
+            add("mlp_norm_input" if layout.ckpt == "mlp" else "attn_norm_input", r.nbytes)
         elif m in ("attention_norm", "ffn_norm", "attention_post_norm", "ffn_post_norm"):
             part = "attn" if m.startswith("attention") else "mlp"
             if m.endswith("post_norm") and spec.norm_position == "sandwich":  # Gemma-2: its own items

@@ -30,6 +30,13 @@ Checkpoint policies, per checkpointed layer:
     GEMM outputs are full-width partial sums before their reduction: 2·s·b·h each. With eager
     attention the batched GEMMs of the core are recomputed (their output would be the s×s
     scores): no attention output or log-sum-exp is kept (``torch_balanced_items``).
+  * ``mlp`` (Megatron-Core's ``--recompute-modules layernorm mlp``/``moe``, norms aside): the MLP
+    half (its norm, GEMMs, activation, sandwich post norm; an MoE block's router, dispatch, experts
+    and combine) runs inside a checkpoint: the layer keeps what the attention half keeps under
+    ``none`` (its norm's rstd: half of ``norm_stats``) plus the MLP half's input, the residual
+    stream after attention (``mlp_norm_input`` = ``residual_bytes``), and none of ``MLP_HALF_ITEMS``
+    (``mlp_checkpoint_items``). Megatron's ``layernorm`` module would also recompute the
+    attention norm's output (``attn_norm_output``): plait keeps it.
   * ``full``: keep only the layer input (2·s·b·h, sharded by t with sequence parallel).
 
 Runtimes (``runtime=``): what a layer saves depends on the implementation, not only on the math.
@@ -111,7 +118,7 @@ from __future__ import annotations
 import math
 
 from plait.plan.memo import by_layout_fields
-from plait.plan.moe.memory import adjust_layer_items, mla_balanced_items
+from plait.plan.moe.memory import MOE_ITEMS, adjust_layer_items, mla_balanced_items
 from plait.spec.layout import FP8_PRECISIONS, PRECISION_STORED_BYTES, Layout
 from plait.spec.model import ModelSpec
 
@@ -126,6 +133,10 @@ ITEM_FIELDS = ("tp", "sp", "cp", "mbs", "ep", "etp", "attn", "norm", "precision"
 SELECTIVE_DROPS = {"attn_scores", "attn_probs", "attn_dropout_mask", "attn_dropout_out", "attn_lse", "attn_kv_repeat",
                    "attn_causal_mask", "attn_window_mask", "attn_softcap_tanh"}
 BALANCED_KEEPS = {"attn_norm_input", "mlp_norm_input", "q", "kv", "attn_out", "mlp_up"}
+# what the MLP half saves (its norm, GEMM inputs and outputs, activation, sandwich post norm, the MoE
+# block's): none of it is kept under ``ckpt=mlp``
+MLP_HALF_ITEMS = {"mlp_norm_input", "mlp_norm_fp32_input", "mlp_norm_normalized", "mlp_norm_output", "mlp_up",
+                  "mlp_act_out", "mlp_post_norm_input", *MOE_ITEMS}
 
 
 # The inputs of a layer's linear layers (QKV, output projection, fc1, fc2): under fp8, mxfp8 or nvfp4
@@ -260,7 +271,22 @@ def checkpointed_items(items: dict[str, float], policy: str, residual: float | N
         return kept
     if policy == "full":
         return {"attn_norm_input": residual}
+    if policy == "mlp":
+        return mlp_checkpoint_items(items, residual)
     raise ValueError(f"unknown checkpoint policy {policy!r}")
+
+
+def mlp_checkpoint_items(items: dict[str, float], residual: float, mlp_norms: int = 1) -> dict[str, float]:
+    """What a layer keeps under ``ckpt=mlp`` (module docstring): ``items`` less ``MLP_HALF_ITEMS``, half of
+    the norms' statistics (each half runs as many norms), the MLP input ``residual`` (bytes), and of
+    the CPU composite RMSNorm's normalized values (``rmsnorm_normalized``) those of the attention half:
+    ``mlp_norms`` (the MLP half's norms: 2 with sandwich norms, else 1) times ``residual`` fewer."""
+    kept = {k: v for k, v in items.items() if k not in MLP_HALF_ITEMS}
+    kept["norm_stats"] = items["norm_stats"] / 2
+    if "rmsnorm_normalized" in kept:
+        kept["rmsnorm_normalized"] -= mlp_norms * residual
+    kept["mlp_norm_input"] = residual
+    return kept
 
 
 def torch_balanced_items(items: dict[str, float], model: ModelSpec, layout: Layout, seq_len: int,
@@ -289,7 +315,10 @@ def kept_items(model: ModelSpec, layout: Layout, seq_len: int, policy: str | Non
     policy = layout.ckpt if policy is None else policy
     if policy == "balanced" and runtime == "torch":
         return torch_balanced_items(items, model, layout, seq_len, mbs, element_bytes)
-    return checkpointed_items(items, policy, residual_bytes(model, layout, seq_len, mbs, element_bytes))
+    residual = residual_bytes(model, layout, seq_len, mbs, element_bytes)
+    if policy == "mlp":
+        return mlp_checkpoint_items(items, residual, 2 if model.norm_position == "sandwich" else 1)
+    return checkpointed_items(items, policy, residual)
 
 
 def layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, policy: str | None = None, *,

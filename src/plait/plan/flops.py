@@ -4,6 +4,8 @@ Model FLOPs per token are ``ModelSpec.model_flops_per_token`` (6·N + attention,
 counted explicitly, sliding-window layers counting the keys their window lets a query see).
 Recomputation adds, per checkpointed layer:
   * ``full``: the layer's whole forward (GEMMs and attention);
+  * ``mlp``: the MLP half's GEMMs (the matmul weights a token uses, less the attention's: router,
+    routed top-k and shared experts in an MoE layer);
   * ``selective``: the attention core (Q·Kᵀ and P·V);
   * ``balanced``: element-wise work only (no matmul FLOPs), plus the attention core (Q·Kᵀ and
     P·V) with eager attention, whose batched GEMMs plait's runtime recomputes.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
+from plait.spec.moe.counts import attention_matmul_params
 
 
 def recompute_fraction(model: ModelSpec, layout: Layout) -> float:
@@ -36,6 +39,8 @@ def recompute_flops_per_token(model: ModelSpec, layout: Layout, seq_len: int, ca
     if layout.ckpt == "full":
         layer_gemms = 2.0 * model.n_layers * model.layer_matmul_params()
         return fraction * (layer_gemms + attention)
+    if layout.ckpt == "mlp":
+        return fraction * 2.0 * model.n_layers * (model.layer_matmul_params() - attention_matmul_params(model))
     if layout.ckpt == "selective":
         return fraction * attention
     if layout.ckpt == "balanced" and layout.attn == "eager":

@@ -184,6 +184,11 @@ class LayerTimes:
     attn_bwd: float
     elementwise_fwd: float
     attn_softmax_gemm_fwd: float  # the Q·Kᵀ GEMM alone
+    # the MLP half's forward (what ``ckpt=mlp`` recomputes), parts of the totals above: its GEMMs
+    # (gate/up and down; MoE: router, shared and routed experts) and its element-wise work
+    # (``mlp_elementwise_time``; MoE: with the dispatch's permutes and the router's softmax)
+    mlp_gemm_fwd: float = 0.0
+    mlp_elementwise_fwd: float = 0.0
 
     @property
     def fwd(self) -> float:
@@ -267,10 +272,11 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
     gemm = gemm_time(gpu, params, tokens, h, (q + 2 * kv) / t, precision)
     gemm += gemm_time(gpu, params, tokens, q / t, h, precision)
     if model.arch == "llama":
-        gemm += gemm_time(gpu, params, tokens, h, 2 * f / t, precision)
+        mlp_gemm = gemm_time(gpu, params, tokens, h, 2 * f / t, precision)
     else:
-        gemm += gemm_time(gpu, params, tokens, h, f / t, precision)
-    gemm += gemm_time(gpu, params, tokens, f / t, h, precision)
+        mlp_gemm = gemm_time(gpu, params, tokens, h, f / t, precision)
+    mlp_gemm += gemm_time(gpu, params, tokens, f / t, h, precision)
+    gemm += mlp_gemm
 
     batch = tokens / (seq_len / cp)  # sequences in the micro-batch
     heads = model.n_heads / t
@@ -320,7 +326,23 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
         elementwise_bytes += 2 * (UNFUSED_NORM_BYTES[model.arch] - FUSED_NORM_BYTES) * tokens * h / rep
         kernels += 2 * (UNFUSED_NORM_KERNELS[model.arch] - 1)
     elementwise = elementwise_bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency) + kernels * gpu.kernel_overhead
-    return LayerTimes(gemm, attn_fwd, attn_bwd, elementwise, scores_gemm)
+    mlp_elementwise = min(elementwise, mlp_elementwise_time(model, gpu, norm, tokens * h / rep, tokens * f / t))
+    return LayerTimes(gemm, attn_fwd, attn_bwd, elementwise, scores_gemm, mlp_gemm, mlp_elementwise)
+
+
+def mlp_elementwise_time(model: ModelSpec, gpu: GpuSpec, norm: str, norm_elements: float,
+                         act_elements: float, moved_bytes: float = 0.0, extra_kernels: int = 0) -> float:
+    """Forward seconds of the MLP half's element-wise kernels, tensor by tensor: its norm (two with
+    sandwich norms) over ``norm_elements`` (read + write in the compute dtype, or the unfused chain's
+    ``UNFUSED_NORM_BYTES``), the activation over ``act_elements`` (ffn-wide elements: SwiGLU's silu
+    reads and writes one, the product reads two and writes one, 5 passes; GELU 2), ``moved_bytes``
+    more (MoE: the dispatch's permutes, the router's softmax) and ``extra_kernels`` launches."""
+    e = gpu.element_bytes
+    norms = 2 if model.norm_position == "sandwich" else 1
+    per_norm = UNFUSED_NORM_BYTES[model.arch] if norm == "unfused" else 2 * e
+    kernels = norms * (UNFUSED_NORM_KERNELS[model.arch] if norm == "unfused" else 1) + (2 if model.gated else 1)
+    moved = norms * per_norm * norm_elements + (5 if model.gated else 2) * e * act_elements + moved_bytes
+    return moved / (gpu.hbm_bandwidth * gpu.memory_efficiency) + (kernels + extra_kernels) * gpu.kernel_overhead
 
 
 @lru_cache(maxsize=16384)

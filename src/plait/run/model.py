@@ -3,11 +3,10 @@
 Two architectures, matching ``plait.spec.model`` parameter for parameter:
   * ``llama``: RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, no biases.
   * ``gpt``: LayerNorm, learned positions, multi-head attention and GELU MLP with biases.
-and the features a Hugging Face config can name (``ModelSpec``'s docstring): head_dim, biases,
-q/k norms, post- and sandwich norms, sliding-window layers (a boolean mask to SDPA), soft-capped
-attention scores (eager attention) and logits, Gemma's norm offset and embedding scale, RoPE theta
-and scaling. Norms, RoPE and the attention kernels live in ``plait.run.modules.layers``; an MLA
-model's blocks (DeepSeek-V2/V3) attend with ``plait.run.modules.mla.LatentAttention``.
+and the features a Hugging Face config can name (``ModelSpec``'s docstring): head_dim, biases, q/k norms,
+post- and sandwich norms, sliding-window layers (a boolean mask to SDPA), soft-capped attention scores
+(eager attention) and logits, Gemma's norm offset and embedding scale, RoPE theta and scaling. Norms, RoPE
+and the attention kernels: ``plait.run.modules.layers``; MLA (DeepSeek-V2/V3): ``plait.run.modules.mla``.
 
 Attention runs through ``F.scaled_dot_product_attention`` (FlashAttention kernels on GPU).
 Q, K and V are separate linear layers so that column-parallel sharding splits whole heads
@@ -224,8 +223,8 @@ class Block(nn.Module):
         # an MoE layer's MLP is routed experts (+ shared experts): plait.run.modules.moe
         self.feed_forward = MoEFeedForward(spec, index) if is_moe_layer(spec, index) else FeedForward(spec)
         self.ffn_post_norm = make_norm(spec) if post else None
-        p = DROPOUT if spec.dropout else 0.0
-        self.dropout = nn.Dropout(p) if p else nn.Identity()
+        self.dropout = nn.Dropout(DROPOUT) if spec.dropout else nn.Identity()
+        self.recompute_mlp = False  # ckpt=mlp: the MLP half runs in a checkpoint
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 documents: torch.Tensor | None = None) -> torch.Tensor:
@@ -235,10 +234,13 @@ class Block(nn.Module):
         if self.attention_post_norm is not None:
             a = self.attention_post_norm(a)
         h = x + self.dropout(a)
-        m = self.feed_forward(self.ffn_norm(h))
-        if self.ffn_post_norm is not None:
-            m = self.ffn_post_norm(m)
+        m = checkpoint(self.mlp_half, h, use_reentrant=False) if self.recompute_mlp else self.mlp_half(h)
         return h + self.dropout(m)
+
+    def mlp_half(self, h: torch.Tensor) -> torch.Tensor:
+        """norm, MLP (or MoE block), post norm: what ``ckpt=mlp`` recomputes (``plait.run.memory.recompute``)."""
+        m = self.feed_forward(self.ffn_norm(h))
+        return m if self.ffn_post_norm is None else self.ffn_post_norm(m)
 
 
 class Transformer(nn.Module):

@@ -10,6 +10,7 @@
   units.py         GIB, DEFAULT_GPU and the other shared units
   layout.py        Layout, JobSpec and the ranks' placement; each layout key declared once
   layout_keys.py   the key-declaration machinery behind layout_key
+  ckpt.py          the activation-checkpoint policies and the ckpt=POLICY[:LAYERS] syntax
   validate.py      the planner's rules a layout must follow, each with an id
   capabilities.py  what plait train runs, as rules with ids
   stack.py         software stacks as data (Stack, the stack TOML reader)

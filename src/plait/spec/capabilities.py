@@ -171,7 +171,7 @@ def _compile_rules(lay: Layout) -> list[tuple[str, str]]:
     if lay.offload:
         out.append(("runtime-compile-offload", "--compile with activation offload: saved-tensor hooks are not "
                     "compiled; run without --compile or use offload=0"))
-    if lay.tp > 1 and lay.ckpt in ("selective", "balanced"):
+    if lay.tp > 1 and lay.ckpt in ("selective", "balanced", "mlp"):
         out.append(("runtime-compile-tp-ckpt", f"--compile with tp > 1 and ckpt={lay.ckpt}: torch 2.13 cannot "
                     "compile a checkpoint inside a DTensor tensor-parallel block; use ckpt=full or none, or "
                     "run without --compile"))

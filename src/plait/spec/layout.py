@@ -17,8 +17,8 @@ import json
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
+from plait.spec.ckpt import CKPT_DOC, CKPT_POLICIES, format_ckpt, parse_ckpt
 from plait.spec.layout_keys import (
-    as_int,
     changed_problems,
     fields_set_by,
     format_value,
@@ -31,7 +31,6 @@ from plait.spec.layout_keys import (
 )
 from plait.spec.serialize import dataclass_from_dict, parse_json
 
-CKPT_POLICIES = ("none", "selective", "balanced", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 SCHEDULE_ALIASES = {"interleaved": "interleaved-1f1b", "zb": "zero-bubble", "zbh1": "zero-bubble",
                     "zero_bubble": "zero-bubble", "interleaved_1f1b": "interleaved-1f1b"}
@@ -57,20 +56,6 @@ MOE_OVERLAPS = ("none", "shared", "chunked")
 
 def _default_schedule(vpp: int) -> str:
     return "interleaved-1f1b" if vpp > 1 else "1f1b"
-
-
-def _parse_ckpt(raw: str) -> dict:
-    policy, _, layers = raw.partition(":")
-    out: dict = {"ckpt": policy}
-    if layers:
-        out["ckpt_layers"] = as_int("ckpt layers", layers)
-    return out
-
-
-def _format_ckpt(layout: Layout) -> str | None:
-    if layout.ckpt == "none" and not layout.ckpt_layers:
-        return None
-    return f"ckpt={layout.ckpt}" + (f":{layout.ckpt_layers}" if layout.ckpt_layers else "")
 
 
 def _parse_offload(raw: str) -> dict:
@@ -115,9 +100,7 @@ class Layout:
                                      "(1: shard over all of dp)")
     reshard: bool = layout_key(True, "bool", "ZeRO-3 frees gathered parameters after forward (1) or keeps them (0)")
     sp: bool = layout_key(True, "bool", "sequence parallel with tp > 1")
-    ckpt: str = layout_key("none", "choice", "activation checkpointing: `selective` (attention core), `balanced` "
-                           "(GEMM outputs kept), `full`; `ckpt=full:4` checkpoints 4 layers per pipeline stage",
-                           choices=CKPT_POLICIES, parse=_parse_ckpt, format=_format_ckpt)
+    ckpt: str = layout_key("none", "choice", CKPT_DOC, choices=CKPT_POLICIES, parse=parse_ckpt, format=format_ckpt)
     ckpt_layers: int = layout_key(0, "int", "layers per pipeline stage that `ckpt` checkpoints (0: every layer)",
                                   minimum=0, printed_by="ckpt")
     schedule: str = layout_key("1f1b", "choice", "pipeline schedule", choices=SCHEDULES,

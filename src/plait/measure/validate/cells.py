@@ -48,8 +48,9 @@ def recompute_of(text: str, n_layers_per_stage: int) -> tuple[str, int, bool] | 
         # torchtitan op-level SAC: keeps every second matmul output and the attention output, so it
         # recomputes about the FLOPs of half of the layers; its memory is ``op_level_memory``
         return "full", half, True
-    if t.startswith("selective"):
-        return "selective", 0, False
+    if t.startswith("selective"):  # Megatron-Core's module list: the MLP/MoE block recomputed is plait's mlp
+        modules = set(re.findall(r"[a-z_]+", t.partition("(")[2]))
+        return ("mlp" if modules & {"mlp", "moe"} else "selective"), 0, False
     if "activation checkpoint" in t or "recompute" in t or "gradient checkpoint" in t:
         return "full", 0, False
     return None

@@ -155,16 +155,24 @@ def moe_given(row: dict, notes: list[str]) -> dict:
 
     ``selective(norm, act)`` (Megatron ``--recompute-modules layernorm moe_act``: norms and the
     experts' activation functions recomputed, GEMM outputs kept) is plait's ``balanced``;
-    ``selective(layernorm, moe)`` (the whole MoE block recomputed from its input) is closest to
-    ``full``; "1f1b overlap" (one micro-batch's all-to-all behind another's compute) is
-    ``moe_overlap=chunked``.
+    ``selective(layernorm, moe)`` or ``(..., mlp)`` (the MoE or MLP block recomputed from its input,
+    the norms too, attention kept) is plait's ``mlp``, which keeps the attention norm's output that
+    Megatron's ``layernorm`` module recomputes (``attn_norm_output``: 2·(s/cp)·b·h/tp bytes per layer
+    more, said in the row's notes); "1f1b overlap" (one micro-batch's all-to-all behind another's
+    compute) is ``moe_overlap=chunked``.
     """
     out: dict = {}
     text = (row.get("recompute") or "").strip().lower()
     modules = set(re.findall(r"[a-z_]+", text.partition("(")[2]))
-    if text.startswith("selective(") and "moe" in modules:
-        out.update(ckpt="full", ckpt_layers=0, _op_level=False)
-        notes.append(f"recompute {text!r} (the MoE block recomputed) read as ckpt=full")
+    if text.startswith("selective(") and modules & {"moe", "mlp"}:
+        out.update(ckpt="mlp", ckpt_layers=0, _op_level=False)
+        note = f"recompute {text!r} (the MoE/MLP block recomputed, attention kept) read as ckpt=mlp"
+        if "layernorm" in modules:
+            tokens = (_int(row, "seq_len") or 0) / (_int(row, "cp") or 1) * (_int(row, "mbs") or 1)
+            extra = 2 * tokens * (_int(row, "hidden") or 0) / (_int(row, "tp") or 1) / 2**20
+            note += (f"; plait keeps the attention norm's output that Megatron's layernorm module recomputes "
+                     f"({extra:.0f} MiB per layer and micro-batch)")
+        notes.append(note)
     elif text.startswith("selective(") and modules & {"act", "moe_act"}:
         out.update(ckpt="balanced", ckpt_layers=0, _op_level=False)
         notes.append(f"recompute {text!r} (norms and activations recomputed) read as ckpt=balanced")

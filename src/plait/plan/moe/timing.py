@@ -55,7 +55,7 @@ from __future__ import annotations
 from plait.plan.memo import by_layout_fields
 
 from plait.plan import comm
-from plait.plan.kernels import LayerTimes, cp_keys_per_query, gemm_time, layer_times
+from plait.plan.kernels import LayerTimes, cp_keys_per_query, gemm_time, layer_times, mlp_elementwise_time
 from plait.plan.moe.memory import routed_tokens, stage_expert_params
 from plait.plan.params import CostParams
 from plait.spec.hardware import ClusterSpec, GpuSpec
@@ -128,16 +128,23 @@ def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tok
     h, f = model.hidden, model.ffn_hidden
     dense_mlp = gemm_time(gpu, params, tokens, h, 2 * f / t, p) + gemm_time(gpu, params, tokens, f / t, h, p)
     fraction = moe_layer_count(model) / model.n_layers
-    gemm = _attention_gemms(model, gpu, params, tokens, t, p) + (1.0 - fraction) * dense_mlp
+    mlp_gemm = (1.0 - fraction) * dense_mlp
     elementwise = dense.elementwise_fwd
+    mlp_elementwise = (1.0 - fraction) * dense.mlp_elementwise_fwd
     if model.moe is not None:
-        gemm += fraction * sum(moe_mlp_times(model, gpu, params, layout, tokens, seq_len))
+        mlp_gemm += fraction * sum(moe_mlp_times(model, gpu, params, layout, tokens, seq_len))
         t_r, routed = routed_tokens(model, layout, seq_len, load=params.moe_load_imbalance)
         moved = PERMUTE_PASSES * gpu.element_bytes * routed * h + 2 * 4.0 * t_r * model.moe.n_experts
         elementwise += fraction * (moved / (gpu.hbm_bandwidth * gpu.memory_efficiency) + 6 * gpu.kernel_overhead)
+        moe = model.moe  # the MoE half: its norm, the routed and shared experts' activations, the permutes
+        act = routed * moe.expert_ffn / layout.etp + tokens * moe.n_shared * moe.shared_width / t
+        rep = t if layout.sequence_parallel else 1
+        mlp_elementwise += fraction * mlp_elementwise_time(model, gpu, layout.norm, tokens * h / rep, act, moved, 6)
+    gemm = _attention_gemms(model, gpu, params, tokens, t, p) + mlp_gemm
+    mlp_elementwise = min(elementwise, mlp_elementwise)
     # attention core: (d_qk + d_v) per key, the keys of each layer's window, averaged over layers
     if cp > 1 and layout.cp_impl == "ring":  # plait's ring kernel (plait.plan.kernels.ring_attention_times)
-        return LayerTimes(gemm, dense.attn_fwd, dense.attn_bwd, elementwise, 0.0)
+        return LayerTimes(gemm, dense.attn_fwd, dense.attn_bwd, elementwise, 0.0, mlp_gemm, mlp_elementwise)
     keys = cp_keys_per_query(layout.cp_impl, seq_len, mean_keys_per_query(model, seq_len)) if cp > 1 \
         else mean_keys_per_query(model, seq_len)
     if model.mla is not None:
@@ -147,7 +154,8 @@ def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tok
     flops = 2.0 * (tokens / (seq_len / cp)) * width / t * (seq_len / cp) * keys
     peak = gpu.bf16_flops * gpu.attention_efficiency
     attn_fwd = flops / peak * (flops + params.gemm_half_flops) / flops + gpu.kernel_overhead
-    return LayerTimes(gemm, attn_fwd, params.flash_backward_factor * attn_fwd, elementwise, 0.0)
+    return LayerTimes(gemm, attn_fwd, params.flash_backward_factor * attn_fwd, elementwise, 0.0, mlp_gemm,
+                      mlp_elementwise)
 
 
 def remote_nodes_per_token(moe, nodes: int) -> float:

@@ -14,12 +14,13 @@ from plait.spec.model import ModelSpec
 def ep_microbatch(model: ModelSpec, cluster: ClusterSpec, lay: Layout, tokens: float, seq_len: int,
                   layers: int, n_ckpt: int, params: CostParams, runtime: str = "torch") -> tuple[float, float]:
     """(all-to-all, fixed overhead) seconds per micro-batch: the forward and backward all-to-all of
-    each MoE layer and the forward's again for the fully recomputed layers; and
+    each MoE layer and the forward's again for the layers whose MoE block is recomputed (``ckpt=full``
+    and ``mlp``: the checkpoint holds the token dispatcher, as Megatron's ``moe`` module does); and
     ``moe_layer_overhead_s`` per MoE layer. (0, 0) for a dense model. ``runtime``: whose expert groups
     (``plait.spec.moe.layout.expert_groups``)."""
     if model.moe is None:
         return 0.0, 0.0
     moe_layers = stage_layer_split(model, lay, layers)[1]
     a2a_fwd, a2a_bwd = moe_comm_layer(model, cluster, lay, tokens, seq_len, params, runtime)
-    recomputed = n_ckpt * a2a_fwd * moe_layers / layers if lay.ckpt == "full" else 0.0
+    recomputed = n_ckpt * a2a_fwd * moe_layers / layers if lay.ckpt in ("full", "mlp") else 0.0
     return moe_layers * (a2a_fwd + a2a_bwd) + recomputed, moe_layers * params.moe_layer_overhead_s

@@ -20,8 +20,9 @@ def host_time(params: CostParams, lay: Layout) -> tuple[float, float]:
 def overhead_microbatch(params: CostParams, lay: Layout, layers: int, n_ckpt: int) -> tuple[float, float]:
     """(per micro-batch and stage, at the model's ends per micro-batch): ``microbatch_overhead_s`` per
     virtual stage plus the host time of every layer, its forward part (a third) again for each fully
-    recomputed layer, and the selective checkpoint's own per ``ckpt=balanced`` layer."""
+    recomputed layer (half of that for ``ckpt=mlp``: the MLP half's calls), and the selective checkpoint's
+    own per ``ckpt=balanced`` layer."""
     host_layer, host_ends = host_time(params, lay)
-    host_mb = host_layer * (layers + (n_ckpt / 3.0 if lay.ckpt == "full" else 0.0))
+    host_mb = host_layer * (layers + n_ckpt * {"full": 1 / 3.0, "mlp": 1 / 6.0}.get(lay.ckpt, 0.0))
     host_mb += params.sac_layer_overhead_s * n_ckpt if lay.ckpt == "balanced" else 0.0
     return params.microbatch_overhead_s * lay.vpp + host_mb, host_ends

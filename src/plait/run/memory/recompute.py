@@ -18,6 +18,11 @@ Policies (``Layout.ckpt``), applied to the first ``ckpt_layers`` blocks that a G
     gate/up and down-projection GEMM outputs, and (flash) the attention output and log-sum-exp
     (``plait.plan.activations``, ``runtime="torch"``). The kept tensors live in the
     checkpoint's cache, not in autograd's saved-tensor slots (see ``plait.run.memory.offload``).
+  * ``mlp`` (Megatron-Core's ``--recompute-modules mlp``/``moe``): the block's MLP half - its norm, the
+    MLP or MoE block (router, dispatch and combine all-to-all, experts) and a post norm - runs in a
+    non-reentrant checkpoint (``Block.mlp_half``, ``Block.recompute_mlp``): the block keeps what its
+    attention half saves and the MLP half's input (the residual stream after attention); the MLP half
+    runs again in the backward. Parameter names are unchanged (no wrapper module).
   * ``full``: keep only the block's input and recompute the whole block in the backward.
 
 Checkpointing is non-reentrant (``use_reentrant=False``): the reentrant form breaks pipeline
@@ -92,6 +97,8 @@ def apply_activation_checkpointing(chunks: list[Transformer], layout: Layout) ->
         layers = owner[layer_id].layers
         if layout.ckpt == "selective":
             layers[layer_id].attention.recompute_core = True
+        elif layout.ckpt == "mlp":
+            layers[layer_id].recompute_mlp = True
         elif layout.ckpt == "full":
             layers[layer_id] = checkpoint_wrapper(layers[layer_id], checkpoint_impl=CheckpointImpl.NO_REENTRANT)
         elif layout.ckpt == "balanced":
