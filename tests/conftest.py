@@ -16,14 +16,20 @@ for _folder in reversed(TEST_FOLDERS):
         sys.path.insert(0, _folder)
 
 
-def suite_workers(config) -> int:
-    """How many pytest-xdist workers run this session: ``PLAIT_TEST_WORKERS`` (default 0: in this process).
+DEFAULT_WORKERS = 2  # measured on 2 cores (docs/testing.md): more would only add workers to the non-pool files
 
-    With N > 1 the whole suite (no paths given) runs on N workers, file by file (``--dist loadfile``:
-    a module's fixtures are built once). It is off by default: on a 2-core clean clone (2026-11-27)
-    two workers drove the load average to 450 and ran slower than one process, because each worker
-    keeps its own session pools of 2- and 4-rank gloo processes (``dist_pool``), whose process groups
-    (one per layout a task builds) are never destroyed and hold ~500 threads each by mid-suite.
+
+def suite_workers(config) -> int:
+    """How many pytest-xdist workers run this session: ``PLAIT_TEST_WORKERS`` (default 2; 0 or 1: in this process).
+
+    The whole suite (no paths given) runs on N workers when pytest-xdist is installed (it is in the
+    ``test`` extra; without it the suite runs in this process). Scheduling is ``--dist loadgroup``:
+    every file that uses the gloo pools (``dist_pool``) goes to one worker, the others file by file
+    (pytest_collection_modifyitems below), and each worker's torch computes on one thread
+    (pytest_runtest_setup). On a 2-core clone (2026-11-27) that ran a sample of pool and planner
+    files in 113 s against 152 s in one process. Two workers each with their own pools had run it
+    slower than one process (load 450 before the pools' leaked gloo groups were released:
+    tests/support/distpool.py, release_task_groups), and still did after (188 s against 98 s).
     ``-n N`` on the command line still wins; given paths always run in this process.
     """
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
@@ -32,7 +38,7 @@ def suite_workers(config) -> int:
         return 0  # -n given (it wins), or nothing runs
     if config.getoption("usepdb", False):
         return 0
-    wanted = max(0, int(os.environ.get("PLAIT_TEST_WORKERS", "0")))
+    wanted = max(0, int(os.environ.get("PLAIT_TEST_WORKERS", str(min(DEFAULT_WORKERS, os.cpu_count() or 1)))))
     testpaths = getattr(pytest.Config, "ArgsSource", None)  # pytest >= 7.2
     if wanted <= 1 or testpaths is None or config.args_source != testpaths.TESTPATHS:
         return 0
@@ -44,7 +50,7 @@ def pytest_configure(config):
     workers = suite_workers(config)
     if workers:
         config.option.numprocesses = workers
-        config.option.dist = "loadfile"
+        config.option.dist = "loadgroup"
         config.option.tx = ["popen"] * workers
         config.option.loadscopereorder = False  # files in collection order (LONGEST_FIRST), not by test count
     config.addinivalue_line("markers", "slow: a long test (still run in CI)")
@@ -58,6 +64,7 @@ def pytest_configure(config):
 LONGEST_FIRST = ("run", "cli", "measure", "support", "plan", "spec")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput"):  # in this process: pytest's own order, as before
         return
@@ -67,6 +74,25 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FIRST.index(parts[0]) if len(parts) > 1 and parts[0] in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=folder_rank)  # stable: each file's tests keep their order, and stay together
+    if config.getoption("dist", None) == "loadgroup":
+        # Every file with a test on the gloo pools (dist_pool) goes to one worker, as one unit: its
+        # ranks already keep both cores busy, and a second worker's pools would only oversubscribe
+        # them. Every other file is a unit of its own (its module fixtures are built once), and the
+        # other worker runs those meanwhile.
+        pooled = {item.path for item in items if "dist_pool" in getattr(item, "fixturenames", ())}
+        for item in items:
+            group = "dist_pool" if item.path in pooled else os.path.relpath(str(item.path), TESTS_DIR)
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_runtest_setup(item):
+    """On an xdist worker, torch computes on one thread: two workers' 2-thread OpenMP teams on 2 cores
+    (plus the pools' ranks) spin at their barriers for descheduled peers; that made the workers
+    slower than one process (the environment is left alone: tests read OMP_NUM_THREADS)."""
+    if hasattr(item.config, "workerinput") and "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if torch.get_num_threads() != 1:
+            torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
