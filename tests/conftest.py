@@ -16,20 +16,20 @@ for _folder in reversed(TEST_FOLDERS):
         sys.path.insert(0, _folder)
 
 
-DEFAULT_WORKERS = 2  # measured on 2 cores (docs/testing.md): more would only add workers to the non-pool files
+DEFAULT_WORKERS = 2  # the CI machine has 2 cores; measured there (docs/testing.md)
 
 
 def suite_workers(config) -> int:
     """How many pytest-xdist workers run this session: ``PLAIT_TEST_WORKERS`` (default 2; 0 or 1: in this process).
 
     The whole suite (no paths given) runs on N workers when pytest-xdist is installed (it is in the
-    ``test`` extra; without it the suite runs in this process). Scheduling is ``--dist loadgroup``:
-    every file that uses the gloo pools (``dist_pool``) goes to one worker, the others file by file
-    (pytest_collection_modifyitems below), and each worker's torch computes on one thread
-    (pytest_runtest_setup). On a 2-core clone (2026-11-27) that ran a sample of pool and planner
-    files in 113 s against 152 s in one process. Two workers each with their own pools had run it
-    slower than one process (load 450 before the pools' leaked gloo groups were released:
-    tests/support/distpool.py, release_task_groups), and still did after (188 s against 98 s).
+    ``test`` extra; without it the suite runs in this process), file by file (``--dist loadfile``: a
+    module's fixtures are built once), and each worker's torch computes on one thread
+    (pytest_runtest_setup). On a 2-core clone (2026-11-27) 8 files on the gloo pools ran in 66 s on
+    two workers against 98 s in one process, and with 6 planner/CLI files added 110 s against 152 s.
+    Before, two workers had been slower than one process: their 2-thread OpenMP teams spun at their
+    barriers on 2 shared cores (188 s against 98 s), and earlier still the pools' leaked gloo groups
+    drove the load to 450 (tests/support/distpool.py, release_task_groups, fixed that).
     ``-n N`` on the command line still wins; given paths always run in this process.
     """
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
@@ -50,7 +50,7 @@ def pytest_configure(config):
     workers = suite_workers(config)
     if workers:
         config.option.numprocesses = workers
-        config.option.dist = "loadgroup"
+        config.option.dist = "loadfile"
         config.option.tx = ["popen"] * workers
         config.option.loadscopereorder = False  # files in collection order (LONGEST_FIRST), not by test count
     config.addinivalue_line("markers", "slow: a long test (still run in CI)")
@@ -64,7 +64,6 @@ def pytest_configure(config):
 LONGEST_FIRST = ("run", "cli", "measure", "support", "plan", "spec")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput"):  # in this process: pytest's own order, as before
         return
@@ -74,15 +73,6 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FIRST.index(parts[0]) if len(parts) > 1 and parts[0] in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=folder_rank)  # stable: each file's tests keep their order, and stay together
-    if config.getoption("dist", None) == "loadgroup":
-        # Every file with a test on the gloo pools (dist_pool) goes to one worker, as one unit: its
-        # ranks already keep both cores busy, and a second worker's pools would only oversubscribe
-        # them. Every other file is a unit of its own (its module fixtures are built once), and the
-        # other worker runs those meanwhile.
-        pooled = {item.path for item in items if "dist_pool" in getattr(item, "fixturenames", ())}
-        for item in items:
-            group = "dist_pool" if item.path in pooled else os.path.relpath(str(item.path), TESTS_DIR)
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_runtest_setup(item):
