@@ -16,14 +16,20 @@ for _folder in reversed(TEST_FOLDERS):
         sys.path.insert(0, _folder)
 
 
-def suite_workers(config) -> int:
-    """How many pytest-xdist workers run this session: ``PLAIT_TEST_WORKERS`` (default 0: in this process).
+DEFAULT_WORKERS = 2  # the CI machine has 2 cores; measured there (docs/testing.md)
 
-    With N > 1 the whole suite (no paths given) runs on N workers, file by file (``--dist loadfile``:
-    a module's fixtures are built once). It is off by default: on a 2-core clean clone (2026-11-27)
-    two workers drove the load average to 450 and ran slower than one process, because each worker
-    keeps its own session pools of 2- and 4-rank gloo processes (``dist_pool``), whose process groups
-    (one per layout a task builds) are never destroyed and hold ~500 threads each by mid-suite.
+
+def suite_workers(config) -> int:
+    """How many pytest-xdist workers run this session: ``PLAIT_TEST_WORKERS`` (default 2; 0 or 1: in this process).
+
+    The whole suite (no paths given) runs on N workers when pytest-xdist is installed (it is in the
+    ``test`` extra; without it the suite runs in this process), file by file (``--dist loadfile``: a
+    module's fixtures are built once), and each worker's torch computes on one thread
+    (pytest_runtest_setup). On a 2-core clone (2026-11-27) 8 files on the gloo pools ran in 66 s on
+    two workers against 98 s in one process, and with 6 planner/CLI files added 110 s against 152 s.
+    Before, two workers had been slower than one process: their 2-thread OpenMP teams spun at their
+    barriers on 2 shared cores (188 s against 98 s), and earlier still the pools' leaked gloo groups
+    drove the load to 450 (tests/support/distpool.py, release_task_groups, fixed that).
     ``-n N`` on the command line still wins; given paths always run in this process.
     """
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
@@ -32,7 +38,7 @@ def suite_workers(config) -> int:
         return 0  # -n given (it wins), or nothing runs
     if config.getoption("usepdb", False):
         return 0
-    wanted = max(0, int(os.environ.get("PLAIT_TEST_WORKERS", "0")))
+    wanted = max(0, int(os.environ.get("PLAIT_TEST_WORKERS", str(min(DEFAULT_WORKERS, os.cpu_count() or 1)))))
     testpaths = getattr(pytest.Config, "ArgsSource", None)  # pytest >= 7.2
     if wanted <= 1 or testpaths is None or config.args_source != testpaths.TESTPATHS:
         return 0
@@ -67,6 +73,16 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FIRST.index(parts[0]) if len(parts) > 1 and parts[0] in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=folder_rank)  # stable: each file's tests keep their order, and stay together
+
+
+def pytest_runtest_setup(item):
+    """On an xdist worker, torch computes on one thread: two workers' 2-thread OpenMP teams on 2 cores
+    (plus the pools' ranks) spin at their barriers for descheduled peers; that made the workers
+    slower than one process (the environment is left alone: tests read OMP_NUM_THREADS)."""
+    if hasattr(item.config, "workerinput") and "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if torch.get_num_threads() != 1:
+            torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

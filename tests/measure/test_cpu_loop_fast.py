@@ -1,8 +1,10 @@
 """The measure loop on this machine, small (issue 12, deliver 6): ``plait profile --quick`` on the CPU
--> ``plait plan --calibration`` -> ``plait sweep`` over 4 layouts with the profile's predictions ->
+-> ``plait plan --calibration`` -> ``plait sweep`` over 2 layouts with the profile's predictions ->
 ``plait report``. One process everywhere (the tiny model, 3 steps a layout). It checks the pipeline
 (every predicted and measured column filled, errors finite, files written), never the accuracy,
-which depends on the machine and goes in bench/cpu_loop.py."""
+which depends on the machine and goes in bench/cpu_loop.py. Two layouts (each a real ``plait train``
+launch, about 10 s of CPU) are enough for every column, the summary's correlation and the report:
+they differ in micro-batch and checkpointing policy."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from plait.measure.sweep.csv_file import read_sweep, summary_path
 from plait.plan.calibration import read_calibration
 
 MODEL = ["--model", "tiny", "--global-batch", "4", "--seq-len", "32"]
-LAYOUTS = ("dp=1,mbs=1", "dp=1,mbs=2", "dp=1,mbs=2,ckpt=full", "dp=1,mbs=4,ckpt=selective")
+LAYOUTS = ("dp=1,mbs=1,ckpt=full", "dp=1,mbs=4,ckpt=selective")
 
 
 def test_profile_plan_sweep_report_on_the_cpu(tmp_path, capsys):
@@ -37,16 +39,16 @@ def test_profile_plan_sweep_report_on_the_cpu(tmp_path, capsys):
                  "--min-time", "0", *layouts, "--calibration", str(profile), "--out", str(out)])
     assert code == 0, capsys.readouterr().err[-3000:]
     rows = read_sweep(out)
-    assert [r.status for r in rows] == ["ok"] * 4, [r.reason for r in rows]
+    assert [r.status for r in rows] == ["ok"] * len(LAYOUTS), [r.reason for r in rows]
     for row in rows:
         for value in (row.predicted_step_time_s, row.measured_step_time_s, row.step_time_error,
                       row.predicted_memory_bytes, row.measured_memory_bytes, row.spread_s):
             assert value is not None and math.isfinite(value), row
-        assert row.predicted_step_time_s > 0 and row.measured_step_time_s > 0 and row.planner_rank in (1, 2, 3, 4)
+        assert row.predicted_step_time_s > 0 and row.measured_step_time_s > 0 and row.planner_rank in (1, 2)
         # 3 steps: the first is warm-up, the second ran under the memory profiler (never timed)
         assert row.noisy in (True, False) and row.warmup_steps == 1 and row.measured_steps == 1
     summary = json.loads(summary_path(out).read_text())
-    assert summary["predictions_recorded_for"] == "cpu (calibration)" and summary["step_time_error"]["n"] == 4
+    assert summary["predictions_recorded_for"] == "cpu (calibration)" and summary["step_time_error"]["n"] == len(LAYOUTS)
     assert "predicted for the CPU described by the calibration file" in summary["note"]
     assert all(r.calibration == str(profile.resolve()) for r in rows)
     rho = summary["rank_correlation"]["spearman"]

@@ -14,7 +14,10 @@ A task learns its rank from ``torch.distributed.get_rank()`` (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR and MASTER_PORT are set as well). Arguments and return
 values are pickled: return plain Python/numpy values or CPU tensors. ``timeout``
 is run()'s own keyword. Tasks share the default process group, so they must not
-init or destroy it, and every rank must issue the same collectives.
+init or destroy it, and every rank must issue the same collectives. Any other
+group a task builds (a DeviceMesh, ``new_group``) lives only until the next task
+starts: the worker destroys it then (``release_task_groups``), so a task must not
+keep one for a later task.
 
 On the first error (a rank raises, dies, or the run times out) every worker is
 killed - the others may be stuck in a collective - and ``run`` raises
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import gc
 import importlib
 import importlib.util
 import os
@@ -79,6 +83,7 @@ def _worker(rank, world_size, port, conn, parent_pid, error_warnings):
         torch.set_num_threads(1)  # N ranks share the cores: more threads each only oversubscribe them
         store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=PG_TIMEOUT)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=PG_TIMEOUT)
+        gc.freeze()  # torch's own objects live as long as the worker: release_task_groups' collections skip them
         conn.send(("ready", None))
     except BaseException:  # noqa: BLE001 - report anything, SystemExit included
         conn.send(("err", traceback.format_exc()))
@@ -92,6 +97,7 @@ def _worker(rank, world_size, port, conn, parent_pid, error_warnings):
             break
         module, name, args, kwargs = task
         try:
+            release_task_groups()
             with warnings.catch_warnings():  # filter changes made by a task do not leak into the next
                 for pattern in error_warnings:
                     warnings.filterwarnings("error", message=pattern)
@@ -114,6 +120,61 @@ def _worker(rank, world_size, port, conn, parent_pid, error_warnings):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def release_task_groups() -> int:
+    """Destroy every process group but the default one, and the DTensor caches that name them; returns how many.
+
+    The worker calls it before each task, so it releases what the previous task built: every rank has
+    finished that task by then (the parent sends the next one only after all ranks replied), so no
+    rank tears down a group a peer still uses, and no barrier is needed. Each task builds its own
+    DeviceMesh / ``new_group()``s; left alive, every gloo group keeps 3 threads per rank for the rest
+    of the session: 420-540 threads per pool process by mid-suite, which made two pytest-xdist
+    workers slower than one.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    default = c10d._get_default_group()
+    groups = [pg for pg in list(c10d._world.pg_names) if pg is not default]
+    for pg in groups:
+        dist.destroy_process_group(pg)
+    pg = None
+    count = len(groups)
+    del groups[:]
+    if count:
+        _clear_mesh_caches()
+        # A gloo group's threads end with its last reference, which meshes and modules keep in cycles.
+        # Everything alive after this collection is frozen (out of the collector's sight), so the next
+        # one scans only what later tasks leave behind: 0.5 s per rank otherwise (300k objects with torch).
+        gc.collect()
+        gc.freeze()
+    return count
+
+
+def _clear_mesh_caches() -> None:
+    """Forget cached DTensor results that hold a task's DeviceMesh.
+
+    The sharding propagation caches (Python and, from torch 2.13, the C++ dispatch fast path) key
+    on specs whose meshes compare equal by shape and ranks, and return output specs holding the
+    *cached* mesh: a later task's equal mesh would get one whose groups are destroyed ("Could not
+    resolve the process group registered under the name N"). The redistribute planners and the
+    mesh topology are cached by mesh as well. Every name is looked up, not assumed: torch 2.11 and
+    2.13 differ.
+    """
+    try:
+        from torch.distributed.tensor import debug
+    except ImportError:  # no DTensor in this torch: nothing cached
+        return
+    debug._clear_sharding_prop_cache()  # 2.11: the Python cache; 2.13: it and the C++ fast path's
+    from torch.distributed.tensor import _collective_utils, _redistribute
+
+    for clear in (getattr(_redistribute, "clear_redistribute_planner_cache", None),
+                  getattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear", None),
+                  getattr(getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None),
+                          "cache_clear", None)):
+        if clear is not None:
+            clear()
 
 
 class DistPool:

@@ -54,3 +54,34 @@ def warn_plan_key():
 
     warnings.warn("Parallelize plan key 'x' could not be resolved", UserWarning)
     return "not reached"
+
+
+def worker_state():
+    """This rank's native thread count (Linux: /proc/self/task) and how many process groups it holds."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return {"threads": len(os.listdir("/proc/self/task")), "groups": len(c10d._world.pg_names)}
+
+
+def build_groups():
+    """Builds a 2-D (dp, tp) DeviceMesh with a flattened dimension, new_subgroups and a plain new_group,
+    uses each, and runs a DTensor matmul and redistribute over the mesh; returns the rank's state before
+    and while the groups exist and the DTensor results (a later run must get the same ones)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    before = worker_state()
+    mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2), mesh_dim_names=("dp", "tp"))
+    flat = mesh["dp", "tp"]._flatten("dp_tp")
+    groups = [mesh["dp"].get_group(), mesh["tp"].get_group(), flat.get_group(),
+              dist.new_subgroups(2)[0], dist.new_group(list(range(dist.get_world_size())))]
+    sums = []
+    for group in groups:
+        t = torch.ones(1)
+        dist.all_reduce(t, group=group)
+        sums.append(t.item())
+    g = torch.Generator().manual_seed(0)
+    a = distribute_tensor(torch.randn(8, 8, generator=g), mesh, [Replicate(), Shard(0)])
+    b = distribute_tensor(torch.randn(8, 8, generator=g), mesh, [Replicate(), Shard(1)])
+    product = (a @ b).redistribute(mesh, [Replicate(), Replicate()]).to_local()
+    return {"before": before, "during": worker_state(), "sums": sums, "product": product}

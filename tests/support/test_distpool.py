@@ -1,5 +1,6 @@
 """Tests of the DistPool harness itself (tests/support/distpool.py) through the dist_pool fixture."""
 
+import os
 import time
 
 import pytest
@@ -29,6 +30,24 @@ def test_pool_is_reused(dist_pool):
     # the same processes answer again: nothing was respawned (a wall-time bound would say less, and
     # fail on a loaded machine)
     assert [o["pid"] for o in pool.run(pool_tasks.allreduce_sum)] == pids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_groups_a_task_builds_are_destroyed_after_it(dist_pool):
+    """A task's meshes and subgroups do not outlive it: without release_task_groups every gloo group
+    kept its threads (3 per group) for the rest of the session, 420-540 per pool process by mid-suite.
+    The second run also proves that no cache hands it the first run's (destroyed) groups."""
+    pool = dist_pool(4)
+    first = pool.run(pool_tasks.build_groups)
+    second = pool.run(pool_tasks.build_groups)
+    after = pool.run(pool_tasks.worker_state)
+    for one, two, end in zip(first, second, after):
+        assert one["during"]["groups"] >= one["before"]["groups"] + 4  # the groups were there (4+ of this rank's own)
+        assert one["during"]["threads"] > one["before"]["threads"]  # ... and their threads
+        assert two["before"]["groups"] == end["groups"] == 1  # only the default group survives a task
+        assert two["before"]["threads"] <= one["before"]["threads"] and end["threads"] <= one["before"]["threads"]
+        assert two["sums"] == one["sums"] == [2.0, 2.0, 4.0, 2.0, 4.0]  # group sizes: dp, tp, dp_tp, subgroup, world
+        assert torch.equal(two["product"], one["product"])
 
 
 def test_non_importable_function_is_refused(dist_pool):
