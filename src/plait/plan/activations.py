@@ -257,9 +257,11 @@ def residual_bytes(model: ModelSpec, layout: Layout, seq_len: int, mbs: int | No
     return element_bytes * seq_len / layout.cp * b * model.hidden / rep
 
 
-def checkpointed_items(items: dict[str, float], policy: str, residual: float | None = None) -> dict[str, float]:
+def checkpointed_items(items: dict[str, float], policy: str, residual: float | None = None,
+                       mlp_norms: int = 1) -> dict[str, float]:
     """The items a checkpointed layer keeps under ``policy``; ``residual``: bytes of a norm's bf16
-    input (``residual_bytes``; needed when the norm itself saves something else, ``norm=unfused``)."""
+    input (``residual_bytes``; needed when the norm itself saves something else, ``norm=unfused``);
+    ``mlp_norms``: the MLP half's norms under ``mlp`` (``mlp_checkpoint_items``)."""
     residual = items["attn_norm_input"] if residual is None else residual
     if policy == "none":
         return dict(items)
@@ -272,7 +274,7 @@ def checkpointed_items(items: dict[str, float], policy: str, residual: float | N
     if policy == "full":
         return {"attn_norm_input": residual}
     if policy == "mlp":
-        return mlp_checkpoint_items(items, residual)
+        return mlp_checkpoint_items(items, residual, mlp_norms)
     raise ValueError(f"unknown checkpoint policy {policy!r}")
 
 
@@ -315,10 +317,8 @@ def kept_items(model: ModelSpec, layout: Layout, seq_len: int, policy: str | Non
     policy = layout.ckpt if policy is None else policy
     if policy == "balanced" and runtime == "torch":
         return torch_balanced_items(items, model, layout, seq_len, mbs, element_bytes)
-    residual = residual_bytes(model, layout, seq_len, mbs, element_bytes)
-    if policy == "mlp":
-        return mlp_checkpoint_items(items, residual, 2 if model.norm_position == "sandwich" else 1)
-    return checkpointed_items(items, policy, residual)
+    return checkpointed_items(items, policy, residual_bytes(model, layout, seq_len, mbs, element_bytes),
+                              2 if model.norm_position == "sandwich" else 1)
 
 
 def layer_bytes(model: ModelSpec, layout: Layout, seq_len: int, policy: str | None = None, *,

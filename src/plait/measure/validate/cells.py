@@ -32,6 +32,11 @@ def zero_stage_of(text: str) -> tuple[int, bool] | None:
     return None
 
 
+def recompute_modules(text: str) -> set[str]:
+    """The module names of a Megatron-style recompute cell, ``selective(layernorm, moe)`` -> {layernorm, moe}."""
+    return set(re.findall(r"[a-z_]+", text.lower().partition("(")[2]))
+
+
 def recompute_of(text: str, n_layers_per_stage: int) -> tuple[str, int, bool] | None:
     """(policy, layers per stage, op-level SAC) from the source's words; None when blank or unknown."""
     t = text.strip().lower()
@@ -49,8 +54,7 @@ def recompute_of(text: str, n_layers_per_stage: int) -> tuple[str, int, bool] | 
         # recomputes about the FLOPs of half of the layers; its memory is ``op_level_memory``
         return "full", half, True
     if t.startswith("selective"):  # Megatron-Core's module list: the MLP/MoE block recomputed is plait's mlp
-        modules = set(re.findall(r"[a-z_]+", t.partition("(")[2]))
-        return ("mlp" if modules & {"mlp", "moe"} else "selective"), 0, False
+        return ("mlp" if recompute_modules(t) & {"mlp", "moe"} else "selective"), 0, False
     if "activation checkpoint" in t or "recompute" in t or "gradient checkpoint" in t:
         return "full", 0, False
     return None

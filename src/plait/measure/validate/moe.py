@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 
+from plait.measure.validate.cells import recompute_modules
 from plait.spec.model import ModelSpec
 from plait.spec.moe.parts import MoESpec
 from plait.spec.moe.presets import MOE_PRESETS
@@ -163,7 +164,7 @@ def moe_given(row: dict, notes: list[str]) -> dict:
     """
     out: dict = {}
     text = (row.get("recompute") or "").strip().lower()
-    modules = set(re.findall(r"[a-z_]+", text.partition("(")[2]))
+    modules = recompute_modules(text)
     if text.startswith("selective(") and modules & {"moe", "mlp"}:
         out.update(ckpt="mlp", ckpt_layers=0, _op_level=False)
         note = f"recompute {text!r} (the MoE/MLP block recomputed, attention kept) read as ckpt=mlp"
