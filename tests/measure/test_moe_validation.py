@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.measure.validate.moe import megatron_flops_per_token, moe_given
+from plait.measure.validate.moe import megatron_flops_per_token, moe_given, moe_graph_params
 from plait.measure.validate.runs import error_summary, predict_runs, read_runs
 from plait.spec.models import MODELS
 
@@ -88,3 +88,26 @@ def test_the_layernorm_module_difference_is_in_the_notes():
            "hidden": "4096", "tp": "4"}
     moe_given(row, notes)
     assert f"({2 * 16384 * 4096 // 4 // 2**20} MiB per layer" in notes[0]
+
+
+def _row(section: str, model: str, source: str = "NVIDIA Megatron-Bridge performance summary") -> dict:
+    return {"source": source, "table_or_section": section, "model_name": model}
+
+
+@pytest.mark.parametrize("section, model, gpu, precision, expected", [
+    ("26.06 NeMo Container, Pre-Training Performance", "Qwen3-235B-A22B", "gb200", "mxfp8", {"moe_layer_graphed": 1.0}),
+    ("26.02.01 NeMo Container, Pre-Training", "DeepSeek-V3 671B", "gb200", "mxfp8", {"moe_router_graphed": 1.0}),
+    ("25.11 NeMo Container, DGX-GB200", "GPT-OSS 120B", "gb200", "bf16", {}),
+    ("26.02.01 NeMo Container", "Qwen3-30B-A3B", "b200", "mxfp8", {"moe_router_graphed": 1.0}),
+    ("25.11 NeMo Container, DGX-B200", "Qwen3-30B-A3B", "b200", "mxfp8", {}),
+    ("26.04.01 NeMo Container, DGX-H100", "Qwen3-30B-A3B", "h100-sxm", "fp8", {}),
+])
+def test_the_recipe_graphs_of_megatron_bridge_rows(section, model, gpu, precision, expected):
+    notes: list[str] = []
+    assert moe_graph_params(_row(section, model), gpu, precision, notes) == expected
+    assert len(notes) == (1 if expected else 0)
+
+
+def test_rows_of_other_sources_run_eager():
+    row = _row("26.06 NeMo Container", "Qwen3-235B-A22B", source="Megatron-MoE-ModelZoo")
+    assert moe_graph_params(row, "gb200", "mxfp8", []) == {}

@@ -12,6 +12,7 @@ from plait.plan import comm
 from plait.plan.cost import estimate_step
 from plait.plan.memory import estimate_memory
 from plait.plan.moe.memory import moe_layer_saved_bytes
+from plait.plan.moe.sync import moe_sync_layer
 from plait.plan.moe.timing import remote_nodes_per_token
 from plait.plan.params import DEFAULT_PARAMS
 from plait.plan.candidates import candidate_layouts
@@ -84,9 +85,11 @@ def test_all_to_all_is_itemized_and_overlap_hides_part_of_it():
     chunked = estimate_step(MIXTRAL, CLUSTER, JOB, Layout.parse(base + ",moe_overlap=chunked"))
     assert none.items()["ep_comm"] > chunked.ep_comm > 0
     ep1 = estimate_step(MIXTRAL, CLUSTER, JOB, Layout.parse("dp=64,zero=1,ckpt=selective,mbs=2"))
-    assert ep1.ep_comm == 0.0  # ep=1: no all-to-all, and the fixed cost is its own item, not "ep comm"
-    assert ep1.moe_overhead == pytest.approx(32 * 4 * DEFAULT_PARAMS.moe_layer_overhead_s)  # 32 layers x 4 micro-batches
-    assert none.moe_overhead == ep1.moe_overhead
+    assert ep1.ep_comm == 0.0  # ep=1: no all-to-all, and the dispatcher's sync is its own item, not "ep comm"
+    for step, text in ((ep1, "dp=64,zero=1,ckpt=selective,mbs=2"), (none, base)):  # 32 layers x 4 micro-batches
+        per_layer = moe_sync_layer(MIXTRAL, CLUSTER, Layout.parse(text), DEFAULT_PARAMS).total
+        assert step.moe_sync == pytest.approx(32 * 4 * per_layer)
+    assert ep1.moe_sync > 0.0
     # across nodes the all-to-all costs more than inside one. plait's runtime takes ep from the dp ranks
     # (stride tp=8 in the default order: 8 nodes; dp innermost: one node); Megatron-Core takes the tp
     # ranks first (the default order: one node)

@@ -96,7 +96,7 @@ class StepBreakdown:
     hardware_flops_per_token: float
     peak_flops: float  # dense bf16 peak of one GPU, FLOP/s
     ep_comm: float = 0.0
-    moe_overhead: float = 0.0
+    moe_sync: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -188,9 +188,9 @@ def step_lower_bounds(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layo
     for impl in cp_impls or (lay.cp_impl,):
         kernel_lay = lay if impl == lay.cp_impl else lay.variant(cp_impl=impl)
         times = _layer_times(model, cluster, job, kernel_lay, tokens, params, runtime)
-        ep_mb, moe_overhead_mb = ep_microbatch(model, cluster, kernel_lay, tokens, job.seq_len, layers, 0, params,
+        ep_mb, moe_sync_mb = ep_microbatch(model, cluster, kernel_lay, tokens, job.seq_len, layers, 0, params,
                                                 runtime)
-        kernels_mb = sum(_layer_passes(times, layers)) + layers * tp_per_layer + ep_mb + moe_overhead_mb
+        kernels_mb = sum(_layer_passes(times, layers)) + layers * tp_per_layer + ep_mb + moe_sync_mb
         by_kernel.append((kernels_mb, {ckpt: recompute_layer(kernel_lay.variant(ckpt=ckpt), times, tp_one_way)
                                        for ckpt in ckpts}))
     head_mb = head_time(model, cluster.gpu, params, tokens, lay.tp, "bf16", "unfused")
@@ -232,11 +232,11 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
     tp_mb, cp_mb = layers * tp_per_layer, layers * cp_per_layer
     offload_mb = offload_microbatch(model, cluster, lay, job.seq_len, layers, times, params, runtime)
     pp_mb = pp_microbatch(cluster, groups["pp"], lay, act_bytes, params)
-    ep_mb, moe_overhead_mb = ep_microbatch(model, cluster, lay, tokens, job.seq_len, layers, n_ckpt, params,
+    ep_mb, moe_sync_mb = ep_microbatch(model, cluster, lay, tokens, job.seq_len, layers, n_ckpt, params,
                                             runtime)
     overhead_mb, host_ends = overhead_microbatch(params, lay, layers, n_ckpt)
     body_mb = (kernels_mb + elementwise_mb + recompute_mb + tp_mb + cp_mb + offload_mb + pp_mb + overhead_mb + ep_mb
-               + moe_overhead_mb)
+               + moe_sync_mb)
     # the last stage (or the only one) carries the head, and the mechanisms' host time at the ends
     slowest_mb = body_mb + head_mb + host_ends
     average_mb = body_mb + (head_mb + host_ends) / lay.pp
@@ -268,5 +268,5 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         hardware_flops_per_token=hardware_flops_per_token(model, lay, job.seq_len),
         peak_flops=gpu.bf16_flops,
         ep_comm=m * ep_mb,
-        moe_overhead=m * moe_overhead_mb,
+        moe_sync=m * moe_sync_mb,
     )

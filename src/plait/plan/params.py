@@ -99,9 +99,17 @@ class CostParams:
     cp_comm_overlap: fraction of the attention kernels that the context-parallel K/V exchange hides
         behind (1.0 on a GPU: the ring's next block travels while the current one is computed; a
         CPU profile writes its measured overlap).
-    moe_layer_overhead_s: fixed seconds per MoE layer and micro-batch, forward and backward together:
-        the dropless dispatch's host syncs (token counts to the host to size the all-to-all and the
-        grouped GEMMs), the routing's small kernels and the permutations' launches.
+    moe_launch_s: host seconds per kernel launch of the MoE block, each exposed because the dropless
+        dispatcher's device-to-host sync of the token counts empties the GPU's queue
+        (``plait.plan.moe.sync``: the launches counted per part, the sync and the token-count
+        exchange priced from named numbers). FITTED on the published MoE runs (Megatron-Core):
+        the one number of that term not read from a source; it holds the framework's whole
+        per-op host path (Python module code, PyTorch dispatch, the CUDA launch).
+    moe_router_graphed: fraction of the MoE layers whose router and dispatcher preprocessing run
+        as CUDA graphs (Megatron's ``cuda_graph_scope`` ``moe_router`` and ``moe_preprocess``): their
+        launches become one graph launch each way. 0 for plait's runtime; a row's recipe sets it.
+    moe_layer_graphed: fraction of the MoE layers inside a whole-iteration CUDA graph (Megatron's
+        ``cuda_graph_impl="full_iteration"`` with fixed-size expert buffers): no launches, no sync.
     """
 
     gemm_half_flops: float = 2.0e9
@@ -127,7 +135,9 @@ class CostParams:
     fp8_cast_passes: float = 0.0
     zero3_collective_bandwidth: float = 0.0
     moe_load_imbalance: float = 1.0
-    moe_layer_overhead_s: float = 3.0e-3
+    moe_launch_s: float = 25e-6
+    moe_router_graphed: float = 0.0
+    moe_layer_graphed: float = 0.0
     offload_overlap: float = 1.0
     layer_overhead_s: float = 0.0
     tp_layer_overhead_s: float = 0.0
@@ -215,6 +225,9 @@ PARAM_RANGES: dict[str, Range] = {
     "logits_bytes_per_element": NON_NEGATIVE,
     "fp8_gemm_efficiency": EFFICIENCY,
     "moe_load_imbalance": Range(1.0),
+    "moe_launch_s": Range(0.0, 1.0e-2),
+    "moe_router_graphed": FRACTION,
+    "moe_layer_graphed": FRACTION,
 }
 GPU_RANGES: dict[str, Range] = {
     "bf16_flops": POSITIVE, "fp8_flops": NON_NEGATIVE, "hbm_bytes": POSITIVE, "hbm_bandwidth": POSITIVE,

@@ -181,3 +181,45 @@ def moe_given(row: dict, notes: list[str]) -> dict:
         out["moe_overlap"] = "chunked"
         notes.append("EP all-to-all overlapped with another micro-batch's compute: moe_overlap=chunked")
     return out
+
+
+# CUDA graphs of the Megatron-Bridge performance recipes, by (system, model words, precision or None,
+# first container): the cost parameters they set (``plait.plan.moe.sync``). Read in
+# NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/{qwen3,qwen,deepseek,gpt_oss}/
+# *workload_base_configs.py at the tags of the containers (v0.2.0 = 25.11, v0.3.0 = 26.02,
+# v0.4.0 = 26.04, v0.5.0 = 26.06): GB200 Qwen3 and DeepSeek-V3 set cuda_graph_impl="transformer_engine"
+# with cuda_graph_scope [("attn",) "moe_router", "moe_preprocess"] from v0.2.0 on (GPT-OSS does not);
+# B200 Qwen3-30B from v0.3.0; the GB200 FP8_MX configs of all four models set
+# cuda_graph_impl="full_iteration" from v0.5.0 (GPT-OSS's V2, the row's GBS 1280). Rows of other
+# sources, systems or containers run eager (the parameters' defaults).
+RECIPE_GRAPHS = (
+    ("gb200", None, "mxfp8", (26, 6), {"moe_layer_graphed": 1.0}, "whole-iteration CUDA graph"),
+    ("gb200", ("qwen3", "deepseek"), None, (25, 11), {"moe_router_graphed": 1.0},
+     "CUDA graphs over the router and the dispatcher's preprocessing"),
+    ("b200", ("qwen3-30b",), None, (26, 2), {"moe_router_graphed": 1.0},
+     "CUDA graphs over the router and the dispatcher's preprocessing"),
+)
+
+
+def container_release(row: dict) -> tuple[int, int] | None:
+    """(year, month) of the NeMo container a Megatron-Bridge row names ("26.04.01 NeMo Container"), or None."""
+    if "megatron-bridge" not in (row.get("source") or "").lower():
+        return None
+    match = re.search(r"\b(\d\d)\.(\d\d)(?:\.\d\d)? NeMo Container", row.get("table_or_section") or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def moe_graph_params(row: dict, gpu_name: str, precision: str, notes: list[str]) -> dict:
+    """Cost parameters of the CUDA graphs a Megatron-Bridge MoE row's recipe runs (``RECIPE_GRAPHS``,
+    first match), noted; {} for eager rows."""
+    release = container_release(row)
+    if release is None:
+        return {}
+    model = (row.get("model_name") or "").lower()
+    for system, words, mode, first, params, what in RECIPE_GRAPHS:
+        if gpu_name == system and release >= first and (mode is None or precision == mode) \
+                and (words is None or any(w in model for w in words)):
+            notes.append(f"{what} (Megatron-Bridge {release[0]}.{release[1]:02d} recipe for {system}): "
+                         + ", ".join(f"{k}={v:g}" for k, v in params.items()))
+            return dict(params)
+    return {}

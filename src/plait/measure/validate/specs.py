@@ -29,8 +29,8 @@ from typing import Callable
 from plait.errors import PlaitError
 from plait.measure.validate.cells import (arch_of, not_sharded, offloaded_layers, precision_of, recompute_of,
                                           zero_stage_of)
-from plait.measure.validate.moe import (MoERowError, is_moe_row, moe_given, moe_gpu_type, nvlink_domain,
-                                         moe_model_for_row)
+from plait.measure.validate.moe import (MoERowError, is_moe_row, moe_given, moe_gpu_type, moe_graph_params,
+                                         moe_model_for_row, nvlink_domain)
 from plait.plan.activations import BF16, layer_items
 from plait.plan.complete import complete
 from plait.plan.memory import MemoryBreakdown, estimate_memory, in_flight_microbatches
@@ -255,6 +255,8 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
     runtime = stack.runtime
     given = _given_knobs(row, model, n_gpus, notes, stack)
     op_level = given.pop("_op_level", False)
+    if model.moe is not None:  # the CUDA graphs of the row's recipe
+        params = replace(params, **moe_graph_params(row, gpu.name, given.get("precision", "bf16"), notes))
 
     def memory_of(layout: Layout, memory: MemoryBreakdown) -> MemoryBreakdown:
         return op_level_memory(model, job, layout, memory, params, runtime)

@@ -24,8 +24,9 @@ TIME_ITEMS = (
     TimeItem("bubble", "pipeline fill and drain", False),
     TimeItem("dp_comm", "exposed data-parallel / ZeRO communication", False),
     TimeItem("ep_comm", "exposed expert all-to-all (dispatch and combine)", False),
-    TimeItem("moe_overhead", "fixed cost per MoE layer and micro-batch, fitted (moe_layer_overhead_s): the dropless "
-             "dispatch's host syncs, routing and permutation launches; at ep=1 too", False),
+    TimeItem("moe_sync", "the dropless dispatcher's per-MoE-layer synchronisation: token counts exchanged over ep, "
+             "copied to the host, and the MoE block's kernel launches that sync exposes (launch time fitted: "
+             "moe_launch_s); at ep=1 too, less under CUDA graphs", False),
     TimeItem("offload", "exposed activation/optimizer traffic over the host link", False),
     TimeItem("optimizer", "optimizer step", False),
     TimeItem("overhead", "fixed per-step and per-micro-batch costs, and the runtime's host time per layer", False),

@@ -1,0 +1,76 @@
+"""The dropless dispatcher's per-MoE-layer synchronisation (``plait.plan.moe.sync``), part by part."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from plait.plan import comm
+from plait.plan.moe import sync as S
+from plait.plan.moe.sync import moe_kernels, moe_sync_layer
+from plait.plan.params import DEFAULT_PARAMS
+from plait.plan.terms.expert import ep_microbatch
+from plait.spec.hardware import get_cluster
+from plait.spec.layout import Layout
+from plait.spec.models import MODELS
+from plait.spec.moe.layout import expert_groups
+
+MIXTRAL = MODELS["mixtral-8x7b"]  # 8 experts
+CLUSTER = get_cluster("dgx-h100", 64)
+
+
+def _eager_kernels(local: float) -> tuple[float, float]:
+    return tuple(S.ROUTER_KERNELS[w] + S.PREPROCESS_KERNELS[w] + S.PERMUTE_KERNELS[w] + S.EXPERT_FIXED_KERNELS[w]
+                 + local * S.EXPERT_KERNELS[w] for w in (0, 1))
+
+
+def test_launches_are_the_counted_kernels_times_the_launch_time():
+    for ep in (1, 2, 8):
+        lay = Layout.parse(f"dp=64,ep={ep}")
+        forward, backward = _eager_kernels(8 / ep)
+        assert moe_kernels(MIXTRAL, lay, DEFAULT_PARAMS) == pytest.approx((forward, backward))
+        parts = moe_sync_layer(MIXTRAL, CLUSTER, lay, DEFAULT_PARAMS)
+        assert parts.launches == pytest.approx((forward * DEFAULT_PARAMS.moe_launch_s,
+                                                backward * DEFAULT_PARAMS.moe_launch_s))
+        assert parts.sync == (S.SYNC_S, 0.0)  # one device-to-host copy, in the forward
+
+
+def test_ep1_has_no_token_count_exchange_and_ep_gt_1_gathers_the_counts():
+    assert moe_sync_layer(MIXTRAL, CLUSTER, Layout.parse("dp=64"), DEFAULT_PARAMS).counts == (0.0, 0.0)
+    lay = Layout.parse("dp=64,ep=8")
+    group = expert_groups(lay, CLUSTER.gpus_per_node, "torch")["ep"]
+    expected = comm.all_gather(CLUSTER, group, S.COUNT_BYTES * 8 * 8)
+    parts = moe_sync_layer(MIXTRAL, CLUSTER, lay, DEFAULT_PARAMS)
+    assert parts.counts == (pytest.approx(expected), 0.0)
+    assert expected > 0.0
+
+
+def test_router_graphs_remove_exactly_the_router_and_preprocessing_launches():
+    lay = Layout.parse("dp=64,ep=8")
+    eager = moe_sync_layer(MIXTRAL, CLUSTER, lay, DEFAULT_PARAMS)
+    graphed = moe_sync_layer(MIXTRAL, CLUSTER, lay, replace(DEFAULT_PARAMS, moe_router_graphed=1.0))
+    for way in (0, 1):
+        removed = S.ROUTER_KERNELS[way] + S.PREPROCESS_KERNELS[way] - S.GRAPH_LAUNCHES[way]
+        assert eager.launches[way] - graphed.launches[way] == pytest.approx(removed * DEFAULT_PARAMS.moe_launch_s)
+    assert (graphed.counts, graphed.sync) == (eager.counts, eager.sync)
+
+
+def test_a_whole_iteration_graph_removes_every_launch_and_the_sync_not_the_exchange():
+    lay = Layout.parse("dp=64,ep=8")
+    eager = moe_sync_layer(MIXTRAL, CLUSTER, lay, DEFAULT_PARAMS)
+    graphed = moe_sync_layer(MIXTRAL, CLUSTER, lay, replace(DEFAULT_PARAMS, moe_layer_graphed=1.0))
+    assert graphed.launches == (0.0, 0.0) and graphed.sync == (0.0, 0.0)
+    assert graphed.counts == eager.counts and graphed.total == pytest.approx(sum(eager.counts))
+
+
+def test_the_step_charges_each_moe_layer_once_and_the_recomputed_forward_again():
+    layers = MIXTRAL.n_layers
+    lay = Layout.parse("dp=64,ep=8,ckpt=full")
+    parts = moe_sync_layer(MIXTRAL, CLUSTER, lay, DEFAULT_PARAMS)
+    _, kept = ep_microbatch(MIXTRAL, CLUSTER, lay, 4096, 4096, layers, 0, DEFAULT_PARAMS)
+    _, recomputed = ep_microbatch(MIXTRAL, CLUSTER, lay, 4096, 4096, layers, layers, DEFAULT_PARAMS)
+    assert kept == pytest.approx(layers * parts.total)
+    assert recomputed - kept == pytest.approx(layers * parts.forward)
+    assert ep_microbatch(MODELS["llama3-8b"], CLUSTER, Layout.parse("dp=64"), 4096, 4096, 32, 0,
+                         DEFAULT_PARAMS) == (0.0, 0.0)
