@@ -108,6 +108,10 @@ def test_the_recipe_graphs_of_megatron_bridge_rows(section, model, gpu, precisio
     assert len(notes) == (1 if expected else 0)
 
 
-def test_rows_of_other_sources_run_eager():
+def test_modelzoo_rows_take_the_graphs_their_command_names_and_other_sources_run_eager():
     row = _row("26.06 NeMo Container", "Qwen3-235B-A22B", source="Megatron-MoE-ModelZoo")
-    assert moe_graph_params(row, "gb200", "mxfp8", []) == {}
+    assert moe_graph_params({**row, "notes": "Intra-node EP"}, "gb200", "mxfp8", []) == {}
+    assert moe_graph_params({**row, "notes": "Cross-node EP strategy."}, "h100-sxm", "bf16", []) == {
+        "moe_router_graphed": 1.0}
+    assert moe_graph_params(_row("26.06 NeMo Container", "Qwen3-235B-A22B", source="torchtitan"), "gb200",
+                            "mxfp8", []) == {}

@@ -32,6 +32,7 @@ from pathlib import Path
 from plait.errors import PlaitError
 from plait.measure.calibrate.cases import FitCase
 from plait.measure.calibrate.families import families_from_sources, leave_one_family_out
+from plait.measure.validate.moe import RECIPE_PARAMS
 from plait.measure.validate.runs import predict_row, read_runs
 from plait.measure.validate.specs import row_specs
 from plait.plan.params import DEFAULT_PARAMS, CostParams
@@ -130,7 +131,8 @@ def usable_cases(path) -> tuple[list[FitCase], dict[str, int]]:
 
     The reported side and the specs do not depend on the cost parameters: they are built once
     (``plait.measure.validate.runs``), and each trial only re-runs ``estimate_step``. The numbers of the
-    row's software stack (``plait.spec.stack``) are the case's ``software``: fixed, never fitted.
+    row's software stack (``plait.spec.stack``) and of its recipe (``RECIPE_PARAMS``: the CUDA graphs
+    ``plait.measure.validate.moe`` reads) are the case's ``software``: fixed, never fitted.
     """
     paths = [path] if isinstance(path, (str, Path)) else list(path)
     cases, skipped = [], {}
@@ -142,7 +144,10 @@ def usable_cases(path) -> tuple[list[FitCase], dict[str, int]]:
             reason = "no reported throughput"
         else:
             specs = row_specs(row, [])
-            software = tuple(specs.stack.param_values().items()) if specs.stack is not None else ()
+            software = dict(specs.stack.param_values()) if specs.stack is not None else {}
+            software.update({name: getattr(specs.params, name) for name in RECIPE_PARAMS  # the row's recipe
+                             if getattr(specs.params, name) != getattr(DEFAULT_PARAMS, name)})
+            software = tuple(software.items())
             cases.append(FitCase(result.id, result.source, (specs.model, specs.cluster, specs.job, specs.layout),
                                  result.reported_mfu, specs.runtime, software))
             continue

@@ -192,6 +192,7 @@ def moe_given(row: dict, notes: list[str]) -> dict:
 # B200 Qwen3-30B from v0.3.0; the GB200 FP8_MX configs of all four models set
 # cuda_graph_impl="full_iteration" from v0.5.0 (GPT-OSS's V2, the row's GBS 1280). Rows of other
 # sources, systems or containers run eager (the parameters' defaults).
+RECIPE_PARAMS = ("moe_router_graphed", "moe_layer_graphed")  # what a row's recipe sets (never fitted)
 RECIPE_GRAPHS = (
     ("gb200", None, "mxfp8", (26, 6), {"moe_layer_graphed": 1.0}, "whole-iteration CUDA graph"),
     ("gb200", ("qwen3", "deepseek"), None, (25, 11), {"moe_router_graphed": 1.0},
@@ -209,9 +210,25 @@ def container_release(row: dict) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+# Megatron-MoE-ModelZoo rows whose notes name the run: its command in the source sets the graphs.
+# best_practice/qwen3/run_h100_235b.sh at 020b8136b3bc (the commit the rows were read at), the
+# H100 cross-node-EP run (DeepEP, TP2 PP8 VPP4 EP32): "--cuda-graph-impl transformer_engine
+# --cuda-graph-scope moe_router moe_preprocess". The ModelZoo's other H100 rows give no command
+# with graphs (the long-context command has none): eager.
+MODELZOO_GRAPHS = (("cross-node ep strategy", {"moe_router_graphed": 1.0},
+                    "CUDA graphs over the router and the dispatcher's preprocessing (run_h100_235b.sh)"),)
+
+
 def moe_graph_params(row: dict, gpu_name: str, precision: str, notes: list[str]) -> dict:
-    """Cost parameters of the CUDA graphs a Megatron-Bridge MoE row's recipe runs (``RECIPE_GRAPHS``,
-    first match), noted; {} for eager rows."""
+    """Cost parameters of the CUDA graphs a MoE row's recipe runs (``RECIPE_GRAPHS`` for
+    Megatron-Bridge, first match; ``MODELZOO_GRAPHS`` by the row's notes), noted; {} for eager rows."""
+    if "modelzoo" in (row.get("source") or "").lower():
+        text = (row.get("notes") or "").lower()
+        for words, params, what in MODELZOO_GRAPHS:
+            if words in text:
+                notes.append(f"{what}: " + ", ".join(f"{k}={v:g}" for k, v in params.items()))
+                return dict(params)
+        return {}
     release = container_release(row)
     if release is None:
         return {}
