@@ -99,7 +99,9 @@ def _row(section: str, model: str, source: str = "NVIDIA Megatron-Bridge perform
     ("26.02.01 NeMo Container, Pre-Training", "DeepSeek-V3 671B", "gb200", "mxfp8", {"moe_router_graphed": 1.0}),
     ("25.11 NeMo Container, DGX-GB200", "GPT-OSS 120B", "gb200", "bf16", {}),
     ("26.02.01 NeMo Container", "Qwen3-30B-A3B", "b200", "mxfp8", {"moe_router_graphed": 1.0}),
-    ("25.11 NeMo Container, DGX-B200", "Qwen3-30B-A3B", "b200", "mxfp8", {}),
+    ("25.11 NeMo Container, DGX-B200", "Qwen3-30B-A3B", "b200", "mxfp8", {"moe_router_graphed": 1.0}),
+    ("25.11 NeMo Container, DGX-B200", "Qwen3-235B-A22B", "b200", "mxfp8", {}),
+    ("25.09 NeMo Container, DGX-GB200", "Qwen3-235B-A22B", "gb200", "bf16", {}),
     ("26.04.01 NeMo Container, DGX-H100", "Qwen3-30B-A3B", "h100-sxm", "fp8", {}),
 ])
 def test_the_recipe_graphs_of_megatron_bridge_rows(section, model, gpu, precision, expected):
