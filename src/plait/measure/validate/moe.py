@@ -28,6 +28,11 @@ three places: plait counts the router GEMM (2·h·E per token forward), Megatron
 plait counts a local layer's sliding window (GPT-OSS), Megatron the full causal square; and
 Megatron's MLA projection count adds the latent norms as weights. For the MoE presets the
 difference is under 2% (README, MoE validation).
+
+CUDA graphs (``moe_graph_params``): which parts of the MoE layer the row's recipe captures in CUDA
+graphs, read from the Megatron-Bridge performance configs at the row's container tag and from the
+ModelZoo's command (``RECIPE_GRAPHS``, ``MODELZOO_GRAPHS``), become the cost parameters
+``moe_router_graphed`` / ``moe_layer_graphed`` of ``plait.plan.moe.sync``; noted.
 """
 
 from __future__ import annotations
