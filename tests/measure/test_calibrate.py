@@ -140,6 +140,10 @@ def test_unknown_and_unfittable_parameter_names(capsys):
 def test_runs_file_without_usable_rows(tmp_path, capsys):
     rows = [row for row in read_runs(RUNS_CSV) if not predict_row(row).complete][:3]
     assert rows
+    # a blank seq_len under a stack without run configs (Megatron-LM's) is incomplete too
+    megatron = [dict(row, seq_len="") for row in read_runs(RUNS_CSV) if row["id"].startswith("megatron21-t1-")]
+    rows = (rows + megatron)[:3]
+    assert not any(predict_row(row).complete for row in rows)
     path = write_runs(tmp_path / "runs.csv", rows)
     line = error_line(capsys, "calibrate", "fit", "--runs", str(path), "--out", str(tmp_path / "c.json"))
     assert "no usable rows (3 incomplete)" in line and "reported throughput" in line

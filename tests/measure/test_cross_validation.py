@@ -122,6 +122,9 @@ def test_offload_in_the_notes_and_the_nvl72_domain():
     assert nvlink_domain({"n_gpus": "256", "gpus_per_node": "4"}, "gb200", notes) == 64
     assert "compute tray" in notes[0]
     assert nvlink_domain({"n_gpus": "8"}, "gb200", []) == 8
+    gb300: list[str] = []
+    assert nvlink_domain({"n_gpus": "256", "gpus_per_node": "4"}, "gb300", gb300) == 64
+    assert gb300[0].startswith("GB300 NVL72: 64 GPUs per NVLink domain")
     assert nvlink_domain({"n_gpus": "64"}, "h100-sxm", []) is None
 
 

@@ -37,7 +37,6 @@ def test_errors_are_not_all_one_sign(results):
 
 def test_missing_inputs_are_incomplete_not_guessed(results):
     by_id = {r.id: r for r in results}
-    assert by_id["torchtitan-2412-t1-8b-8g-fsdp"].status == "incomplete: seq_len not given"
     assert by_id["korthikanti22-abs-530b-dp8-fullrecompute"].status == "incomplete: global batch (gbs) not given"
     # issue 18: Table 2's missing knobs are completed, and every completion is stated
     ptd, zero3 = by_id["megatron21-t2-ptd-174p6b-384g"], by_id["megatron21-t2-zero3-174p6b-384g"]
@@ -206,3 +205,58 @@ def test_a_blank_vocabulary_comes_from_the_preset_the_model_name_names():
     row.update(n_layers="80", hidden="8192", n_heads="64", ffn_hidden="28672", n_kv_heads="8", vocab="",
                model_name="Llama 3 70B")
     assert f"vocab {llama3.vocab} from preset llama3-70b" in "; ".join(predict_row(row).notes)
+
+
+def _row(row_id: str) -> dict:
+    return dict(next(r for r in read_runs(RUNS) if r["id"] == row_id))
+
+
+def test_a_torchtitan_row_without_seq_len_takes_the_stacks_run_configs():
+    """torchtitan's benchmark tables omit the sequence length and say "selective": its Llama 3 run configs
+    set seq_len 8192 and per-op selective checkpointing (the stack's ``[run]`` table), and the row says so."""
+    row = _row("torchtitan-2412-t1-8b-8g-fsdp")
+    assert not row["seq_len"] and row["recompute"] == "selective"
+    result = predict_row(row)
+    assert result.status in ("ok", "oom") and result.seq_len == 8192
+    notes = "; ".join(result.notes)
+    assert "seq_len=8192 assumed: the torchtitan stack's run configs" in notes
+    assert "read as per-op selective checkpointing" in notes
+    assert "op-level selective checkpointing: memory of every second matmul output kept" in notes
+    # the same words from a source whose software has no such configs stay incomplete and Megatron's meaning
+    other = dict(row, source="some lab's blog")
+    assert predict_row(other).status == "incomplete: seq_len not given"
+    other["seq_len"] = "8192"
+    assert not any("per-op" in n for n in predict_row(other).notes)
+
+
+def test_a_pipeline_rows_local_batch_is_split_into_one_micro_batch_per_stage():
+    """torchtitan Table 6: "local batch size 8 (split into PP microbatches)", no global batch, 1F1B named:
+    global batch = dp x 8, micro-batch = 8 / pp (torchtitan's default count: one per stage), one stage per rank."""
+    result = predict_row(_row("torchtitan-2412-t6-405b-512g-4d-cp1-32k"))
+    assert result.status in ("ok", "oom")
+    notes = "; ".join(result.notes)
+    assert "global batch = dp x the local batch size the notes state (8 x 8 = 64)" in notes
+    assert "mbs=1: the local batch of 8 in 8 micro-batches" in notes
+    assert "vpp=1: the notes name the 1F1B schedule" in notes
+    layout = Layout.parse(next(n for n in result.notes if n.startswith("layout ")).split(" ", 1)[1])
+    assert (layout.dp, layout.pp, layout.mbs, layout.vpp, layout.schedule) == (8, 8, 1, 1, "1f1b")
+    interleaved = predict_row(_row("torchtitan-2412-t5-405b-512g-3d-interleaved"))  # gbs 256 given: 32 per rank
+    assert "mbs=4: the local batch of 32 in 8 micro-batches" in "; ".join(interleaved.notes)
+    assert not any(n.startswith("vpp=1") for n in interleaved.notes)
+
+
+@pytest.mark.parametrize("notes,schedule", [("3D, 1F1B schedule, compile", "1f1b"), ("Interleaved 1F1B, x", "interleaved-1f1b"),
+                                            ("interleaved-1f1b", "interleaved-1f1b"), ("EP32, 1F1B a2a overlap", None),
+                                            ("1f1b overlap of the all-to-all", None), ("GPipe", None), ("", None)])
+def test_schedule_words(notes, schedule):
+    from plait.measure.validate.cells import schedule_of
+
+    assert schedule_of(notes) == schedule
+
+
+def test_local_batch_words():
+    from plait.measure.validate.cells import local_batch_of
+
+    assert local_batch_of("FSDP only. local batch size 2 per data-parallel rank.") == 2
+    assert local_batch_of("Local batch size 32 (split into PP microbatches)") == 32
+    assert local_batch_of("global batch 1024") is None

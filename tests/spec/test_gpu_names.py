@@ -27,6 +27,8 @@ NAMES = [
     ("b200 (DGX-B200)", "b200"),
     ("GB200", "gb200"),
     ("gb200 (DGX-GB200)", "gb200"),
+    ("GB300", "gb300"),
+    ("gb300 (DGX-GB300)", "gb300"),
     ("MI300X", "mi300x"),
     ("AMD Instinct MI250X", "mi250x"),
     ("V100-SXM2-32GB", "v100-32g"),

@@ -22,7 +22,8 @@ def test_the_required_stacks_are_built_in_and_each_number_has_a_source():
         stack = get_stack(name)
         assert stack.name == name and stack.summary
         sources = stack.sources()
-        assert len(sources) == len(stack.params) + len(stack.defaults) + len(stack.attention_efficiency)
+        assert len(sources) == (len(stack.params) + len(stack.defaults) + len(stack.attention_efficiency)
+                                + len(stack.run))
         assert all(len(text) > 20 for text in sources.values()), (name, sources)
         assert set(stack.params) <= set(STACK_PARAMS)
 
@@ -64,6 +65,10 @@ def test_attention_efficiency_applies_to_its_generation_only():
     ('name = "x"\nsummary = "y"\nruntime = "jax"\n', "runtime='jax'"),
     ('name = "x"\nsummary = "y"\ncp_impls = ["warp"]\n', "cp_impls="),
     ('name = "x"\nsummary = \n', "not valid TOML"),
+    ('name = "x"\nsummary = "y"\n[run]\nseq_len = { value = 0, source = "z" }\n', "run.seq_len=0 must be a positive"),
+    ('name = "x"\nsummary = "y"\n[run]\nseq_len = { value = 8192.5, source = "z" }\n', "run.seq_len=8192.5"),
+    ('name = "x"\nsummary = "y"\n[run]\nselective = { value = "half", source = "z" }\n', "run.selective='half'"),
+    ('name = "x"\nsummary = "y"\n[run]\nbatch = { value = 8, source = "z" }\n', "run.batch is not one a stack may set"),
 ])
 def test_a_wrong_stack_file_is_one_error_naming_file_and_key(tmp_path, text, words):
     path = tmp_path / "mine.toml"
@@ -105,3 +110,12 @@ def test_a_stacks_defaults_fill_only_the_knobs_left_out_and_not_moot():
     assert left_out_defaults(core, given={"zero": 3}, moot=("cp_impl",)) == {"ckpt": "none", "ckpt_layers": 0,
                                                                               "sp": True}
     assert left_out_defaults(get_stack("plait"), given=("cp_impl",)) == {}
+
+
+def test_a_stacks_run_settings_are_read_with_their_source():
+    """torchtitan's own run configs: seq_len 8192, one micro-batch per pipeline stage, per-op selective
+    checkpointing; a stack without a ``[run]`` table has none."""
+    titan = get_stack("torchtitan")
+    assert titan.run_value("seq_len")[0] == 8192 and "seq_len = 8192" in titan.run_value("seq_len")[1]
+    assert titan.run_value("pp_microbatches")[0] == "pp" and titan.run_value("selective")[0] == "op"
+    assert get_stack("megatron-core").run_value("seq_len") == (None, "")

@@ -55,7 +55,7 @@ from plait.plan.moe.timing import moe_layer_times
 from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.terms.data import dp_step, gradient_reductions
 from plait.plan.terms.expert import ep_microbatch
-from plait.plan.terms.host import host_time, overhead_microbatch
+from plait.plan.terms.host import host_time, overhead_microbatch, step_host_time
 from plait.plan.terms.items import TIME_ITEM_NAMES
 from plait.plan.terms.offload import offload_microbatch
 from plait.plan.terms.optimizer import optimizer_step
@@ -201,7 +201,7 @@ def step_lower_bounds(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layo
         n_ckpt = checkpointed_layer_count(model, lay.variant(ckpt=ckpt), layers)
         body_mb = fixed_mb + min(kernels_mb + n_ckpt * recompute[ckpt] for kernels_mb, recompute in by_kernel)
         average_mb = body_mb + (head_mb + host_ends) / lay.pp
-        out[ckpt] = m * (body_mb + head_mb + host_ends) + bubble(lay, m, average_mb) + params.step_overhead_s
+        out[ckpt] = m * (body_mb + head_mb + host_ends) + bubble(lay, m, average_mb) + step_host_time(params, layers)
     return out
 
 
@@ -248,7 +248,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
                       head_mb, params, runtime)
     optimizer, offload_step = optimizer_step(model, cluster, lay, local, layers, params, runtime)
 
-    step = (m * slowest_mb + fill_drain + dp_comm + optimizer + offload_step + params.step_overhead_s)
+    per_step = step_host_time(params, layers)
+    step = (m * slowest_mb + fill_drain + dp_comm + optimizer + offload_step + per_step)
     return StepBreakdown(
         compute=m * (kernels_mb + head_mb),
         elementwise=m * elementwise_mb,
@@ -260,7 +261,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: 
         dp_comm=dp_comm,
         offload=m * offload_mb + offload_step,
         optimizer=optimizer,
-        overhead=params.step_overhead_s + m * (overhead_mb + host_ends),
+        overhead=per_step + m * (overhead_mb + host_ends),
         step_time=step,
         tokens_per_step=job.tokens_per_step,
         n_gpus=lay.world_size,

@@ -77,6 +77,11 @@ class CostParams:
         0 on a GPU, where the host runs ahead of the kernels of any layer worth planning; a CPU
         executes each op as it is dispatched, so a CPU profile measures it (blocks at a few tokens,
         less the planner's own time for them: ``plait.measure.profile.cpu_fit``).
+    layer_step_overhead_s: host seconds per layer and optimizer step (once, whatever the micro-batches)
+        that the planner's optimizer and data-parallel terms leave unexplained: the optimizer's update
+        of the layer's parameters and the gradient synchronisation's exposed rest as the runtime runs
+        them. 0 on a GPU; a CPU profile measures it as the part of the per-layer time of one micro-batch
+        that three micro-batches do not repeat (``plait.measure.profile.cpu_fit``).
     tp_layer_overhead_s: host seconds per layer and micro-batch that DTensor tensor parallelism
         adds at tp > 1 (sharding propagation, redistribution, the extra autograd nodes); 0 on a GPU
         (hidden, as above); a CPU profile measures it (``plait.measure.profile.runtime_cost``).
@@ -140,6 +145,7 @@ class CostParams:
     moe_layer_graphed: float = 0.0
     offload_overlap: float = 1.0
     layer_overhead_s: float = 0.0
+    layer_step_overhead_s: float = 0.0
     tp_layer_overhead_s: float = 0.0
     fsdp_layer_overhead_s: float = 0.0
     cp_layer_overhead_s: float = 0.0

@@ -9,7 +9,7 @@ variant words (memory size, form factor, power cap) by explicit rules, in this o
   ==============================================  ==================
   a preset name itself (``h100-sxm``)             that preset
   mi300x / mi250x                                 mi300x / mi250x
-  gb200                                           gb200
+  gb200 / gb300                                   gb200 / gb300
   b200                                            b200
   h200 / h800 / a800                              h200 / h800 / a800
   h100 with nvl or 94gb                           h100-nvl
@@ -46,7 +46,7 @@ def preset_name(text: str, presets=()) -> str | None:
     if raw in presets:
         return raw
     words = _words(text)
-    for family in ("mi300x", "mi250x", "gb200"):
+    for family in ("mi300x", "mi250x", "gb200", "gb300"):
         if family in words:
             return family
     if _has(words, "b200"):

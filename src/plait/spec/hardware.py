@@ -220,6 +220,10 @@ class ClusterSpec:
 #   / 72 / 2), 186 GB HBM3e (13.4 TB / 72)
 #   8 TB/s, NVLink5 1.8 TB/s bidirectional; its 72-GPU NVLink domain is modelled as nodes of 64 (what
 #   jobs use of a rack).
+#   GB300 (Blackwell Ultra, NVL72 datasheet, per GPU): 2.5 PFLOP/s bf16 (360 PFLOP/s sparse / 72 / 2), 5 fp8
+#   (720 / 72 / 2), 15 fp4 (1080 PFLOP/s dense FP4 / 72), 288 GB HBM3e (20.7 TB / 72) 8 TB/s, NVLink5 as
+#   GB200; one ConnectX-8 800 Gb/s NIC per GPU. Its doubled softmax exponent rate is not priced (the
+#   attention efficiency stays Blackwell's).
 #   MI300X: 1307 TFLOP/s bf16, 2615 fp8 dense, 192 GB HBM3 5.3 TB/s, 7 Infinity Fabric links of
 #   64 GB/s per direction to the other 7 GPUs (448 GB/s per GPU; AMD MI300X datasheet).
 #   V100 SXM2: 125 TFLOP/s fp16 tensor (no bf16: fp16 is its mixed precision), 32 or 16 GB HBM2 900 GB/s,
@@ -241,7 +245,7 @@ _H100_500W = dict(gemm_efficiency=0.55, attention_efficiency=0.19)
 # GPU generations (what a software stack's kernel rates are given for: ``plait.spec.stack``), by preset
 GPU_GENERATIONS = {"a100": ("a100-40g", "a100-80g", "a800", "a100-80g-pcie"),
                    "h100": ("h100-sxm", "h100-96g-500w", "h800", "h200", "h100-pcie", "h100-nvl"),
-                   "b200": ("b200", "gb200")}
+                   "b200": ("b200", "gb200", "gb300")}
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in [
@@ -259,6 +263,8 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("h100-nvl", 835e12, 1671e12, 94 * GB, 3.9e12, **_H100),
         GpuSpec("gb200", 2500e12, 5000e12, 186 * GB, 8.0e12, gemm_efficiency=0.62, attention_efficiency=0.22,
                 fp4_flops=10000e12),
+        GpuSpec("gb300", 2500e12, 5000e12, 288 * GB, 8.0e12, gemm_efficiency=0.62, attention_efficiency=0.22,
+                fp4_flops=15000e12),
         GpuSpec("mi300x", 1307e12, 2615e12, 192 * GB, 5.3e12, gemm_efficiency=0.50, attention_efficiency=0.20),
         GpuSpec("v100-32g", 125e12, 0.0, 32 * GIB, 0.9e12, gemm_efficiency=0.70, attention_efficiency=0.30),
         GpuSpec("v100-16g", 125e12, 0.0, 16 * GIB, 0.9e12, gemm_efficiency=0.70, attention_efficiency=0.30),
@@ -293,6 +299,8 @@ CLUSTERS: dict[str, ClusterSpec] = {
         # host link: NVLink-C2C between each Grace CPU and its two Blackwell GPUs, 900 GB/s bidirectional
         # per superchip (GB200 NVL72 datasheet): 225 GB/s per GPU and direction, not PCIe
         ClusterSpec("gb200-nvl72", GPUS["gb200"], 64, 900 * GB, 50 * GB, host_link_bandwidth=225 * GB),
+        # GB300 NVL72: the same rack and C2C host link, one ConnectX-8 800 Gb/s NIC per GPU (100 GB/s).
+        ClusterSpec("gb300-nvl72", GPUS["gb300"], 64, 900 * GB, 100 * GB, host_link_bandwidth=225 * GB),
         # 8x MI300X (OAM, Infinity Fabric mesh), one 400 Gb/s NIC per GPU.
         ClusterSpec("mi300x-8", GPUS["mi300x"], 8, 448 * GB, 50 * GB, host_link_bandwidth=50 * GB),
         ClusterSpec("dgx1-v100", GPUS["v100-32g"], 8, 150 * GB, 12.5 * GB, host_link_bandwidth=12 * GB,
@@ -320,6 +328,7 @@ DEFAULT_CLUSTER_FOR_GPU: dict[str, str] = {
     "h100-pcie": "pcie-h100",
     "h100-nvl": "pcie-h100-nvl",
     "gb200": "gb200-nvl72",
+    "gb300": "gb300-nvl72",
     "mi300x": "mi300x-8",
     "v100-32g": "dgx1-v100",
     "v100-16g": "dgx1-v100-16g",

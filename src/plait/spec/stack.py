@@ -19,6 +19,8 @@ A stack is a small TOML file (``plait/data/stacks/NAME.toml``, or any path given
     elementwise_passes = { value = 20, source = "..." }
     [defaults]                  # the knobs a run leaves out (``STACK_DEFAULTS``)
     zero = { value = 1, source = "..." }
+    [run]                       # what the software's own configs set for a run (``STACK_RUN``)
+    seq_len = { value = 8192, source = "..." }
 
 Every number carries its source: a stack is documentation of the software, not a fitted fudge
 factor per run. Values are checked when the planner applies them (``plait.plan.params``).
@@ -44,7 +46,13 @@ STACK_PARAMS = ("elementwise_passes", "tp_comm_overlap", "tp_forward_overlap", "
                 "flash_backward_factor", "fragmentation", "moe_router_graphed", "moe_layer_graphed")
 # Layout knobs a stack fills in when a run does not state them, and the values each may take.
 STACK_DEFAULTS = {"zero": (0, 1, 2, 3), "ckpt": CKPT_POLICIES, "sp": (True, False), "cp_impl": CP_IMPLS}
-_TOP_KEYS = {"name", "summary", "runtime", "attention_kernel", "attention_efficiency", "params", "defaults", "cp_impls"}
+# What the software's own configs set for a run that a published source describes without it (read by
+# ``plait validate``): ``seq_len`` (tokens), ``pp_microbatches`` ("pp": a step's local batch is split into
+# as many micro-batches as pipeline stages) and ``selective`` (what the word "selective" recompute means
+# there: "op", per-op selective checkpointing, or "modules", Megatron's list of recomputed modules).
+STACK_RUN = {"seq_len": int, "pp_microbatches": ("pp",), "selective": ("op", "modules")}
+_TOP_KEYS = {"name", "summary", "runtime", "attention_kernel", "attention_efficiency", "params", "defaults", "cp_impls",
+             "run"}
 
 
 
@@ -71,6 +79,7 @@ class Stack:
             a generation not listed keeps the GPU preset's.
         params: {cost parameter: value} (``STACK_PARAMS``); the others keep the planner's defaults.
         defaults: {layout knob: value} for runs that leave the knob out (``STACK_DEFAULTS``).
+        run: {setting: value} of the software's own run configs (``STACK_RUN``).
         cp_impls: the context-parallel kernels the software has (the search picks the fastest of them).
         path: the file it was read from.
     """
@@ -84,6 +93,7 @@ class Stack:
     defaults: dict = field(default_factory=dict, hash=False, compare=False)
     cp_impls: tuple[str, ...] = RUNTIME_CP_IMPLS
     path: str = ""
+    run: dict = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def is_plait(self) -> bool:
@@ -96,6 +106,11 @@ class Stack:
     def default_values(self) -> dict[str, object]:
         return {name: item.value for name, item in self.defaults.items()}
 
+    def run_value(self, name: str):
+        """The software's own setting ``name`` (``STACK_RUN``) and its source, or (None, "")."""
+        item = self.run.get(name)
+        return (None, "") if item is None else (item.value, item.source)
+
     def gpu(self, gpu: GpuSpec) -> GpuSpec:
         """``gpu`` with this stack's attention efficiency for its generation (unchanged if none is given)."""
         item = self.attention_efficiency.get(generation_of(gpu.name) or "")
@@ -106,6 +121,7 @@ class Stack:
         out = {f"attention_efficiency[{g}]": i.source for g, i in self.attention_efficiency.items()}
         out.update({f"params.{n}": i.source for n, i in self.params.items()})
         out.update({f"defaults.{n}": i.source for n, i in self.defaults.items()})
+        out.update({f"run.{n}": i.source for n, i in self.run.items()})
         return out
 
 
@@ -188,6 +204,14 @@ def read_stack(path: str | Path) -> Stack:
         if item.value not in STACK_DEFAULTS[name] or type(item.value) is not type(STACK_DEFAULTS[name][0]):
             allowed = ", ".join(repr(v) for v in STACK_DEFAULTS[name])
             raise PlaitError(f"{where}: defaults.{name}={item.value!r} must be one of {allowed}")
+    run = _sourced_table(data, "run", tuple(STACK_RUN), where)
+    for name, item in run.items():
+        kind = STACK_RUN[name]
+        ok = (_number(item.value) and item.value == int(item.value) and item.value > 0) if kind is int \
+            else item.value in kind
+        if not ok:
+            allowed = "a positive whole number" if kind is int else "one of " + ", ".join(repr(v) for v in kind)
+            raise PlaitError(f"{where}: run.{name}={item.value!r} must be {allowed}")
     cp_impls = data.get("cp_impls", list(RUNTIME_CP_IMPLS))
     allowed = STACK_DEFAULTS["cp_impl"]
     if not isinstance(cp_impls, list) or not cp_impls or any(i not in allowed for i in cp_impls):
@@ -197,7 +221,7 @@ def read_stack(path: str | Path) -> Stack:
                          f"({', '.join(cp_impls)})")
     return Stack(name=data["name"].strip(), summary=data["summary"].strip(), runtime=runtime,
                  attention_kernel=str(data.get("attention_kernel", "")), attention_efficiency=efficiency,
-                 params=params, defaults=defaults, cp_impls=tuple(cp_impls), path=str(path))
+                 params=params, defaults=defaults, cp_impls=tuple(cp_impls), path=str(path), run=run)
 
 
 def _number(value) -> bool:

@@ -166,7 +166,7 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
     if lay.precision in FP8_PRECISIONS and cluster.gpu.fp8_flops <= 0:
         error("fp8-hardware", f"precision={lay.precision} but {cluster.gpu.name} has no fp8 tensor cores")
     elif lay.precision == "nvfp4" and cluster.gpu.fp4_flops <= 0:
-        error("fp8-hardware", f"precision=nvfp4 but {cluster.gpu.name} has no fp4 tensor cores (B200, GB200 do); "
+        error("fp8-hardware", f"precision=nvfp4 but {cluster.gpu.name} has no fp4 tensor cores (B200, GB200, GB300 do); "
               "use precision=fp8")
     # ---- placement warnings
     groups = placement(lay, cluster.gpus_per_node)

@@ -37,9 +37,13 @@ def recompute_modules(text: str) -> set[str]:
     return set(re.findall(r"[a-z_]+", text.lower().partition("(")[2]))
 
 
-def recompute_of(text: str, n_layers_per_stage: int) -> tuple[str, int, bool] | None:
-    """(policy, layers per stage, op-level SAC) from the source's words; None when blank or unknown."""
+def recompute_of(text: str, n_layers_per_stage: int, selective: str = "modules") -> tuple[str, int, bool] | None:
+    """(policy, layers per stage, op-level SAC) from the source's words; None when blank or unknown.
+    ``selective``: what a bare "selective" means in the software the row ran (``Stack.run_value``):
+    "modules" (Megatron's recomputed modules) or "op" (torchtitan's per-op selective checkpointing)."""
     t = text.strip().lower()
+    if selective == "op" and t == "selective":
+        t = "op-level selective"
     if not t:
         return None
     if t.startswith(("none", "no", "false", "off")):
@@ -100,3 +104,19 @@ def offloaded_layers(notes: str) -> int | None:
     found = re.search(r"cpu_offloading_num_layers\s*[= ]\s*(\d+)", notes) or \
         re.search(r"offload(?:ing)? of (\d+) layers", notes, re.IGNORECASE)
     return int(found.group(1)) if found else None
+
+
+def local_batch_of(notes: str) -> int | None:
+    """The sequences per data-parallel rank and step a source states in words ("local batch size 8"),
+    or None."""
+    match = re.search(r"local batch size (\d+)", notes, re.IGNORECASE)
+    return int(match.group(1)) if match else None
+
+
+def schedule_of(notes: str) -> str | None:
+    """The pipeline schedule a source names in words: "interleaved-1f1b" ("Interleaved 1F1B"), "1f1b"
+    ("1F1B"), or None."""
+    t = notes.lower()
+    if re.search(r"interleaved[ -]?1f1b", t):
+        return "interleaved-1f1b"
+    return "1f1b" if re.search(r"\b1f1b\b(?!\s*(?:a2a|all-to-all|ep|overlap))", t) else None

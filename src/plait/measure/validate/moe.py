@@ -142,16 +142,16 @@ NVL72_GPUS_PER_DOMAIN = 64  # GB200 NVL72: a 72-GPU NVLink domain, of which jobs
 
 
 def nvlink_domain(row: dict, gpu_name: str, notes: list[str]) -> int | None:
-    """GPUs per NVLink domain of a GB200 row: NVL72's rack (64 of its 72 GPUs per job; a job whose
+    """GPUs per NVLink domain of a GB200 or GB300 row: NVL72's rack (64 of its 72 GPUs per job; a job whose
     size 64 does not divide, 8), whatever ``gpus_per_node`` says (the recipes' 4 is the compute tray: its GPUs reach
     the rest of the rack over NVLink too); None for other GPUs (the row's own value or the default)."""
-    if gpu_name != "gb200":
+    if gpu_name not in ("gb200", "gb300"):
         return None
     n_gpus = _int(row, "n_gpus") or NVL72_GPUS_PER_DOMAIN
     per_domain = NVL72_GPUS_PER_DOMAIN if n_gpus % NVL72_GPUS_PER_DOMAIN == 0 else min(n_gpus, 8)
     stated = (row.get("gpus_per_node") or "").strip()
     said = f" (gpus_per_node {stated} is the compute tray)" if stated else " (gpus_per_node not stated)"
-    notes.append(f"GB200 NVL72: {per_domain} GPUs per NVLink domain{said}")
+    notes.append(f"{gpu_name.upper()} NVL72: {per_domain} GPUs per NVLink domain{said}")
     return per_domain
 
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from plait.errors import PlaitError
-from plait.measure.validate.cells import (arch_of, not_sharded, offloaded_layers, precision_of, recompute_of,
-                                          zero_stage_of)
+from plait.measure.validate.cells import (arch_of, local_batch_of, not_sharded, offloaded_layers, precision_of,
+                                          recompute_of, schedule_of, zero_stage_of)
 from plait.measure.validate.moe import (MoERowError, is_moe_row, moe_given, moe_gpu_type, moe_graph_params,
                                          moe_model_for_row, nvlink_domain)
 from plait.plan.activations import BF16, layer_items
@@ -210,10 +210,20 @@ class RowSpecs:
     params: CostParams = DEFAULT_PARAMS  # the caller's parameters with the stack's on top
 
 
-def _required(row: dict, notes: list[str]) -> tuple[int, int, int]:
+def _required(row: dict, notes: list[str], stack: Stack) -> tuple[int, int, int]:
+    """(seq_len, n_gpus, global batch). A blank seq_len is the stack's own run configs' (``Stack.run_value``);
+    a blank global batch is dp times the local batch the notes state ("local batch size 8"; the software
+    accumulates no gradients across steps then) or, without one, times one micro-batch."""
     seq_len, n_gpus, gbs = integer(row, "seq_len"), integer(row, "n_gpus"), integer(row, "gbs")
     dp, mbs = integer(row, "dp"), integer(row, "mbs")
-    if gbs is None and dp is not None and mbs is not None:
+    if seq_len is None and stack.run_value("seq_len")[0] is not None:
+        seq_len = int(stack.run_value("seq_len")[0])
+        notes.append(f"seq_len={seq_len} assumed: the {stack.name} stack's run configs ({stack.run_value('seq_len')[1]})")
+    local = local_batch_of(row.get("notes") or "")
+    if gbs is None and dp is not None and local is not None:
+        gbs = dp * local
+        notes.append(f"global batch = dp x the local batch size the notes state ({dp} x {local} = {gbs})")
+    elif gbs is None and dp is not None and mbs is not None:
         gbs = dp * mbs
         notes.append(f"global batch not given: one micro-batch per rank ({gbs})")
     for value, what in ((seq_len, "seq_len"), (n_gpus, "n_gpus"), (gbs, "global batch (gbs)")):
@@ -226,7 +236,8 @@ def _required(row: dict, notes: list[str]) -> tuple[int, int, int]:
 
 def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) -> RowSpecs:
     """The planner's inputs for one row, completing what the source omits (each completion noted)."""
-    seq_len, n_gpus, gbs = _required(row, notes)
+    stack, why = stack_of(row)
+    seq_len, n_gpus, gbs = _required(row, notes, stack)
     if is_moe_row(row):  # mixture of experts: plait.measure.validate.moe
         try:
             model = moe_model_for_row(row, seq_len, notes)
@@ -245,7 +256,6 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
         per_node = DATA_DEFAULTS["gpus_per_node"]
         notes.append("8 GPUs per node assumed")
     cluster = cluster_for_gpu(gpu.name, n_gpus, per_node)
-    stack, why = stack_of(row)
     notes.append(f"stack {stack.name} ({why})")
     params = params_for_stack(stack, params, keep=measured_fields(params))  # a calibration's numbers win
     if generation_of(gpu.name) in stack.attention_efficiency:
@@ -254,6 +264,7 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
     job = JobSpec(global_batch=gbs, seq_len=seq_len)
     runtime = stack.runtime
     given = _given_knobs(row, model, n_gpus, notes, stack)
+    _pipeline_microbatches(given, gbs, stack, notes)
     op_level = given.pop("_op_level", False)
     if model.moe is not None:  # the CUDA graphs of the row's recipe
         params = replace(params, **moe_graph_params(row, gpu.name, given.get("precision", "bf16"), notes))
@@ -290,6 +301,19 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
     return RowSpecs(model, cluster, job, layout, runtime, adjust, stack, params)
 
 
+def _pipeline_microbatches(given: dict, gbs: int, stack: Stack, notes: list[str]) -> None:
+    """A blank micro-batch size under pipeline parallelism: the local batch split into as many micro-batches as
+    the stack's run configs say (``pp_microbatches`` = "pp": one per pipeline stage)."""
+    pp, dp = given.get("pp", 1), given.get("dp")
+    if "mbs" in given or pp <= 1 or dp is None or stack.run_value("pp_microbatches")[0] != "pp":
+        return
+    local = gbs // dp
+    if gbs % dp == 0 and local % pp == 0:
+        given["mbs"] = local // pp
+        notes.append(f"mbs={given['mbs']}: the local batch of {local} in {pp} micro-batches, one per pipeline stage "
+                     f"(the {stack.name} stack's run configs)")
+
+
 def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str], stack: Stack) -> dict:
     """The layout keys the row states ({Layout field: value}), then ``stack``'s defaults for the knobs
     it leaves out (each noted); the others are left to completion."""
@@ -308,6 +332,10 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str], sta
         if n_gpus % rest == 0:
             given[missing[0]] = n_gpus // rest
             notes.append(f"{missing[0]}={given[missing[0]]} from n_gpus/({'·'.join(k for k in degrees if k != missing[0])}·cp)")
+    schedule = schedule_of(row.get("notes") or "") if given.get("pp", 1) > 1 and "vpp" not in given else None
+    if schedule == "1f1b":  # a schedule the source names: one stage per rank
+        given["vpp"] = 1
+        notes.append("vpp=1: the notes name the 1F1B schedule")
     if "vpp" in given:
         given["schedule"] = "interleaved-1f1b" if given["vpp"] > 1 else "1f1b"
     elif given.get("pp") == 1:
@@ -334,7 +362,10 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str], sta
     elif text:
         notes.append(f"zero_stage {text!r} not understood: searched")
     per_stage = -(-model.n_layers // given["pp"]) if "pp" in given else model.n_layers
-    recompute = recompute_of(row.get("recompute") or "", per_stage)
+    selective = stack.run_value("selective")[0] or "modules"
+    recompute = recompute_of(row.get("recompute") or "", per_stage, selective)
+    if recompute is not None and recompute[2] and selective == "op" and (row.get("recompute") or "").strip().lower() == "selective":
+        notes.append(f"recompute 'selective' read as per-op selective checkpointing: the {stack.name} stack's run configs")
     if recompute is not None:
         given.update(ckpt=recompute[0], ckpt_layers=recompute[1], _op_level=recompute[2])
     elif (row.get("recompute") or "").strip():

@@ -1,5 +1,5 @@
-"""The runtime's host time: per layer and at the model's ends, and the fixed cost per micro-batch.
-Seconds. 0 on a GPU by default (its host runs ahead of the kernels); a CPU profile measures them."""
+"""The runtime's host time: per layer and at the model's ends, and the fixed costs per micro-batch and
+per step. Seconds. 0 on a GPU by default (its host runs ahead of the kernels); a CPU profile measures them."""
 
 from __future__ import annotations
 
@@ -26,3 +26,9 @@ def overhead_microbatch(params: CostParams, lay: Layout, layers: int, n_ckpt: in
     host_mb = host_layer * (layers + n_ckpt * {"full": 1 / 3.0, "mlp": 1 / 6.0}.get(lay.ckpt, 0.0))
     host_mb += params.sac_layer_overhead_s * n_ckpt if lay.ckpt == "balanced" else 0.0
     return params.microbatch_overhead_s * lay.vpp + host_mb, host_ends
+
+
+def step_host_time(params: CostParams, layers: int) -> float:
+    """Fixed seconds per optimizer step: ``step_overhead_s`` plus ``layer_step_overhead_s`` for each of the
+    stage's ``layers`` (the optimizer's update and the gradient sync's exposed rest of a layer, once a step)."""
+    return params.step_overhead_s + params.layer_step_overhead_s * layers
