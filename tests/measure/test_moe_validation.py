@@ -103,6 +103,8 @@ def _row(section: str, model: str, source: str = "NVIDIA Megatron-Bridge perform
     ("25.11 NeMo Container, DGX-B200", "Qwen3-235B-A22B", "b200", "mxfp8", {}),
     ("25.09 NeMo Container, DGX-GB200", "Qwen3-235B-A22B", "gb200", "bf16", {}),
     ("26.04.01 NeMo Container, DGX-H100", "Qwen3-30B-A3B", "h100-sxm", "fp8", {}),
+    ("26.06 NeMo Container, DGX-GB300", "DeepSeek-V3", "gb300", "mxfp8", {"moe_layer_graphed": 1.0}),
+    ("26.04.01 NeMo Container, DGX-GB300", "DeepSeek-V3", "gb300", "mxfp8", {}),
 ])
 def test_the_recipe_graphs_of_megatron_bridge_rows(section, model, gpu, precision, expected):
     notes: list[str] = []

@@ -195,11 +195,14 @@ def moe_given(row: dict, notes: list[str]) -> dict:
 # v0.4.0 = 26.04, v0.5.0 = 26.06): GB200 Qwen3 and DeepSeek-V3 set cuda_graph_impl="transformer_engine"
 # with cuda_graph_scope [("attn",) "moe_router", "moe_preprocess"] from v0.2.0 on (GPT-OSS does not),
 # and so does B200 Qwen3-30B (the others on B200 do not); the GB200 FP8_MX configs of all four models set
-# cuda_graph_impl="full_iteration" from v0.5.0 (GPT-OSS's V2, the row's GBS 1280). Rows of other
+# cuda_graph_impl="full_iteration" from v0.5.0 (GPT-OSS's V2, the row's GBS 1280), and so does GB300's
+# DeepSeek-V3 FP8_MX (deepseek_workload_base_configs.py at 0426418: V2 and its GBS15360 variant, the
+# rows' two batch sizes). Rows of other
 # sources, systems or containers run eager (the parameters' defaults).
 RECIPE_PARAMS = ("moe_router_graphed", "moe_layer_graphed")  # what a row's recipe sets (never fitted)
 RECIPE_GRAPHS = (
     ("gb200", None, "mxfp8", (26, 6), {"moe_layer_graphed": 1.0}, "whole-iteration CUDA graph"),
+    ("gb300", ("deepseek",), "mxfp8", (26, 6), {"moe_layer_graphed": 1.0}, "whole-iteration CUDA graph"),
     ("gb200", ("qwen3", "deepseek"), None, (25, 11), {"moe_router_graphed": 1.0},
      "CUDA graphs over the router and the dispatcher's preprocessing"),
     ("b200", ("qwen3-30b",), None, (25, 11), {"moe_router_graphed": 1.0},
