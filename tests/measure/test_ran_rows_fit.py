@@ -11,8 +11,7 @@ from plait.measure.validate.runs import SHIPPED_RUNS, predict_row, read_runs
 
 RAN = ("megatron21-t2-zero3-529p6b-640g",      # DeepSpeed's ZeRO-3: submodules under a live cap, gradient buckets
        "mpt-a100-40gb-13b-2k-128g",            # llm-foundry: flash-attn's fused cross entropy
-       "mz-qwen3-235b-h100-ep8-fsdp",          # Megatron-FSDP (FSDP=On): ZeRO-3
-       "mbridge-260201-b200-dsv3-256g")        # Megatron-Core experts keep no expert output
+       "mz-qwen3-235b-h100-ep8-fsdp")          # Megatron-FSDP (FSDP=On): ZeRO-3
 
 
 def _rows() -> dict[str, dict]:

@@ -8,7 +8,6 @@ import dataclasses
 
 from plait.plan.cost import estimate_step
 from plait.plan.memory import estimate_memory, largest_submodule_params
-from plait.plan.moe.memory import moe_layer_saved_bytes, routed_tokens
 from plait.plan.params import DEFAULT_PARAMS, params_for_stack
 from plait.plan.states import zero3_buffer_params
 from plait.spec.hardware import cluster_for_gpu
@@ -68,17 +67,3 @@ def test_a_fused_cross_entropy_keeps_its_own_bytes_per_logit_and_prices_the_same
         assert estimate_step(model, cluster, job, layout, params).step_time == \
             estimate_step(model, cluster, job, layout, traffic).step_time
     assert estimate_memory(model, cluster, job, layout).logits == DEFAULT_PARAMS.logits_bytes_per_element * logits
-
-
-def test_megatron_core_experts_keep_no_expert_output():
-    """Megatron-Core multiplies by the routing weights inside the activation (fc2's input), so the
-    combine keeps nothing of the experts' outputs; plait's runtime keeps them (2·R·h)."""
-    model = MODELS["qwen3-30b-a3b"]
-    layout = Layout(dp=8, ep=8, mbs=1, zero=1)
-    _, routed = routed_tokens(model, layout, 4096)
-    torch = moe_layer_saved_bytes(model, layout, 4096, runtime="torch")
-    mcore = moe_layer_saved_bytes(model, layout, 4096, runtime="megatron-core")
-    assert torch["moe_expert_out"] == 2 * routed * model.hidden
-    assert mcore["moe_expert_out"] == 0.0
-    assert {k: v for k, v in mcore.items() if k not in ("moe_expert_out", "moe_act_out")} == \
-        {k: v for k, v in torch.items() if k not in ("moe_expert_out", "moe_act_out")}

@@ -21,11 +21,7 @@ the same ones: R = T·top_k·c):
   moe_dispatched       2·R·h        tokens after dispatch: input of the experts' gate/up GEMM
   moe_up               2·2·R·f/etp  gate and up outputs
   moe_act_out          2·2·R·f/etp  silu(gate) and silu(gate)·up (input of the down GEMM)
-  moe_expert_out       2·R·h        expert outputs (the combine's gradient w.r.t. the weights);
-                                    0 for Megatron-Core (``megatron-core``), whose experts multiply
-                                    by the routing weights inside the activation (fc2's input,
-                                    ``activation_func_with_probs``, core 0.13 onwards) and whose
-                                    combine only un-permutes: nothing keeps the expert outputs
+  moe_expert_out       2·R·h        expert outputs (the combine's gradient w.r.t. the weights)
   moe_shared_up        2·2·S·n·f_s/tp   shared experts' gate and up outputs (S = s·b: the shared
   moe_shared_act_out   2·2·S·n·f_s/tp   experts take the gathered norm output, as a dense MLP)
   moe_topk_indices     8·T·k        int64 expert ids of the top-k (its backward scatters into them)
@@ -132,9 +128,7 @@ def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None =
     """Bytes one MoE block (router to combine, and the shared experts) saves for its backward, for
     one micro-batch, by item (module docstring; the 2-byte items are in the compute dtype,
     ``element_bytes`` each). ``runtime``: as ``plait.plan.activations.layer_items``; Megatron's
-    fused SwiGLU keeps one activation output per expert (fc2's input) and no expert output (the
-    routing weights are applied in the activation: megatron/core/transformer/moe/experts.py,
-    core_v0.13-0.16, the dispatchers' ``unpermute`` takes no probs), and under fp8 Transformer
+    fused SwiGLU keeps one activation output per expert (fc2's input), and under fp8 Transformer
     Engine keeps the experts' GEMM inputs as 1-byte copies (``TE_FP8_MOE_INPUTS``)."""
     e = element_bytes
     moe, h = model.moe, model.hidden
@@ -150,7 +144,7 @@ def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None =
         "moe_dispatched": e * routed * h,
         "moe_up": 2 * e * routed * f,
         "moe_act_out": act * e * routed * f,
-        "moe_expert_out": 0.0 if runtime == "megatron-core" else e * routed * h,
+        "moe_expert_out": e * routed * h,
         "moe_shared_up": 2 * e * full * shared,
         "moe_shared_act_out": act * e * full * shared,
         "moe_topk_indices": INT64 * tokens * moe.top_k,
