@@ -1,6 +1,7 @@
 """Layouts that a source ran are predicted to fit (issue 29, item 3): the shipped rows that the
 planner once priced out of memory, each through the mechanism by which its software holds less
-(tests/plan/test_stack_memory.py prices each one), and the runs a source reports out of memory stay so."""
+(tests/plan/test_stack_memory.py prices each one). The run a source reports out of memory stays so:
+tests/measure/test_published_runs.py (torchtitan's 70B at local batch 2)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from plait.measure.validate.cells import fsdp_on, zero_stage_of
 from plait.measure.validate.runs import SHIPPED_RUNS, predict_row, read_runs
+from plait.measure.validate.specs import row_specs
 
 RAN = ("megatron21-t2-zero3-529p6b-640g",      # DeepSpeed's ZeRO-3: submodules under a live cap, gradient buckets
        "mpt-a100-40gb-13b-2k-128g",            # llm-foundry: flash-attn's fused cross entropy
@@ -34,5 +36,9 @@ def test_fsdp_on_in_the_notes_reads_as_zero3_and_only_then():
 
 
 def test_a_stated_zero_stage_wins_over_the_notes():
-    row = dict(_rows()["mz-qwen3-235b-h100-ep8-fsdp"], zero_stage="1 (distributed optimizer)")
-    assert not any(n.startswith("zero=3: FSDP=On") for n in predict_row(row).notes)
+    row = _rows()["mz-qwen3-235b-h100-ep8-fsdp"]
+    assert row_specs(dict(row), []).layout.zero == 3
+    stated = dict(row, zero_stage="1 (distributed optimizer)")
+    notes: list[str] = []
+    assert row_specs(stated, notes).layout.zero == 1
+    assert not any(n.startswith("zero=3: FSDP=On") for n in notes)
