@@ -12,7 +12,9 @@ runtime frees them after every step and makes them as the backward frees activat
   ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights over
   the shard group: dp·cp ranks, or dp/hsdp·cp with hybrid sharding. ZeRO-3 adds the gathered
   bf16 weights of two layers (the one computing and the one prefetched) and one layer's
-  unsharded gradients before the reduce-scatter. Optimizer offload moves the 12 B to the host.
+  unsharded gradients before the reduce-scatter; a ZeRO-3 that gathers module by module under a
+  live-parameter cap (DeepSpeed's, ``CostParams.zero3_live_params``) holds what
+  ``plait.plan.states.zero3_buffer_params`` says. Optimizer offload moves the 12 B to the host.
   Tensor parallel shards the GEMM weights and the vocabulary by tp; norms stay replicated.
 
 Activations (``plait.plan.activations``): bytes per layer and micro-batch × layers on the GPU ×
@@ -183,14 +185,26 @@ def stage_params(model: ModelSpec, layout: Layout) -> dict[str, float]:
     return {"first": blocks + embedding, "last": blocks + head, "middle": blocks}
 
 
-def model_states(params: float, model: ModelSpec, layout: Layout,
-                 element_bytes: float = BF16) -> tuple[float, float, float, float, float]:
+def largest_submodule_params(model: ModelSpec, layout: Layout) -> float:
+    """Parameters of the largest single weight one GPU holds (after TP): the fused QKV, the output
+    projection, the fused MLP input (gate and up together when gated) or output GEMM of a layer, or
+    the vocabulary matrix; what a ZeRO-3 that gathers module by module must hold whole at once."""
+    h, f = model.hidden, model.ffn_hidden
+    gemms = (h * (model.q_hidden + 2 * model.kv_hidden), model.q_hidden * h, (2 if model.gated else 1) * f * h, f * h)
+    return max(max(gemms), model.vocab * h) / layout.tp
+
+
+def model_states(params: float, model: ModelSpec, layout: Layout, element_bytes: float = BF16,
+                 cost: CostParams = DEFAULT_PARAMS) -> tuple[float, float, float, float, float]:
     """(weights, gradients, optimizer, zero-3 buffers, host bytes) for ``params`` local parameters
-    (``element_bytes``: the compute dtype's, ``plait.plan.states``)."""
+    (``element_bytes``: the compute dtype's, ``plait.plan.states``; ``cost``: the stack's ZeRO-3
+    gathering, ``zero3_live_params`` and ``zero3_bucket_params``)."""
     layer = model.layer_params() / layout.tp
     if model.moe is not None or model.mla is not None:  # the non-expert part of an MoE layer (experts: expert_states)
         layer = dense_layer_local(model, layout, model.moe is not None)
-    return sharded_states(params, layout, zero_shard_degree(layout), layer, element_bytes)
+    largest = largest_submodule_params(model, layout) if cost.zero3_live_params else 0.0
+    return sharded_states(params, layout, zero_shard_degree(layout), layer, element_bytes, largest,
+                          cost.zero3_live_params, cost.zero3_bucket_params)
 
 
 def in_flight_microbatches(layout: Layout, micro_batches: int) -> float:
@@ -316,12 +330,14 @@ def rank_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: La
     is_first, is_last = rank == 0, rank == layout.pp - 1
     embed_per_mb = e * job.seq_len / layout.cp * layout.mbs * model.hidden / rep * (1.5 if model.dropout else 1.0)
     # the logits in the compute dtype (logits_bytes_per_element counts them as bf16) and the fp32
-    # log-softmax and gradient; soft-capped logits (Gemma-2): tanh saves its output beside them
-    per_logit = params.logits_bytes_per_element - BF16 + e + (e if model.logit_softcap else 0.0)
+    # log-softmax and gradient, or what a fused loss keeps (loss_peak_bytes); soft-capped logits
+    # (Gemma-2): tanh saves its output beside them
+    kept = params.loss_peak_bytes or params.logits_bytes_per_element
+    per_logit = kept - BF16 + e + (e if model.logit_softcap else 0.0)
     logits = per_logit * loss_tokens(layout, job.seq_len) * model.vocab / layout.tp if is_last else 0.0
     local = stage_params(model, layout)
     held = local["first"] if is_first else local["last"] if is_last else local["middle"]
-    weights, grads, optim, buffers, host = model_states(held, model, layout, e)
+    weights, grads, optim, buffers, host = model_states(held, model, layout, e, params)
     grads += ddp_accumulation_bytes(held, layout, m, e)
     if model.moe is not None:  # routed experts: split by ep·etp, ZeRO over edp (plait.plan.moe.memory)
         experts = expert_states(model, layout, stage_layers(model, layout) * layout.vpp, e, runtime)

@@ -55,7 +55,12 @@ class CostParams:
     microbatch_overhead_s: fixed cost per micro-batch per pipeline stage (python, launch gaps).
     cuda_context_bytes: CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers per GPU.
     fragmentation: caching-allocator reserve over the dynamic (activation) memory, as a fraction.
-    logits_bytes_per_element: bf16 logits + fp32 log-softmax + fp32 gradient at the loss.
+    logits_bytes_per_element: bf16 logits + fp32 log-softmax + fp32 gradient at the loss (the
+        loss's memory at its peak, and half its HBM traffic, ``plait.plan.kernels.head_time``).
+    loss_peak_bytes: bytes per logit the software's loss keeps at its peak when its kernel is not the
+        unfused fp32 one ``logits_bytes_per_element`` describes (a fused cross entropy that keeps
+        the bf16 logits and writes their gradient in place: 2); 0: ``logits_bytes_per_element``.
+        Memory only: the loss's traffic stays priced by ``logits_bytes_per_element``.
     fp8_gemm_efficiency: fraction of the fp8 (or fp4) peak that low-precision GEMMs reach.
     fp8_cast_passes: extra element-wise traffic of a layer's forward under fp8/mxfp8/nvfp4, in the
         units of ``elementwise_passes`` (the amax and cast of each linear's inputs, and in the
@@ -66,6 +71,12 @@ class CostParams:
         bandwidth, ``plait.plan.comm``: FSDP2's one collective per block does reach it). An
         implementation that gathers parameter by parameter with a host sync after each
         (DeepSpeed 0.3, 2021) runs far below its links: see ``plait.measure.validate.specs``.
+    zero3_live_params: ZeRO-3's cap on gathered parameters (elements) for software that gathers
+        module by module and stops prefetching at the cap (DeepSpeed's
+        ``stage3_max_live_parameters``); 0: one transformer block per unit, two gathered at once
+        (FSDP): ``plait.plan.states.zero3_buffer_params``.
+    zero3_bucket_params: elements of unsharded gradients that such a ZeRO-3 collects before it
+        reduce-scatters them (DeepSpeed's ``reduce_bucket_size``); used with ``zero3_live_params``.
     moe_load_imbalance: routed tokens of the most loaded expert-parallel rank over the mean (>= 1;
         1.0: balanced, as force-balanced benchmarks run; routers trained with an auxiliary loss
         stay within about 1.1-1.3): scales the expert GEMMs and the all-to-all (``plait.plan.moe.timing``).
@@ -136,9 +147,12 @@ class CostParams:
     comm_buffer_bytes: float = 256 * MIB_BYTES
     fragmentation: float = 0.08
     logits_bytes_per_element: float = 10.0
+    loss_peak_bytes: float = 0.0
     fp8_gemm_efficiency: float = 0.50
     fp8_cast_passes: float = 0.0
     zero3_collective_bandwidth: float = 0.0
+    zero3_live_params: float = 0.0
+    zero3_bucket_params: float = 0.0
     moe_load_imbalance: float = 1.0
     moe_launch_s: float = 25e-6
     moe_router_graphed: float = 0.0

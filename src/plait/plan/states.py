@@ -13,12 +13,34 @@ from plait.spec.layout import Layout
 FP32 = 4  # bytes per element of the Adam state and the master weights
 
 
+def zero3_buffer_params(layer: float, largest: float = 0.0, live_cap: float = 0.0, bucket: float = 0.0) -> float:
+    """Unsharded parameters and gradients (elements) that ZeRO-3 holds at once on a rank.
+
+    ``live_cap`` 0 (FSDP, one unit per transformer block): two gathered layers of ``layer``
+    parameters (the one computing, the one prefetched) and one layer's unsharded gradients before
+    its reduce-scatter: 3·layer.
+    ``live_cap`` > 0 (DeepSpeed's ZeRO-3: ``stage3_max_live_parameters``): parameters are gathered
+    submodule by submodule (one GEMM weight at a time) and prefetches only while fewer than
+    ``live_cap`` parameters are gathered, one whole parameter at least: at most
+    min(live_cap, 2·layer) + ``largest`` are live, ``largest`` being the biggest submodule's
+    (fetched whole, also past the cap); gradients are reduced and partitioned in
+    buckets of ``bucket`` elements (``reduce_bucket_size``), one full-size parameter gradient at a
+    time beyond it: at most ``bucket`` + ``largest`` (DeepSpeed v0.3.16
+    deepspeed/runtime/zero/stage3.py: ``prefetch_next_sub_modules``,
+    ``reduce_independent_p_g_buckets_and_remove_grads``)."""
+    if live_cap <= 0:
+        return 3 * layer
+    return min(live_cap, 2 * layer) + largest + bucket + largest
+
+
 def sharded_states(params: float, layout: Layout, degree: int, gathered_layer_params: float,
-                   element_bytes: float = 2.0) -> tuple[float, float, float, float, float]:
+                   element_bytes: float = 2.0, largest: float = 0.0, live_cap: float = 0.0,
+                   bucket: float = 0.0) -> tuple[float, float, float, float, float]:
     """(weights, gradients, optimizer, ZeRO-3 buffers, host) bytes on one rank for ``params`` local
     parameters sharded over ``degree`` ranks by ``layout.zero`` (1: optimizer, 2: + gradients,
-    3: + weights). ZeRO-3 holds two gathered layers of ``gathered_layer_params`` parameters and one
-    unsharded gradient, in the compute dtype; ``opt_offload`` moves the optimizer bytes to the host.
+    3: + weights). ZeRO-3 holds the unsharded parameters and gradients of ``zero3_buffer_params``
+    (layers of ``gathered_layer_params`` parameters; ``largest``, ``live_cap``, ``bucket``: as there),
+    in the compute dtype; ``opt_offload`` moves the optimizer bytes to the host.
     ``element_bytes``: bytes per element of the compute dtype (module docstring)."""
     e = element_bytes
     master = FP32 if e < FP32 else 0.0
@@ -29,7 +51,7 @@ def sharded_states(params: float, layout: Layout, degree: int, gathered_layer_pa
         grads /= degree
     if layout.zero >= 3:
         weights /= degree
-        buffers = 2 * e * gathered_layer_params + e * gathered_layer_params
+        buffers = e * zero3_buffer_params(gathered_layer_params, largest, live_cap, bucket)
     host = 0.0
     if layout.opt_offload:
         host, optim = optim, 0.0

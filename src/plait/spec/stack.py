@@ -43,6 +43,7 @@ RUNTIMES = ("torch", "megatron", "megatron-core")
 # overlaps, what it launches per micro-batch), never what the hardware can (``plait.plan.params``).
 STACK_PARAMS = ("elementwise_passes", "tp_comm_overlap", "tp_forward_overlap", "pp_comm_overlap", "dp_overlap", "microbatch_overhead_s",
                 "step_overhead_s", "fp8_gemm_efficiency", "fp8_cast_passes", "zero3_collective_bandwidth",
+                "zero3_live_params", "zero3_bucket_params", "loss_peak_bytes",
                 "flash_backward_factor", "fragmentation", "moe_router_graphed", "moe_layer_graphed")
 # Layout knobs a stack fills in when a run does not state them, and the values each may take.
 STACK_DEFAULTS = {"zero": (0, 1, 2, 3), "ckpt": CKPT_POLICIES, "sp": (True, False), "cp_impl": CP_IMPLS}

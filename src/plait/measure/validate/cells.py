@@ -87,6 +87,15 @@ def not_sharded(text: str) -> bool:
     return re.search(r"fsdp\s*=\s*0\b", text.lower()) is not None
 
 
+def fsdp_on(notes: str) -> bool:
+    """Whether a row's notes copy a source's FSDP column as on ("FSDP=On") while its zero_stage cell is
+    blank: the Megatron-MoE-ModelZoo tables mark Megatron-FSDP runs so, and Megatron-FSDP is run with
+    ``--data-parallel-sharding-strategy optim_grads_params`` (parameters, gradients and optimizer
+    sharded: ZeRO-3) in the Megatron-LM docs and every script that enables it (its argument's
+    default, no_shard, would make the column meaningless)."""
+    return re.search(r"\bfsdp\s*=\s*on\b", notes.lower()) is not None
+
+
 def precision_of(text: str) -> str:
     """The layout precision of a source's precision words: ``nvfp4`` (any fp4), ``mxfp8`` (MX or
     32-element block scaling), ``fp8`` (fp8, float8, FP8-CS, delayed), else ``bf16`` (bf16, fp16, mixed)."""

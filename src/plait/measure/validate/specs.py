@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from plait.errors import PlaitError
-from plait.measure.validate.cells import (arch_of, local_batch_of, not_sharded, offloaded_layers, precision_of,
-                                          recompute_of, schedule_of, zero_stage_of)
+from plait.measure.validate.cells import (arch_of, fsdp_on, local_batch_of, not_sharded, offloaded_layers,
+                                          precision_of, recompute_of, schedule_of, zero_stage_of)
 from plait.measure.validate.moe import (MoERowError, is_moe_row, moe_given, moe_gpu_type, moe_graph_params,
                                          moe_model_for_row, nvlink_domain)
 from plait.plan.activations import BF16, layer_items
@@ -350,6 +350,9 @@ def _given_knobs(row: dict, model: ModelSpec, n_gpus: int, notes: list[str], sta
                             "set account_for_embedding/loss_in_pipeline_split") + ")")
     defaults = stack.default_values()
     text = (row.get("zero_stage") or "").strip()
+    if not text and fsdp_on(row.get("notes") or ""):
+        text = "fsdp"  # the source's FSDP column: Megatron-FSDP runs optim_grads_params (cells.fsdp_on)
+        notes.append("zero=3: FSDP=On in the notes (Megatron-FSDP shards parameters, gradients and optimizer)")
     zero = zero_stage_of(text)
     if zero is not None:
         given["zero"] = zero[0]

@@ -1,0 +1,44 @@
+"""Layouts that a source ran are predicted to fit (issue 29, item 3): the shipped rows that the
+planner once priced out of memory, each through the mechanism by which its software holds less
+(tests/plan/test_stack_memory.py prices each one). The run a source reports out of memory stays so:
+tests/measure/test_published_runs.py (torchtitan's 70B at local batch 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from plait.measure.validate.cells import fsdp_on, zero_stage_of
+from plait.measure.validate.runs import SHIPPED_RUNS, predict_row, read_runs
+from plait.measure.validate.specs import row_specs
+
+RAN = ("megatron21-t2-zero3-529p6b-640g",      # DeepSpeed's ZeRO-3: submodules under a live cap, gradient buckets
+       "mpt-a100-40gb-13b-2k-128g",            # llm-foundry: flash-attn's fused cross entropy
+       "mz-qwen3-235b-h100-ep8-fsdp")          # Megatron-FSDP (FSDP=On): ZeRO-3
+
+
+def _rows() -> dict[str, dict]:
+    return {row["id"]: row for path in SHIPPED_RUNS for row in read_runs(path)}
+
+
+@pytest.mark.parametrize("row_id", RAN)
+def test_a_layout_its_source_ran_is_predicted_to_fit(row_id):
+    result = predict_row(dict(_rows()[row_id]))
+    assert result.status == "ok", (row_id, result.status, result.notes)
+
+
+def test_fsdp_on_in_the_notes_reads_as_zero3_and_only_then():
+    assert fsdp_on("Dispatcher DeepEP; EDP=32; GA=4; FSDP=On; recompute column 'full'.")
+    assert not fsdp_on("FSDP 0 (26.02.01/26.04 tables) or no FSDP column")
+    assert not fsdp_on("FSDP=Off") and not fsdp_on("")
+    assert zero_stage_of("fsdp") == (3, False)
+    notes = predict_row(dict(_rows()["mz-qwen3-235b-h100-ep8-fsdp"])).notes
+    assert any(n.startswith("zero=3: FSDP=On in the notes") for n in notes)
+
+
+def test_a_stated_zero_stage_wins_over_the_notes():
+    row = _rows()["mz-qwen3-235b-h100-ep8-fsdp"]
+    assert row_specs(dict(row), []).layout.zero == 3
+    stated = dict(row, zero_stage="1 (distributed optimizer)")
+    notes: list[str] = []
+    assert row_specs(stated, notes).layout.zero == 1
+    assert not any(n.startswith("zero=3: FSDP=On") for n in notes)
