@@ -221,12 +221,12 @@ def test_cpu_profile_sizes_are_capped_for_any_model():
 def test_the_profile_says_what_it_will_measure_not_how_long():
     """``plait profile`` prints counts of what it runs (no time is promised): one per GEMM and attention
     shape, collective size and op, and per short training run (each layout's layer counts, plain's
-    extra micro-batch run, every round)."""
+    at both layer counts again with three micro-batches and with eight sequences each, every round)."""
     from plait.measure.profile.cpu_fit import HOST_LAYERS
     from plait.measure.profile.machine import workload
 
     config = profile_config(get_model("tiny"), 256, Where("cpu", 2), quick=True, timeout_s=60)
-    runs = (len(HOST_LAYERS) * len(config["host_overhead_layouts"]) + 1) * config["host_rounds"]
+    runs = (len(HOST_LAYERS) * len(config["host_overhead_layouts"]) + 2 * len(HOST_LAYERS)) * config["host_rounds"]
     text = workload(config)
     assert (f"{len(config['gemm'])} GEMM and {len(config['attention'])} attention shapes" in text
             and f"{len(config['collective_sizes'])} sizes of each of {len(OPS)} collectives" in text

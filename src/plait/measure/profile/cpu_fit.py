@@ -44,7 +44,7 @@ import dataclasses
 import statistics
 
 from plait.plan.cost import estimate_step
-from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAMS, CostParams
+from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAMS, PARAM_RANGES, CostParams
 from plait.spec.hardware import GpuSpec, get_cluster
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
@@ -116,9 +116,9 @@ def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides:
                 - (plan(mechanism, high, micro_batches) - plan(mechanism, low, micro_batches))) / span
 
     plain = host["plain"]
-    if "long" in host:  # per-token work the kernel terms miss: more element-wise passes
-        out["elementwise_passes"] = current.elementwise_passes + extra_passes(host, spec, device, cluster_overrides,
-                                                                              current)
+    if "long" in host:  # per-token work the kernel terms miss: more element-wise passes (at most the range's top)
+        passes = current.elementwise_passes + extra_passes(host, spec, device, cluster_overrides, current)
+        out["elementwise_passes"] = min(passes, PARAM_RANGES["elementwise_passes"].high)
         current = dataclasses.replace(current, **out)
     one = per_layer("plain")
     if f"{high}x{HOST_MICRO_BATCHES}" in plain:  # what a layer costs once a step, not per micro-batch
@@ -218,8 +218,14 @@ def cpu_device_params(raw: dict, gpu_overrides: dict, cluster_overrides: dict, p
         extra = ", ".join(f"{m} +{1e3 * out[MECHANISM_PARAMS[m]]:.2f} ms"
                           + (f" and +{1e3 * out[ENDS_PARAMS[m]]:.2f} ms at the ends" if m in ENDS_PARAMS else "")
                           for m in MECHANISM_PARAMS if m in host)
+        if "elementwise_passes" in out:
+            capped = " (capped: the runs with more tokens were far slower than any element-wise traffic explains)" \
+                if out["elementwise_passes"] >= PARAM_RANGES["elementwise_passes"].high else ""
+            notes.append(f"work per token beyond the planner's kernels: elementwise_passes written as "
+                         f"{out['elementwise_passes']:.0f}{capped}")
         notes.append(f"runtime host time beyond the planner's terms ({host['spec']} blocks, {host['tokens']} tokens): "
-                     f"{1e3 * out['layer_overhead_s']:.2f} ms per layer and micro-batch"
+                     f"{1e3 * out['layer_overhead_s']:.2f} ms per layer and micro-batch, "
+                     f"{1e3 * out.get('layer_step_overhead_s', 0.0):.2f} ms per layer and step"
                      + (f" ({extra})" if extra else "")
                      + f", {1e3 * out['microbatch_overhead_s']:.2f} ms per micro-batch, "
                      f"{1e3 * out['step_overhead_s']:.2f} ms per step")
