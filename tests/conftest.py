@@ -70,8 +70,8 @@ def one_thread_each() -> None:
     ``plait sweep``) - took torch's default, 2 threads, while the other worker kept the other core
     busy: their OpenMP teams spun at their barriers for a descheduled peer. Measured on the 2-core VM
     (2026-11-27, load 4 from other jobs): the gpu_proof dry run took 75 s of wall time and 51 s of
-    CPU with 2 threads, 30 s and 22 s with one; a 20-token ``plait generate`` of the tiny model took
-    2.7-12 s with 2 threads, 0.1 s with one. Set in the controller before the workers start, so that
+    CPU with 2 threads, 30 s and 22 s with one (the same spin in one process beside other jobs: a
+    20-token ``plait generate`` of the tiny model took 2.7-12 s with 2 threads, 0.1 s with one). Set in the controller before the workers start, so that
     they inherit it; tests that check thread counts pass or clear the variable themselves."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
