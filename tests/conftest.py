@@ -53,9 +53,27 @@ def pytest_configure(config):
         config.option.dist = "loadfile"
         config.option.tx = ["popen"] * workers
         config.option.loadscopereorder = False  # files in collection order (LONGEST_FIRST), not by test count
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput") \
+            and config.getoption("numprocesses", None) not in (None, 0, "0"):
+        one_thread_each()
     config.addinivalue_line("markers", "slow: a long test (still run in CI)")
     # A TP plan key that does not resolve only warns, and the grads are then silently wrong.
     config.addinivalue_line("filterwarnings", "error:Parallelize plan key")
+
+
+def one_thread_each() -> None:
+    """``OMP_NUM_THREADS=1`` (unless set) for the xdist workers and every process they start.
+
+    The workers' own torch computes on one thread (pytest_runtest_setup), but the processes the tests
+    start - ``plait train``'s ranks with one process per node (it gives them cores // nproc threads),
+    the CLI and bench scripts run as subprocesses (bench/gpu_proof.sh's dry run, ``plait profile``,
+    ``plait sweep``) - took torch's default, 2 threads, while the other worker kept the other core
+    busy: their OpenMP teams spun at their barriers for a descheduled peer. Measured on the 2-core VM
+    (2026-11-27, load 4 from other jobs): the gpu_proof dry run took 75 s of wall time and 51 s of
+    CPU with 2 threads, 30 s and 22 s with one (the same spin in one process beside other jobs: a
+    20-token ``plait generate`` of the tiny model took 2.7-12 s with 2 threads, 0.1 s with one). Set in the controller before the workers start, so that
+    they inherit it; tests that check thread counts pass or clear the variable themselves."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # Under xdist, files go to the workers in the workers' collection order, so the folders with the longest
@@ -78,7 +96,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_setup(item):
     """On an xdist worker, torch computes on one thread: two workers' 2-thread OpenMP teams on 2 cores
     (plus the pools' ranks) spin at their barriers for descheduled peers; that made the workers
-    slower than one process (the environment is left alone: tests read OMP_NUM_THREADS)."""
+    slower than one process (with an OMP_NUM_THREADS of the user's, too: one_thread_each keeps it)."""
     if hasattr(item.config, "workerinput") and "torch" in sys.modules:
         torch = sys.modules["torch"]
         if torch.get_num_threads() != 1:
