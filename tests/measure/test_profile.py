@@ -190,12 +190,9 @@ def test_host_time_runs_are_interleaved_rounds_reported_by_their_median(monkeypa
     monkeypatch.setattr(runtime_cost, "train_step_seconds", fake)
     out = runtime_cost.layer_host_seconds(get_model("tiny"), None, 32, {"plain": "dp=2", "tp": "tp=2"}, steps=8,
                                           rounds=3)
-    long = "dp=2,tp=1,pp=1,cp=1,mbs=8"  # plain with 8 sequences per micro-batch
-    runs = [("dp=2", 1, 1), ("dp=2", 5, 1), ("dp=2", 1, 3), ("dp=2", 5, 3), (long, 1, 1), (long, 5, 1),
-            ("tp=2", 1, 1), ("tp=2", 5, 1)]
+    runs = [("dp=2", 1, 1), ("dp=2", 5, 1), ("dp=2", 1, 3), ("dp=2", 5, 3), ("tp=2", 1, 1), ("tp=2", 5, 1)]
     assert calls == runs * 3  # every run once per round, in the same order
     assert out["plain"] == {"1x1": 0.001, "5x1": 0.005, "1x3": 0.003, "5x3": 0.015}  # the spell is outvoted
-    assert out["long"] == {"1x1": 0.001, "5x1": 0.005, "mbs": 8}
     assert out["tp"] == {"1x1": 0.001, "5x1": 0.005} and out["rounds"] == 3
 
 
@@ -221,12 +218,12 @@ def test_cpu_profile_sizes_are_capped_for_any_model():
 def test_the_profile_says_what_it_will_measure_not_how_long():
     """``plait profile`` prints counts of what it runs (no time is promised): one per GEMM and attention
     shape, collective size and op, and per short training run (each layout's layer counts, plain's
-    at both layer counts again with three micro-batches and with eight sequences each, every round)."""
+    at both layer counts again with three micro-batches, every round)."""
     from plait.measure.profile.cpu_fit import HOST_LAYERS
     from plait.measure.profile.machine import workload
 
     config = profile_config(get_model("tiny"), 256, Where("cpu", 2), quick=True, timeout_s=60)
-    runs = (len(HOST_LAYERS) * len(config["host_overhead_layouts"]) + 2 * len(HOST_LAYERS)) * config["host_rounds"]
+    runs = (len(HOST_LAYERS) * len(config["host_overhead_layouts"]) + len(HOST_LAYERS)) * config["host_rounds"]
     text = workload(config)
     assert (f"{len(config['gemm'])} GEMM and {len(config['attention'])} attention shapes" in text
             and f"{len(config['collective_sizes'])} sizes of each of {len(OPS)} collectives" in text
@@ -337,9 +334,8 @@ def test_cpu_profile_file_schema(cpu_profile):
     assert len(buckets["trials"]) == 25 and data["params"]["overlap_slowdown"] == pytest.approx(1 - buckets["hidden"])
     host = m["layer_host_s"]
     assert set(host["layouts"]) == {"plain", "tp", "cp", "fsdp", "sac"}
-    assert set(host["plain"]) == {"1x1", "5x1", "1x3", "5x3"} and host["long"]["mbs"] == 8
-    assert all(seconds > 0 for key in (*host["layouts"], "long") for seconds in host[key].values())
-    assert data["params"]["elementwise_passes"] >= DEFAULT_PARAMS.elementwise_passes  # the default plus what the longer runs show
+    assert set(host["plain"]) == {"1x1", "5x1", "1x3", "5x3"}
+    assert all(seconds > 0 for key in host["layouts"] for seconds in host[key].values())
     for name in ("layer_overhead_s", "layer_step_overhead_s", "microbatch_overhead_s", "step_overhead_s", "tp_layer_overhead_s",
                  "cp_layer_overhead_s", "fsdp_layer_overhead_s", "sac_layer_overhead_s", "tp_ends_overhead_s",
                  "cp_ends_overhead_s", "fsdp_ends_overhead_s"):

@@ -24,9 +24,7 @@ op as it is dispatched. So a CPU profile writes:
   parallelism alone, "plain", and one layout per mechanism, with 5 and 1 layers, and plain with
   more micro-batches), each less the planner's own step time for the same run
   (``plait.plan.cost.estimate_step`` on the CPU just described), in this order, each fitted term
-  in the planner's time for the next: ``params.elementwise_passes`` (the per-token work the kernel
-  terms miss, from plain runs with ``HOST_LONG_MBS`` times the tokens), ``layer_overhead_s`` (per
-  layer and micro-batch) and ``layer_step_overhead_s`` (per layer, once a step: from plain runs with
+  in the planner's time for the next: ``params.layer_overhead_s`` (per layer and micro-batch) and ``layer_step_overhead_s`` (per layer, once a step: from plain runs with
   ``HOST_MICRO_BATCHES`` micro-batches at both layer counts), ``microbatch_overhead_s``,
   ``step_overhead_s``, then ``tp_``, ``cp_``, ``fsdp_`` and
   ``sac_layer_overhead_s`` (per layer and micro-batch under that mechanism), then ``tp_``, ``cp_``
@@ -44,7 +42,7 @@ import dataclasses
 import statistics
 
 from plait.plan.cost import estimate_step
-from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAMS, PARAM_RANGES, CostParams
+from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAMS, CostParams
 from plait.spec.hardware import GpuSpec, get_cluster
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
@@ -54,9 +52,6 @@ from plait.spec.units import MIB
 # the micro-batches of the plain runs it times again (both layer counts: what a layer costs once a step)
 HOST_LAYERS = (1, 5)
 HOST_MICRO_BATCHES = 3
-# the micro-batch size of the plain runs it times again with as many more tokens (the per-token work
-# the kernel terms leave unexplained, priced as element-wise passes)
-HOST_LONG_MBS = 8
 # the cost parameters that hold each mechanism's unexplained host time (runtime_cost.layer_host_seconds):
 # per layer, and at the model's ends
 MECHANISM_PARAMS = HOST_LAYER_PARAMS
@@ -90,11 +85,10 @@ def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides:
                 params: CostParams) -> tuple[dict, dict]:
     """(params, planned seconds) from ``raw["layer_host_s"]``: each host term is the measured time
     less the planner's for the same run, with the terms fitted before it in the planner's time
-    (the element-wise passes from the plain runs with more tokens, ``extra_passes``; plain per layer,
-    split into per micro-batch and once per step by the runs with three micro-batches; then per
-    micro-batch, then per step, then each mechanism per layer, then each mechanism at the ends), at
-    least 0. A profile without the runs with more tokens or micro-batches (older) leaves the passes
-    as they are and charges all of a layer per micro-batch."""
+    (plain per layer, split into per micro-batch and once per step by the runs with three
+    micro-batches; then per micro-batch, then per step, then each mechanism per layer, then each
+    mechanism at the ends), at least 0. A profile without the five-layer run with three micro-batches
+    (older) charges all of a layer per micro-batch."""
     tokens, layouts = host["tokens"], host["layouts"]
     zero = {name: 0.0 for name in ("layer_overhead_s", "microbatch_overhead_s", "step_overhead_s",
                                    *MECHANISM_PARAMS.values(), *ENDS_PARAMS.values())}
@@ -116,10 +110,6 @@ def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides:
                 - (plan(mechanism, high, micro_batches) - plan(mechanism, low, micro_batches))) / span
 
     plain = host["plain"]
-    if "long" in host:  # per-token work the kernel terms miss: more element-wise passes (at most the range's top)
-        passes = current.elementwise_passes + extra_passes(host, spec, device, cluster_overrides, current)
-        out["elementwise_passes"] = min(passes, PARAM_RANGES["elementwise_passes"].high)
-        current = dataclasses.replace(current, **out)
     one = per_layer("plain")
     if f"{high}x{HOST_MICRO_BATCHES}" in plain:  # what a layer costs once a step, not per micro-batch
         per_mb = max(0.0, (per_layer("plain", HOST_MICRO_BATCHES) - one) / (HOST_MICRO_BATCHES - 1))
@@ -142,28 +132,6 @@ def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides:
         if mechanism in layouts:  # the one-layer run less everything above, its layer's term included
             out[name] = max(0.0, host[mechanism][f"{low}x1"] - plan(mechanism, low))
     return out, planned
-
-
-def extra_passes(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides: dict, params: CostParams) -> float:
-    """Element-wise passes (``CostParams.elementwise_passes``) to add so that the planner's per-layer time
-    grows with a micro-batch's tokens as the runtime's does: the plain runs' per-layer time at
-    ``host["long"]["mbs"]`` sequences against one, less the planner's growth, over the growth one more
-    pass gives; at least 0. On a CPU the eager element-wise ops (allocating their outputs, one pass each)
-    run well below the streaming bandwidth the planner prices them at."""
-    long, short = host["long"], host["plain"]
-    low, high = HOST_LAYERS
-    layout = Layout.parse(host["layouts"]["plain"])
-    long_layout = str(layout.variant(mbs=layout.mbs * int(long["mbs"])))
-
-    def planned_growth(p: CostParams) -> float:  # per layer: long micro-batch less the short one
-        runs = [planned_run_seconds(spec, text, device, cluster_overrides, p, host["tokens"], layers)
-                for text in (long_layout, host["layouts"]["plain"]) for layers in (high, low)]
-        return (runs[0] - runs[1] - (runs[2] - runs[3])) / (high - low)
-
-    measured = (long[f"{high}x1"] - long[f"{low}x1"] - (short[f"{high}x1"] - short[f"{low}x1"])) / (high - low)
-    planned = planned_growth(params)
-    per_pass = planned_growth(dataclasses.replace(params, elementwise_passes=params.elementwise_passes + 1.0)) - planned
-    return max(0.0, (measured - planned) / per_pass) if per_pass > 0 else 0.0
 
 
 def overlap_hidden(trials: list[dict]) -> float:
@@ -218,11 +186,6 @@ def cpu_device_params(raw: dict, gpu_overrides: dict, cluster_overrides: dict, p
         extra = ", ".join(f"{m} +{1e3 * out[MECHANISM_PARAMS[m]]:.2f} ms"
                           + (f" and +{1e3 * out[ENDS_PARAMS[m]]:.2f} ms at the ends" if m in ENDS_PARAMS else "")
                           for m in MECHANISM_PARAMS if m in host)
-        if "elementwise_passes" in out:
-            capped = " (capped: the runs with more tokens were far slower than any element-wise traffic explains)" \
-                if out["elementwise_passes"] >= PARAM_RANGES["elementwise_passes"].high else ""
-            notes.append(f"work per token beyond the planner's kernels: elementwise_passes written as "
-                         f"{out['elementwise_passes']:.0f}{capped}")
         notes.append(f"runtime host time beyond the planner's terms ({host['spec']} blocks, {host['tokens']} tokens): "
                      f"{1e3 * out['layer_overhead_s']:.2f} ms per layer and micro-batch, "
                      f"{1e3 * out.get('layer_step_overhead_s', 0.0):.2f} ms per layer and step"

@@ -249,8 +249,8 @@ def workload(config: dict) -> str:
              f"{len(config['collective_sizes'])} sizes of each of {len(config['collective_ops'])} collectives"]
     layouts = config.get("host_overhead_layouts")
     if layouts:
-        # each mechanism at both layer counts; plain also with more micro-batches and with more tokens
-        runs = sum(len(HOST_LAYERS) * (3 if mechanism == "plain" else 1) for mechanism in layouts) * config["host_rounds"]
+        # each mechanism at both layer counts; plain also with more micro-batches
+        runs = sum(len(HOST_LAYERS) * (2 if mechanism == "plain" else 1) for mechanism in layouts) * config["host_rounds"]
         parts.append(f"{runs} short training runs of {config['host_steps']} steps (the host overhead; most of "
                      "the time on a CPU)")
     return "it measures " + ", ".join(parts)

@@ -32,8 +32,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from plait.measure.profile.cpu_fit import HOST_LAYERS, HOST_LONG_MBS, HOST_MICRO_BATCHES, overlap_hidden
-from plait.spec.layout import Layout
+from plait.measure.profile.cpu_fit import HOST_LAYERS, HOST_MICRO_BATCHES, overlap_hidden
 from plait.spec.model import ModelSpec
 
 
@@ -64,14 +63,13 @@ def train_step_seconds(spec: ModelSpec, layers: int, layout_text: str, device: t
 
 def layer_host_seconds(spec: ModelSpec, device: torch.device, seq_len: int, layouts: dict[str, str],
                        steps: int = 24, rounds: int = 1) -> dict:
-    """{"spec", "tokens", "layer_params", "layouts", <mechanism>: {"LxM": seconds}, "long": {"mbs", "LxM"}}:
-    the step time of a short training run (``train_step_seconds``) of ``spec``'s blocks with L layers
-    and M micro-batches of one sequence of ``seq_len`` tokens, for each of ``layouts`` (mechanism ->
-    layout over every rank; "plain" is data parallelism alone): L in ``HOST_LAYERS`` with M = 1, and
-    for "plain" also with M = ``HOST_MICRO_BATCHES``; "long": plain with ``HOST_LONG_MBS`` sequences
-    per micro-batch, M = 1. Their differences give the per-token work, the per layer costs (per
-    micro-batch and per step), per micro-batch and per step costs (``plait.measure.profile.cpu_fit``). Every run is made
-    ``rounds`` times, all runs in turn each round, and reported as the median of its rounds: the
+    """{"spec", "tokens", "layer_params", "layouts", <mechanism>: {"LxM": seconds}}: the step time of a
+    short training run (``train_step_seconds``) of ``spec``'s blocks with L layers and M
+    micro-batches of one sequence of ``seq_len`` tokens, for each of ``layouts`` (mechanism -> layout
+    over every rank; "plain" is data parallelism alone): L in ``HOST_LAYERS`` with M = 1, and for
+    "plain" also with M = ``HOST_MICRO_BATCHES`` (both L). Their differences give the per layer costs
+    (per micro-batch and once per step), per micro-batch and per step costs
+    (``plait.measure.profile.cpu_fit``). Every run is made ``rounds`` times, all runs in turn each round, and reported as the median of its rounds: the
     differences of two runs are what is fitted, so a slow spell of the machine during one run
     must not land in one of them alone."""
     out = {"spec": spec.name, "tokens": seq_len, "layer_params": spec.layer_params(), "layouts": dict(layouts),
@@ -82,9 +80,6 @@ def layer_host_seconds(spec: ModelSpec, device: torch.device, seq_len: int, layo
         if mechanism == "plain":
             shapes += [(layers, HOST_MICRO_BATCHES) for layers in HOST_LAYERS]
         runs += [(mechanism, layout_text, layers, micro_batches) for layers, micro_batches in shapes]
-        if mechanism == "plain":
-            plain = Layout.parse(layout_text)
-            runs += [("long", str(plain.variant(mbs=plain.mbs * HOST_LONG_MBS)), layers, 1) for layers in HOST_LAYERS]
     seconds: dict[tuple, list[float]] = {}
     for _ in range(max(1, rounds)):
         for mechanism, layout_text, layers, micro_batches in runs:
@@ -92,8 +87,6 @@ def layer_host_seconds(spec: ModelSpec, device: torch.device, seq_len: int, layo
                 train_step_seconds(spec, layers, layout_text, device, seq_len, micro_batches, steps))
     for (mechanism, layers, micro_batches), times in seconds.items():
         out.setdefault(mechanism, {})[f"{layers}x{micro_batches}"] = statistics.median(times)
-    if "long" in out:
-        out["long"]["mbs"] = HOST_LONG_MBS
     return out
 
 
