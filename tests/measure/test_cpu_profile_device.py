@@ -13,10 +13,12 @@ import json
 import pytest
 
 from plait.measure.profile.cpu_fit import (
+    BLOCK_BATCHES,
     HOST_LAYERS,
     HOST_MICRO_BATCHES,
     ENDS_PARAMS,
     MECHANISM_PARAMS,
+    block_passes,
     cpu_device,
     overlap_hidden,
     planned_run_seconds,
@@ -180,6 +182,34 @@ def test_a_layers_once_a_step_cost_is_told_apart_from_its_per_micro_batch_cost()
     fitted = calibration_fields(_raw(old), None, 1.0, 8e9, spec)["params"]
     assert fitted.get("layer_step_overhead_s", 0.0) == 0.0
     assert fitted["layer_overhead_s"] == pytest.approx(truth.layer_overhead_s + truth.layer_step_overhead_s, rel=1e-6)
+
+
+def test_the_per_token_work_of_a_layer_is_written_as_element_wise_passes():
+    """Forward-and-backward times made by the planner with 60 more element-wise passes (and host time per
+    micro-batch, which the difference of two token counts cancels): the fit gives the passes back; times
+    the planner already explains add none; a machine faster than the planner keeps the default (never
+    fewer); the range's top caps a wild measurement."""
+    spec = host_overhead_spec(TINY)
+    base = calibration_fields(_raw(), None, 1.0, 8e9)
+    device, links = cpu_device(base["gpu_overrides"]), base["cluster_overrides"]
+    start = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **base["params"]})
+    truth = dataclasses.replace(start, elementwise_passes=start.elementwise_passes + 60.0, layer_overhead_s=2e-3)
+
+    def timed(params: CostParams, scale: float = 1.0) -> dict:
+        return {"seq_len": 32, "batches": list(BLOCK_BATCHES),
+                **{f"{layers}x{b}": scale * planned_run_seconds(spec, f"dp=1,mbs={b}", device, links, params, 32, layers)
+                   for layers in HOST_LAYERS for b in BLOCK_BATCHES}}
+
+    assert block_passes(timed(truth), spec, device, links, start) == pytest.approx(truth.elementwise_passes, rel=1e-9)
+    assert block_passes(timed(start), spec, device, links, start) == pytest.approx(start.elementwise_passes, abs=1e-9)
+    assert block_passes(timed(start, 0.5), spec, device, links, start) == start.elementwise_passes
+    assert block_passes(timed(truth, 50.0), spec, device, links, start) == 1000.0
+    # a profile that timed the blocks writes the passes, and says so
+    raw = _raw()
+    raw["block_s"] = timed(truth)
+    fields = calibration_fields(raw, None, 1.0, 8e9, spec)
+    assert fields["params"]["elementwise_passes"] == pytest.approx(truth.elementwise_passes, rel=1e-9)
+    assert any("elementwise_passes written as" in note for note in fields["notes"])
 
 
 def test_host_time_terms_count_per_layer_and_micro_batch_and_only_where_the_mechanism_runs():

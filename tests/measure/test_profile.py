@@ -335,6 +335,9 @@ def test_cpu_profile_file_schema(cpu_profile):
     host = m["layer_host_s"]
     assert set(host["layouts"]) == {"plain", "tp", "cp", "fsdp", "sac"}
     assert set(host["plain"]) == {"1x1", "5x1", "1x3", "5x3"}
+    block = m["block_s"]  # a layer's forward and backward at two token counts: the per-token work
+    assert block["batches"] == [1, 8] and all(block[f"{n}x{b}"] > 0 for n in (1, 5) for b in (1, 8))
+    assert data["params"]["elementwise_passes"] >= DEFAULT_PARAMS.elementwise_passes
     assert all(seconds > 0 for key in host["layouts"] for seconds in host[key].values())
     for name in ("layer_overhead_s", "layer_step_overhead_s", "microbatch_overhead_s", "step_overhead_s", "tp_layer_overhead_s",
                  "cp_layer_overhead_s", "fsdp_layer_overhead_s", "sac_layer_overhead_s", "tp_ends_overhead_s",

@@ -33,7 +33,7 @@ DEVICE_MEASURED_PARAMS = ("gemm_half_flops", "gemm_bandwidth_factor", "flash_bac
                           "overlap_slowdown",
                           "layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "fsdp_layer_overhead_s",
                           "sac_layer_overhead_s", "tp_ends_overhead_s", "cp_ends_overhead_s", "fsdp_ends_overhead_s",
-                          "microbatch_overhead_s", "step_overhead_s", "layer_step_overhead_s")
+                          "microbatch_overhead_s", "step_overhead_s", "layer_step_overhead_s", "elementwise_passes")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ import dataclasses
 import statistics
 
 from plait.plan.cost import estimate_step
-from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAMS, CostParams
+from plait.plan.params import DEFAULT_PARAMS, HOST_ENDS_PARAMS, HOST_LAYER_PARAMS, PARAM_RANGES, CostParams
 from plait.spec.hardware import GpuSpec, get_cluster
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
@@ -52,6 +52,10 @@ from plait.spec.units import MIB
 # the micro-batches of the plain runs it times again (both layer counts: what a layer costs once a step)
 HOST_LAYERS = (1, 5)
 HOST_MICRO_BATCHES = 3
+# the sequences per forward and backward of runtime_cost.block_seconds (two token counts: the per-token
+# work of a layer) and how many times each is timed (median)
+BLOCK_BATCHES = (1, 8)
+BLOCK_REPEATS = 15
 # the cost parameters that hold each mechanism's unexplained host time (runtime_cost.layer_host_seconds):
 # per layer, and at the model's ends
 MECHANISM_PARAMS = HOST_LAYER_PARAMS
@@ -134,6 +138,32 @@ def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides:
     return out, planned
 
 
+def block_passes(block: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides: dict, params: CostParams) -> float:
+    """``CostParams.elementwise_passes`` such that the planner's per-layer time grows from the fewer tokens of
+    ``block`` (``runtime_cost.block_seconds``) to the more as the timed forward and backward did: ``params``'s
+    passes plus the growth the planner leaves unexplained over the growth one more pass gives; never fewer
+    than ``params``'s, at most the range's top. On a CPU the eager element-wise ops (each allocating its
+    output, one pass over memory each) and the small GEMMs of the backward run slower per token than the
+    kernel terms price them."""
+    low, high = HOST_LAYERS
+    few, many = block["batches"][0], block["batches"][-1]
+
+    def per_layer(batch: int) -> float:
+        return (block[f"{high}x{batch}"] - block[f"{low}x{batch}"]) / (high - low)
+
+    def planned_growth(p: CostParams) -> float:
+        runs = {(batch, layers): planned_run_seconds(spec, f"dp=1,mbs={batch}", device, cluster_overrides, p,
+                                                     block["seq_len"], layers)
+                for batch in (few, many) for layers in (low, high)}
+        return ((runs[many, high] - runs[many, low]) - (runs[few, high] - runs[few, low])) / (high - low)
+
+    measured = per_layer(many) - per_layer(few)
+    planned = planned_growth(params)
+    per_pass = planned_growth(dataclasses.replace(params, elementwise_passes=params.elementwise_passes + 1.0)) - planned
+    extra = max(0.0, (measured - planned) / per_pass) if per_pass > 0 else 0.0
+    return min(params.elementwise_passes + extra, PARAM_RANGES["elementwise_passes"].high)
+
+
 def overlap_hidden(trials: list[dict]) -> float:
     """The fraction of communication that hides behind compute, from the overlap trials (each with
     its ``hidden`` fraction, 0..1): their mean. On a CPU whose processes and collective threads
@@ -177,6 +207,14 @@ def cpu_device_params(raw: dict, gpu_overrides: dict, cluster_overrides: dict, p
         fits["overlap_buckets_hidden"] = hidden
         notes.append(f"{hidden:.0%} of a {buckets['reduce_bytes'] / MIB:.3g} MiB all-reduce (a DDP gradient bucket) "
                      "hid behind longer compute: overlap_slowdown written as the rest")
+    block = raw.get("block_s")
+    if block and host_spec is not None:  # the per-token work, before the host terms (they take the rest)
+        current = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **params, **out})
+        out["elementwise_passes"] = block_passes(block, host_spec, cpu_device(gpu_overrides), cluster_overrides, current)
+        fits["block"] = block
+        notes.append(f"a layer's forward and backward at {block['batches'][0]} and {block['batches'][-1]} sequences of "
+                     f"{block['seq_len']} tokens: elementwise_passes written as {out['elementwise_passes']:.0f} "
+                     f"(the per-token work the kernel terms leave unexplained)")
     host = raw.get("layer_host_s")
     if host and host_spec is not None and "plain" in host:
         current = CostParams.from_dict({**DEFAULT_PARAMS.to_dict(), **params, **out})

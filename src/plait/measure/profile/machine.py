@@ -219,9 +219,13 @@ def profile_config(model: ModelSpec, seq_len: int, where: Where, quick: bool, ti
     # CPU: what hides depends on the size; DDP's gradient buckets behind a longer backward get their own
     buckets = {"gemm_size": 512, "reduce_bytes": gradient_bucket_bytes(model), "repeats": 2,
                "compute_over_comm": BUCKET_COMPUTE_OVER_COMM}
+    from plait.measure.profile.cpu_fit import BLOCK_BATCHES
+
     host_model = host_overhead_spec(model)
     extra = {} if gpu else {"overlap_buckets": buckets,
                             "host_overhead_model": host_model.to_dict(),  # runtime_cost.layer_host_seconds
+                            "block_model": host_model.to_dict(),  # runtime_cost.block_seconds
+                            "block_batches": list(BLOCK_BATCHES),
                             "host_overhead_tokens": HOST_OVERHEAD_TOKENS,
                             "host_steps": 8 if quick else 24,  # steps of each timed training run
                             "host_rounds": 1 if quick else 3,  # interleaved rounds of them (median)
@@ -345,5 +349,5 @@ def build_calibration(raw: dict, where: Where, model: ModelSpec, seq_len: int, q
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "measurements": {k: raw[k] for k in ("dtype", "gemm", "attention", "memory", "kernel_overhead_s",
                                               "host_link", "collectives", "overlap", "overlap_buckets",
-                                              "layer_host_s") if k in raw},
+                                              "block_s", "layer_host_s") if k in raw},
     }

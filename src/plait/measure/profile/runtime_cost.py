@@ -32,7 +32,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from plait.measure.profile.cpu_fit import HOST_LAYERS, HOST_MICRO_BATCHES, overlap_hidden
+from plait.measure.profile.cpu_fit import BLOCK_REPEATS, HOST_LAYERS, HOST_MICRO_BATCHES, overlap_hidden
 from plait.spec.model import ModelSpec
 
 
@@ -59,6 +59,50 @@ def train_step_seconds(spec: ModelSpec, layers: int, layout_text: str, device: t
     with contextlib.redirect_stdout(io.StringIO()):  # its progress and summary lines are not the profile's
         result = run_training(config, device)
     return median_step_time(result.records)
+
+
+def block_seconds(spec: ModelSpec, device: torch.device, seq_len: int, batches: list[int],
+                  repeats: int = BLOCK_REPEATS) -> dict:
+    """{"seq_len", "batches", "LxB": seconds}: the median seconds of one forward and backward (the loss
+    on the logits, gradients set to None after each) of ``spec`` with L layers (``HOST_LAYERS``) on B
+    sequences of ``seq_len`` tokens, for each B of ``batches``, in this process: no optimizer, no
+    collective, ``repeats`` times after two warm-up steps. The per-layer difference between two token
+    counts is the per-token work of a layer as plait's modules run it (``cpu_fit.block_passes``),
+    timed tightly enough to tell apart from the planner's (two training runs' difference is not)."""
+    import torch.nn.functional as F
+
+    from plait.run.model import apply_kernels, build_model, init_weights
+    from plait.spec.layout import Layout
+
+    kernels = Layout.parse("dp=1")
+    out: dict = {"seq_len": seq_len, "batches": list(batches)}
+    generator = torch.Generator().manual_seed(0)
+    for layers in HOST_LAYERS:
+        layered = dataclasses.replace(spec, n_layers=layers)
+        model = build_model(layered, "cpu")
+        apply_kernels(model, kernels.attn, kernels.norm, "unfused")
+        model.tie_embeddings()
+        init_weights(model, layered, 0, "cpu")
+        model = model.to(device)
+        for batch in batches:
+            tokens = torch.randint(0, spec.vocab, (batch, seq_len + 1), generator=generator).to(device)
+
+            def step() -> None:
+                logits = model(tokens[:, :-1])
+                F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)).backward()
+                model.zero_grad(set_to_none=True)
+
+            for _ in range(2):
+                step()
+            times = []
+            for _ in range(max(1, repeats)):
+                start = time.perf_counter()
+                step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - start)
+            out[f"{layers}x{batch}"] = statistics.median(times)
+    return out
 
 
 def layer_host_seconds(spec: ModelSpec, device: torch.device, seq_len: int, layouts: dict[str, str],

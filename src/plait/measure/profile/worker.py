@@ -65,7 +65,8 @@ def run(config: dict, device: torch.device, env: RankEnv) -> dict | None:
     compute_items = len(config["gemm"]) + len(config["attention"]) + len(config["memory_bytes"]) + 1
     scopes = config["collective_groups"]
     total = (compute_items + len(scopes) * len(config["collective_ops"]) * len(config["collective_sizes"])
-             + ("overlap" in config) + ("overlap_buckets" in config) + ("host_overhead_model" in config))
+             + ("overlap" in config) + ("overlap_buckets" in config) + ("host_overhead_model" in config)
+             + ("block_model" in config))
     bar = ProgressBar("profile", total, enabled=rank == 0)  # rank 0's: a bar on a terminal, else plain lines
     tick = bar.advance
     # The others wait for rank 0's compute benchmarks on a gloo group of their own with a long
@@ -78,6 +79,12 @@ def run(config: dict, device: torch.device, env: RankEnv) -> dict | None:
     raw["memory"] = bench.memory(config["memory_bytes"], device, min_time, tick)
     raw["kernel_overhead_s"] = bench.kernel_overhead(device, min_time)
     tick("kernel launch")
+    if "block_model" in config:
+        from plait.spec.model import ModelSpec
+
+        raw["block_s"] = runtime_cost.block_seconds(ModelSpec.from_dict(config["block_model"]), device,
+                                                    config["host_overhead_tokens"], config["block_batches"])
+        tick("a layer's forward and backward at two token counts")
     raw["host_link"] = bench.host_link(config["host_link_bytes"], device, min_time) if cuda else []
     raw["machine"], raw["versions"] = machine_and_versions(device, env)
     dist.barrier(group=waiting)
