@@ -24,16 +24,19 @@ op as it is dispatched. So a CPU profile writes:
   parallelism alone, "plain", and one layout per mechanism, with 5 and 1 layers, and plain with
   more micro-batches), each less the planner's own step time for the same run
   (``plait.plan.cost.estimate_step`` on the CPU just described), in this order, each fitted term
-  in the planner's time for the next: ``params.layer_overhead_s`` (per layer and micro-batch) and ``layer_step_overhead_s`` (per layer, once a step: from plain runs with
-  ``HOST_MICRO_BATCHES`` micro-batches at both layer counts), ``microbatch_overhead_s``,
-  ``step_overhead_s``, then ``tp_``, ``cp_``, ``fsdp_`` and
+  in the planner's time for the next: ``params.layer_overhead_s`` (per layer and micro-batch) and
+  ``layer_step_overhead_s`` (per layer, once a step: from plain runs with ``HOST_MICRO_BATCHES``
+  micro-batches at both layer counts), ``microbatch_overhead_s``, ``step_overhead_s``, then ``tp_``, ``cp_``, ``fsdp_`` and
   ``sac_layer_overhead_s`` (per layer and micro-batch under that mechanism), then ``tp_``, ``cp_``
   and ``fsdp_ends_overhead_s`` (what that mechanism's one-layer run leaves after all of these: its
   cost outside the layers, which the difference of two layer counts cancels); none below 0. What
   the planner's kernel and communication terms leave unexplained: the runtime's host time. An
   optimizer's per-layer cost and the gradient sync's exposed rest are in ``layer_step_overhead_s``
   (a step has one, whatever its micro-batches), their cost over the embedding and head in the
-  ends terms.
+  ends terms;
+- before those, ``params.elementwise_passes`` from ``runtime_cost.block_seconds`` (one forward and
+  backward of the blocks at ``BLOCK_BATCHES`` sequences, timed in one process): the per-token work
+  of a layer that the kernel terms leave unexplained (``block_passes``).
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def host_params(host: dict, spec: ModelSpec, device: GpuSpec, cluster_overrides:
     mechanism at the ends), at least 0. A profile without the five-layer run with three micro-batches
     (older) charges all of a layer per micro-batch."""
     tokens, layouts = host["tokens"], host["layouts"]
-    zero = {name: 0.0 for name in ("layer_overhead_s", "microbatch_overhead_s", "step_overhead_s",
+    zero = {name: 0.0 for name in ("layer_overhead_s", "layer_step_overhead_s", "microbatch_overhead_s", "step_overhead_s",
                                    *MECHANISM_PARAMS.values(), *ENDS_PARAMS.values())}
     current = dataclasses.replace(params, **zero)
     out, planned = {}, {}
