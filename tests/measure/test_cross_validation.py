@@ -18,7 +18,7 @@ from plait.measure.validate import cross
 from plait.measure.validate.cells import not_sharded, offloaded_layers, precision_of, zero_stage_of
 from plait.measure.validate.moe import nvlink_domain
 from plait.measure.validate.runs import PUBLISHED_DIR, SHIPPED_RUNS, shipped_accuracy
-from plait.measure.validate.specs import stack_of
+from plait.measure.validate.stacks import stack_of
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 

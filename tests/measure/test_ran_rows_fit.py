@@ -13,7 +13,8 @@ from plait.measure.validate.specs import row_specs
 
 RAN = ("megatron21-t2-zero3-529p6b-640g",      # DeepSpeed's ZeRO-3: submodules under a live cap, gradient buckets
        "mpt-a100-40gb-13b-2k-128g",            # llm-foundry: flash-attn's fused cross entropy
-       "mz-qwen3-235b-h100-ep8-fsdp")          # Megatron-FSDP (FSDP=On): ZeRO-3
+       "mz-qwen3-235b-h100-ep8-fsdp",          # Megatron-FSDP (FSDP=On): ZeRO-3
+       "mbridge-260201-b200-dsv3-256g")        # no recompute stated, vpp open: recompute searched with vpp
 
 
 def _rows() -> dict[str, dict]:
@@ -42,3 +43,21 @@ def test_a_stated_zero_stage_wins_over_the_notes():
     notes: list[str] = []
     assert row_specs(stated, notes).layout.zero == 1
     assert not any(n.startswith("zero=3: FSDP=On") for n in notes)
+
+
+def test_a_stack_recompute_that_fits_no_completion_is_searched_with_the_open_knobs():
+    """The stack's ckpt=none fits no vpp of the B200 DeepSeek-V3 row (26.02.01, VP blank): the recompute
+    is searched together with vpp, as it is when every other knob is stated (its 25.11 twin, VP=1)."""
+    row = _rows()["mbridge-260201-b200-dsv3-256g"]
+    notes: list[str] = []
+    specs = row_specs(dict(row), notes)
+    assert "the megatron-core stack's ckpt=none does not fit: recompute searched" in notes
+    assert specs.layout.ckpt != "none"
+    assert not any(n == "completed: ckpt=none (the megatron-core stack's default)" for n in notes)
+    twin: list[str] = []
+    assert row_specs(dict(_rows()["mbridge-2511-b200-dsv3-256g"]), twin).layout.ckpt != "none"
+    assert "the megatron-core stack's ckpt=none does not fit: recompute searched" in twin
+    stated = dict(row, recompute="none")  # a stated recompute is the row's: never searched
+    said: list[str] = []
+    assert row_specs(stated, said).layout.ckpt == "none"
+    assert not any("recompute searched" in n for n in said)

@@ -15,7 +15,7 @@ import pytest
 
 from plait.measure.calibrate.fit import usable_cases
 from plait.measure.validate.runs import predict_runs, read_runs
-from plait.measure.validate.specs import stack_of
+from plait.measure.validate.stacks import stack_of
 from plait.plan.cost import estimate_step
 from plait.plan.params import DEFAULT_PARAMS
 from plait.spec.hardware import CLUSTERS

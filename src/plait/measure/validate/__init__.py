@@ -5,6 +5,7 @@
   specs.py  one CSV row -> the planner's inputs (model, cluster, job, layout), completing what the
             source omits and noting it (``row_specs``)
   moe.py    the mixture-of-experts rows: the model, the GPU and Megatron-Core's FLOP counter
-  cells.py  how a row's cells in words are read (ZeRO stage, recompute, precision, ...)
+  stacks.py which software stack a row ran (its stack column, else its source's words)
+  cells.py  how a row's cells in words are read (numbers, ZeRO stage, recompute, precision, ...)
   cross.py  leave-one-source-out: fit the defaults without a code base, predict it
 """

@@ -4,6 +4,7 @@ or a cell it does not understand (the caller searches that knob and says so). No
 
 from __future__ import annotations
 
+import math
 import re
 
 
@@ -129,3 +130,21 @@ def schedule_of(notes: str) -> str | None:
     if re.search(r"interleaved[ -]?1f1b", t):
         return "interleaved-1f1b"
     return "1f1b" if re.search(r"\b1f1b\b(?!\s*(?:a2a|all-to-all|ep|overlap))", t) else None
+
+
+def num(row: dict, key: str) -> float | None:
+    """The cell ``key`` as a finite number, or None when blank or not a number."""
+    text = (row.get(key) or "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def integer(row: dict, key: str) -> int | None:
+    """The cell ``key`` as an integer (truncated), or None (``num``)."""
+    value = num(row, key)
+    return int(value) if value is not None else None

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.measure.validate.moe import megatron_flops_per_token
-from plait.measure.validate.specs import (IncompleteRow, UnsupportedRow, num, row_problem,
-                                           row_specs)
+from plait.measure.validate.cells import num
+from plait.measure.validate.specs import IncompleteRow, UnsupportedRow, row_problem, row_specs
 from plait.plan.cost import estimate_step
 from plait.plan.memory import estimate_memory
 from plait.plan.params import DEFAULT_PARAMS, CostParams

@@ -27,10 +27,11 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from plait.errors import PlaitError
-from plait.measure.validate.cells import (arch_of, fsdp_on, local_batch_of, not_sharded, offloaded_layers,
-                                          precision_of, recompute_of, schedule_of, zero_stage_of)
+from plait.measure.validate.cells import (arch_of, fsdp_on, integer, local_batch_of, not_sharded, num,
+                                          offloaded_layers, precision_of, recompute_of, schedule_of, zero_stage_of)
 from plait.measure.validate.moe import (MoERowError, is_moe_row, moe_given, moe_gpu_type, moe_graph_params,
                                          moe_model_for_row, nvlink_domain)
+from plait.measure.validate.stacks import stack_of
 from plait.plan.activations import BF16, layer_items
 from plait.plan.complete import complete
 from plait.plan.memory import MemoryBreakdown, estimate_memory, in_flight_microbatches
@@ -39,7 +40,7 @@ from plait.spec.hardware import ClusterSpec, cluster_for_gpu, get_gpu
 from plait.spec.layout import JobSpec, Layout
 from plait.spec.model import ModelSpec
 from plait.spec.models import MODELS
-from plait.spec.stack import DEFAULT_STACK, Stack, generation_of, get_stack, left_out_defaults
+from plait.spec.stack import Stack, generation_of, left_out_defaults
 from plait.spec.validate import errors_of, stage_layers, validate
 
 COUNT_COLUMNS = ("n_layers", "hidden", "ffn_hidden", "n_heads", "n_kv_heads", "vocab", "seq_len", "n_gpus", "tp",
@@ -75,22 +76,6 @@ def _count_text(text: str) -> bool | None:
         return float(text) >= 1 and float(text).is_integer() if text.strip() else None
     except ValueError:
         return False
-
-
-def num(row: dict, key: str) -> float | None:
-    text = (row.get(key) or "").strip()
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def integer(row: dict, key: str) -> int | None:
-    value = num(row, key)
-    return int(value) if value is not None else None
 
 
 def _llama_ffn(hidden: int) -> int:
@@ -146,35 +131,6 @@ def model_for_row(row: dict, seq_len: int, notes: list[str]) -> ModelSpec:
             notes.append(f"vocab {vocab} of the {family} family assumed")
     return ModelSpec(name=row["id"], arch=arch, vocab=vocab, max_seq_len=max(seq_len, 2048),
                      tied_embeddings=(arch == "gpt"), **dims)
-
-
-# Which software each source ran (``plait.spec.stack``), first match wins: words of the row's source
-# (or, for DeepSpeed, its notes) -> stack. A row's own ``stack`` column overrides this table.
-SOURCE_STACKS = (
-    (("megatron-bridge", "nemo", "megatron-moe-modelzoo", "megatron-core"), "megatron-core"),
-    (("narayanan", "korthikanti", "megatron-lm"), "megatron-lm"),
-    (("torchtitan",), "torchtitan"),
-    (("llm-foundry", "mosaicml"), "llm-foundry"),
-    (("megatron", "mt-nlg"), "megatron-lm"),  # any other Megatron (Megatron-DeepSpeed, MT-NLG): Megatron's own kernels
-)
-
-
-def stack_of(row: dict) -> tuple[Stack, str]:
-    """(the stack a row ran, why): its ``stack`` column; DeepSpeed's 2021 ZeRO-3 where the notes name
-    DeepSpeed on a ZeRO-3 row of 2021 or before (Narayanan et al.'s Table 2 baseline); else by
-    ``SOURCE_STACKS``; else plait's runtime (noted as unknown)."""
-    given = (row.get("stack") or "").strip()
-    if given:
-        return get_stack(given), "the row's stack column"
-    text = f"{row.get('notes', '')} {row.get('source', '')}".lower()
-    year = integer(row, "year") or 0
-    if integer(row, "zero_stage") == 3 and "deepspeed" in text and year <= 2021:
-        return get_stack("deepspeed"), "ZeRO-3 by DeepSpeed in 2021 (notes)"
-    source = (row.get("source") or "").lower()
-    for words, name in SOURCE_STACKS:
-        if any(word in source for word in words):
-            return get_stack(name), "from its source"
-    return get_stack(DEFAULT_STACK), "source not known to run another stack"
 
 
 def op_level_memory(model: ModelSpec, job: JobSpec, layout: Layout, memory: MemoryBreakdown,
@@ -274,31 +230,39 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
 
     adjust = memory_of if op_level else None
     assumed_ckpt = given.pop("_stack_ckpt", False)
-    open_knobs = [k for k in ("tp", "pp", "dp", "cp", "mbs", "zero", "ckpt", "sp", "vpp") if k not in given]
-    layout = None
-    if not open_knobs:
-        split = given.get("split") or ("even" if model.n_layers % (given["pp"] * given["vpp"]) == 0 else "uneven")
-        layout = Layout(**dict(given, split=split))
-        if assumed_ckpt and not errors_of(validate(model, cluster, job, layout)) and \
-                not estimate_memory(model, cluster, job, layout, params, runtime=runtime).fits:
-            # the stack's recompute default is a library's; a recipe that does not fit without recompute
-            # had its own: the row's recompute is searched (the data's rule for a blank cell)
-            given.pop("ckpt"), given.pop("ckpt_layers", None)
-            notes[:] = [n for n in notes if not n.startswith("completed: ckpt=")]
-            notes.append(f"the {stack.name} stack's ckpt={layout.ckpt} does not fit: recompute searched")
-            layout = None
-    if layout is None:
-        try:
-            completion = complete(model, cluster, job, given, params, runtime=runtime, memory_of=adjust,
-                                  schedules=SOURCE_SCHEDULES)
-        except PlaitError as exc:
-            raise UnsupportedRow(str(exc)) from None
-        layout = completion.layout
-        notes.append(completion.note())
+    layout, fits, note = _layout_of(model, cluster, job, given, params, runtime, adjust)
+    if assumed_ckpt and not fits:
+        # the stack's recompute default is a library's; a recipe that does not fit without recompute had its
+        # own: the row's recompute is searched with its other open knobs (the data's rule for a blank cell)
+        given.pop("ckpt"), given.pop("ckpt_layers", None)
+        notes[:] = [n for n in notes if not n.startswith("completed: ckpt=")]
+        notes.append(f"the {stack.name} stack's ckpt={layout.ckpt} does not fit: recompute searched")
+        layout, fits, note = _layout_of(model, cluster, job, given, params, runtime, adjust)
+    if note is not None:
+        notes.append(note)
     errs = errors_of(validate(model, cluster, job, layout))
     if errs:
         raise UnsupportedRow("; ".join(e.message for e in errs))
     return RowSpecs(model, cluster, job, layout, runtime, adjust, stack, params)
+
+
+def _layout_of(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, given: dict, params: CostParams, runtime: str,
+               memory_of) -> tuple[Layout, bool, str | None]:
+    """The row's layout, whether it fits (an invalid stated layout counts as fitting: its error is the row's),
+    and the completion's note (None when every knob was stated). A completion searches the open knobs
+    (``plait.plan.complete`` with the sources' schedules); its refusal is the row's."""
+    if all(k in given for k in ("tp", "pp", "dp", "cp", "mbs", "zero", "ckpt", "sp", "vpp")):
+        split = given.get("split") or ("even" if model.n_layers % (given["pp"] * given["vpp"]) == 0 else "uneven")
+        layout = Layout(**dict(given, split=split))
+        fits = bool(errors_of(validate(model, cluster, job, layout))) or \
+            estimate_memory(model, cluster, job, layout, params, runtime=runtime).fits
+        return layout, fits, None
+    try:
+        completion = complete(model, cluster, job, given, params, runtime=runtime, memory_of=memory_of,
+                              schedules=SOURCE_SCHEDULES)
+    except PlaitError as exc:
+        raise UnsupportedRow(str(exc)) from None
+    return completion.layout, completion.fits, completion.note()
 
 
 def _pipeline_microbatches(given: dict, gbs: int, stack: Stack, notes: list[str]) -> None:
