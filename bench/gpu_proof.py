@@ -1,6 +1,6 @@
 """The GPU proof (issue 35): is plait's runtime right, fast and calibrated on one GPU? One command.
 
-    bash bench/gpu_proof.sh                  # on a one-GPU box (H100/H200): <= 510 s, set-up included
+    bash bench/gpu_proof.sh                  # on a one-GPU box (H100/H200): <= 560 s, set-up included
     bash bench/gpu_proof.sh --gpu h100-sxm   # when the device name does not say which GPU spec it is
     bash bench/gpu_proof.sh --only right,fast  # a rerun of some steps (results of the others are kept)
     bash bench/gpu_proof.sh --dry-run        # the same steps on the CPU with a tiny model (tests/measure/test_gpu_proof.py)
@@ -13,12 +13,16 @@ Then ``summary`` writes ``$OUT/summary.md`` and ``summary.json`` and prints the 
 what failed (the first line of its error), the numbers, and the issue's targets met or not.
 ``$OUT`` defaults to ``bench/results/gpu_proof`` (the device tool sets ``$OUT``; ``--out DIR``).
 
-Steps (limits in seconds; they add up to ``BUDGET_S`` = 510, 8.5 minutes, on an H100):
+Steps (limits in seconds; they add up to ``BUDGET_S`` = 560, 9 min 20 s, on an H100):
 
   setup          20  install wheels carried in bench/wheels/ (pip --no-index, only if the folder
                      exists), then record GPU, driver, torch, CUDA, transformers, torchao
   right         110  llama-125m: CPU fp32 vs GPU fp32 losses within an arithmetic tolerance, no host
                      sync in the loop, bf16 + compile + fused loss, fp8 if torchao (gpu_proof_right.py)
+  moe            50  a 60M MoE (8 experts top-2): torch._grouped_mm = per-expert GEMMs in bf16 and
+                     torchao's fp8 grouped GEMM against them, forward and backward, within derived
+                     bounds; training in bf16 and fp8 vs the CPU fp32 reference; measured vs predicted
+                     step time (gpu_proof_moe.py; issue 33)
   fast          115  bench/train_gpu.py: 1.1B Llama at seq 4096, plait (default recipe) vs a plain HF
                      loop: tokens/s, MFU, peak memory vs the planner's prediction
   fast_variants 110  bench/train_gpu.py --no-baseline with ckpt=full, offload=cpu:1, fp8 (torchao)
@@ -71,6 +75,7 @@ class Step:
 STEPS = (
     Step("setup", 20, "carried wheels, GPU, driver and versions"),
     Step("right", 110, "fp32 GPU = CPU, no host sync, bf16 + compile + fused loss, fp8"),
+    Step("moe", 50, "MoE experts: grouped GEMM = per-expert GEMMs (bf16, fp8), training, measured vs predicted"),
     Step("fast", 115, "1.1B Llama at seq 4096: plait vs a plain HF loop (bench/train_gpu.py)"),
     Step("fast_variants", 110, "the same with ckpt=full, offload=cpu:1, fp8 (plait only)"),
     Step("profile", 50, "plait profile -> calibrations/<gpu>.json (bench/profile_gpu.py)"),
@@ -78,7 +83,7 @@ STEPS = (
     Step("summary", 10, "the table (summary.md)"),
 )
 BUDGET_S = sum(step.limit_s for step in STEPS)
-assert BUDGET_S <= 510, BUDGET_S
+assert BUDGET_S <= 560, BUDGET_S
 
 
 def effective_steps(dry_run: bool = False, environ=os.environ) -> tuple[Step, ...]:
@@ -231,6 +236,12 @@ def step_right(record: Record, args) -> None:
     run_step(record, args.dry_run)
 
 
+def step_moe(record: Record, args) -> None:
+    from gpu_proof_moe import run_step
+
+    run_step(record, args.dry_run, resolve_gpu(args.out, args.gpu, args.dry_run))
+
+
 def _train_gpu(out: Path, gpu: str, dry_run: bool, extra: list[str], label: str) -> dict:
     """bench/train_gpu.py in this process, results in ``out/train_gpu/LABEL/``; the record of its run."""
     import train_gpu
@@ -359,7 +370,7 @@ def _pct(value) -> str:
     return f"{100 * value:.1f}%" if value is not None else "n/a"
 
 
-RUNNERS = {"setup": step_setup, "right": step_right, "fast": step_fast, "fast_variants": step_fast_variants,
+RUNNERS = {"setup": step_setup, "right": step_right, "moe": step_moe, "fast": step_fast, "fast_variants": step_fast_variants,
            "profile": step_profile, "sweep": step_sweep}
 
 

@@ -6,7 +6,7 @@
 # Runs every step of bench/gpu_proof.py (the step table and its limits live there: `python
 # bench/gpu_proof.py steps`) under coreutils `timeout`: SIGTERM 5 s before the step's limit, SIGKILL
 # at it, so a failing or hanging step is reported and the others still run. The limits add up to
-# 510 s (8.5 minutes on an H100, set-up included). Nothing comes from the network: plait runs from
+# 560 s (9 min 20 s on an H100, set-up included). Nothing comes from the network: plait runs from
 # this tree (PYTHONPATH=src); wheels carried in bench/wheels/ are installed with pip --no-index
 # by the setup step, only if that folder exists. Results go to $OUT (default
 # bench/results/gpu_proof): steps/STEP.json, logs/STEP.log, summary.md, summary.json.

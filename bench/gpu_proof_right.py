@@ -140,14 +140,15 @@ def no_host_sync(device: torch.device):
 
 # ----------------------------------------------------------------------------- runs
 def train(spec, layout: str, device: torch.device, *, compile_on: bool, backend: str = "inductor",
-          dry_run: bool, guard: bool) -> dict:
-    """``run_training`` of this step's job on ``device`` in a fresh one-rank process group."""
+          dry_run: bool, guard: bool, job: dict | None = None) -> dict:
+    """``run_training`` of this step's job (``job``: another step's ``settings``) on ``device`` in a
+    fresh one-rank process group."""
     from plait.run.config import LogConfig, OptimConfig, RunConfig, RuntimeConfig, TrainJob
     from plait.run.optim import lr_at
     from plait.run.trainer import run_training
     from plait.spec.layout import Layout
 
-    s = settings(dry_run)
+    s = job or settings(dry_run)
     config = RunConfig(job=TrainJob(model=spec, layout=Layout.parse(layout), global_batch=s["global_batch"],
                                     seq_len=s["seq_len"], steps=s["steps"], seed=0),
                        optim=OptimConfig(warmup_steps=2),

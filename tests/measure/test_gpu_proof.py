@@ -57,6 +57,14 @@ def test_gpu_proof_dry_run(tmp_path):
     fp8 = checks["right: fp8 + compile + fused loss"]
     assert fp8["status"] == "ok" or (fp8["status"] == "skipped" and "torchao" in fp8["detail"])
 
+    for name in ("grouped GEMM = per-expert GEMMs (bf16)", "fp8 grouped GEMM vs bf16 per-expert GEMMs"):
+        assert checks[f"moe: {name}"]["status"] == "skipped" and "no GPU" in checks[f"moe: {name}"]["detail"]
+    moe_bf16 = checks["moe: train bf16"]
+    assert moe_bf16["status"] == "ok" and len(moe_bf16["numbers"]["losses"]) == 3
+    assert moe_bf16["numbers"]["measured_step_s"] > 0 and moe_bf16["numbers"]["predicted_step_s"] is None
+    moe_fp8 = checks["moe: train fp8"]
+    assert moe_fp8["status"] == "ok" or (moe_fp8["status"] == "skipped" and "torchao" in moe_fp8["detail"])
+
     fast = checks["fast: plait vs HF loop"]
     assert fast["status"] == "ok" and fast["numbers"]["tokens_per_s"] > 0
     for variant in ("ckpt=full", "offload=cpu:1"):
@@ -130,6 +138,31 @@ def test_fp32_tolerance_arithmetic():
     assert not compare(reference, {"losses": [6.0]}, tol)["within"]  # a step missing
 
 
+def test_moe_kernel_check_bound_and_power():
+    """The moe step's kernel check on the CPU (torch's CPU grouped GEMM, bf16): the grouped and
+    per-expert experts agree within the derived bound, and a grouped GEMM that sends each group
+    through its neighbour's expert is caught by far."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no torch._grouped_mm")
+    import gpu_proof_moe as moe
+
+    assert moe.grouped_bound(512, 512) == pytest.approx(4 * 2.0**-8)  # u·(3 + sqrt(f/h)), f = h
+    assert moe.grouped_bound(512, 2048) == pytest.approx(5 * 2.0**-8)
+    cpu, hidden, ffn = torch.device("cpu"), 64, 32
+    reference = moe.expert_outputs(hidden, ffn, cpu, grouped=False)
+    grouped = moe.expert_outputs(hidden, ffn, cpu, grouped=True)
+    assert len(reference) == 5 and reference[0].shape == (sum(moe.KERNEL_COUNTS), hidden)
+    bound = moe.grouped_bound(hidden, ffn)
+    assert all(moe.relative(a, b) <= bound for a, b in zip(grouped, reference))
+
+    def neighbours_expert(x, weight, offs):
+        return torch._grouped_mm(x, weight.roll(1, 0), offs=offs)
+
+    wrong = moe.expert_outputs(hidden, ffn, cpu, mm=neighbours_expert)
+    assert moe.relative(wrong[0], reference[0]) > 10 * bound
+
+
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_a_step_past_its_limit_is_reported_and_the_next_still_runs(tmp_path, dry_run):
     """setup hangs (GPU_PROOF_STALL) past its 6 s limit: coreutils timeout's SIGTERM in the GPU run's
@@ -140,7 +173,7 @@ def test_a_step_past_its_limit_is_reported_and_the_next_still_runs(tmp_path, dry
                            *(["--dry-run"] if dry_run else [])],
                           capture_output=True, text=True, timeout=600, check=False, env=env)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "limits add up to 496 s" in proc.stdout  # 510 - 20 + 6
+    assert f"limits add up to {gpu_proof.BUDGET_S - 14} s" in proc.stdout  # setup's 20 s limit set to 6
     assert "setup          TIMEOUT after" in proc.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     fast = summary["steps"]["fast"]
