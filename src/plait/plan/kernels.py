@@ -105,7 +105,7 @@ def gemm_time(gpu: GpuSpec, params: CostParams, m: float, k: float, n: float, pr
     """Time of an (m×k)·(k×n) GEMM, seconds."""
     flops = 2.0 * m * k * n
     if precision in FP8_PRECISIONS:
-        peak = gpu.peak_flops(precision) * params.fp8_gemm_efficiency
+        peak = gpu.peak_flops(precision) * params.fp8_gemm_efficiency * gpu.power_derate
         operand_bytes = 0.5 if precision == "nvfp4" else 1.0
     else:
         peak = gpu.bf16_flops * gpu.gemm_efficiency

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from plait.errors import PlaitError
-from plait.spec.hardware import OP_BANDWIDTH_FACTORS
+from plait.spec.hardware import H100_500W_DERATE, OP_BANDWIDTH_FACTORS
 from plait.spec.units import GIB, MIB_BYTES
 from plait.spec.serialize import dataclass_from_dict
 
@@ -61,7 +61,10 @@ class CostParams:
         unfused fp32 one ``logits_bytes_per_element`` describes (a fused cross entropy that keeps
         the bf16 logits and writes their gradient in place: 2); 0: ``logits_bytes_per_element``.
         Memory only: the loss's traffic stays priced by ``logits_bytes_per_element``.
-    fp8_gemm_efficiency: fraction of the fp8 (or fp4) peak that low-precision GEMMs reach.
+    fp8_gemm_efficiency: fraction of the fp8 (or fp4) peak that low-precision GEMMs reach on a
+        part at its full power (``GpuSpec.power_derate`` scales it for a power-capped one). The
+        default, torchao's float8 (plait's runtime and torchtitan, casts included): 0.5 was chosen
+        on torchtitan's float8 runs, all on Grand Teton's 500 W H100 (derate 0.85), so 0.5 / 0.85.
     fp8_cast_passes: extra element-wise traffic of a layer's forward under fp8/mxfp8/nvfp4, in the
         units of ``elementwise_passes`` (the amax and cast of each linear's inputs, and in the
         backward of its output gradients and their transposes, when the software does not fuse them
@@ -148,7 +151,7 @@ class CostParams:
     fragmentation: float = 0.08
     logits_bytes_per_element: float = 10.0
     loss_peak_bytes: float = 0.0
-    fp8_gemm_efficiency: float = 0.50
+    fp8_gemm_efficiency: float = 0.50 / H100_500W_DERATE
     fp8_cast_passes: float = 0.0
     zero3_collective_bandwidth: float = 0.0
     zero3_live_params: float = 0.0

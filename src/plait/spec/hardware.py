@@ -70,6 +70,11 @@ class GpuSpec:
         element_bytes: bytes per element of activations, GEMM operands and gathered weights in
             the dtype plait's runtime computes in on this device: 2 (bf16 autocast, every GPU
             preset); 4 on a CPU, where the runtime computes in fp32 (a CPU profile writes 4).
+        power_derate: sustained tensor-core clock of this part under its power cap over the
+            full-power part of its generation (1.0; the 500 W H100: 0.85). Its ``gemm_efficiency``
+            and ``attention_efficiency`` already include it; it scales what is given per
+            generation elsewhere: the low-precision GEMM rate (``CostParams.fp8_gemm_efficiency``
+            is a full-power part's) and a software stack's attention efficiency (``Stack.gpu``).
     """
 
     name: str
@@ -83,11 +88,12 @@ class GpuSpec:
     kernel_overhead: float = 6e-6
     element_bytes: float = 2.0
     fp4_flops: float = 0.0
+    power_derate: float = 1.0
 
     RANGES = {"fp4_flops": _NON_NEGATIVE, "bf16_flops": _POSITIVE, "fp8_flops": _NON_NEGATIVE, "hbm_bytes": _POSITIVE,
               "hbm_bandwidth": _POSITIVE, "gemm_efficiency": _FRACTION, "attention_efficiency": _FRACTION,
               "memory_efficiency": _FRACTION, "kernel_overhead": _NON_NEGATIVE,
-              "element_bytes": (1.0, True, 8.0)}
+              "element_bytes": (1.0, True, 8.0), "power_derate": _FRACTION}
 
     def __post_init__(self) -> None:
         problems = _name_problems(self) + _number_problems(self, self.RANGES)
@@ -237,11 +243,14 @@ class ClusterSpec:
 # generation: A100 GEMMs 0.74 of peak (~230 TFLOP/s), H100 0.65 (~640 TFLOP/s, power-limited),
 # FlashAttention forward 0.35 (A100) and 0.22 (H100) of peak on causal FLOPs - the kernels of
 # 2021-2024 (Megatron softmax, Triton and FlashAttention-2). The 500 W H100 is derated by its
-# power cap (x0.85). Newer parts (H200, B200) and MI250X use the same reasoning, unvalidated:
+# power cap (x0.85, ``H100_500W_DERATE``: every tensor-core rate, bf16, attention and fp8 alike). Newer parts (H200, B200) and MI250X use the same reasoning, unvalidated:
 # run ``plait profile`` to replace them with measurements.
 _A100 = dict(gemm_efficiency=0.74, attention_efficiency=0.35)
 _H100 = dict(gemm_efficiency=0.65, attention_efficiency=0.22)
-_H100_500W = dict(gemm_efficiency=0.55, attention_efficiency=0.19)
+H100_500W_DERATE = 0.85
+_H100_500W = dict(gemm_efficiency=round(_H100["gemm_efficiency"] * H100_500W_DERATE, 2),
+                  attention_efficiency=round(_H100["attention_efficiency"] * H100_500W_DERATE, 2),
+                  power_derate=H100_500W_DERATE)
 # GPU generations (what a software stack's kernel rates are given for: ``plait.spec.stack``), by preset
 GPU_GENERATIONS = {"a100": ("a100-40g", "a100-80g", "a800", "a100-80g-pcie"),
                    "h100": ("h100-sxm", "h100-96g-500w", "h800", "h200", "h100-pcie", "h100-nvl"),

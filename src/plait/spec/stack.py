@@ -113,9 +113,10 @@ class Stack:
         return (None, "") if item is None else (item.value, item.source)
 
     def gpu(self, gpu: GpuSpec) -> GpuSpec:
-        """``gpu`` with this stack's attention efficiency for its generation (unchanged if none is given)."""
+        """``gpu`` with this stack's attention efficiency for its generation, times the part's
+        ``power_derate`` (unchanged if none is given)."""
         item = self.attention_efficiency.get(generation_of(gpu.name) or "")
-        return gpu if item is None else replace(gpu, attention_efficiency=float(item.value))
+        return gpu if item is None else replace(gpu, attention_efficiency=float(item.value) * gpu.power_derate)
 
     def sources(self) -> dict[str, str]:
         """{what: where it comes from} for every number and default of the stack."""
