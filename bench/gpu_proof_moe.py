@@ -46,8 +46,8 @@ import traceback
 
 import torch
 
-from gpu_proof_right import (BF16_BAR, FP8_BAR, _failed, _recover, compare, cpu_drawn_weights, torchao_importable,
-                             train)
+from gpu_proof_right import (BF16_BAR, FP8_BAR, _failed, compare, cpu_drawn_weights, torchao_importable, train,
+                             train_or_fail)
 
 BF16_UNIT, FP8_UNIT = 2.0**-8, 2.0**-4
 KERNEL_COUNTS = (300, 0, 17, 512, 64, 129, 1, 1025)  # rows per expert: uneven, empty, unaligned
@@ -176,12 +176,9 @@ def run_step(record, dry_run: bool, gpu: str) -> None:
             if missing:
                 record.check(f"moe: train {name}", "skipped", f"skipped: {missing}")
                 continue
-            try:
-                run = train(spec, layout, device, compile_on=False, dry_run=dry_run, guard=False, job=job)
-            except Exception as exc:  # noqa: BLE001 - its failure is its result; the next run still goes
-                traceback.print_exc()
-                _recover(device)
-                record.check(f"moe: train {name}", "failed", f"{layout}: {_failed(exc)}")
+            run = train_or_fail(record, f"moe: train {name}", spec, layout, device, compile_on=False,
+                                dry_run=dry_run, guard=False, job=job)
+            if run is None:
                 continue
             result = compare(reference, run, [bar * abs(x) for x in reference["losses"]])
             measured = statistics.median(run["step_times_s"][WARMUP:] or run["step_times_s"])

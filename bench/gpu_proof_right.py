@@ -213,6 +213,20 @@ def _recover(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def train_or_fail(record, check: str, spec, layout: str, device: torch.device, **options) -> dict | None:
+    """``train(spec, layout, device, **options)``, or None after recording ``check`` as failed (its
+    traceback to the log, the device recovered): a run's failure is its result, the next run still goes."""
+    import traceback
+
+    try:
+        return train(spec, layout, device, **options)
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        _recover(device)
+        record.check(check, "failed", f"{layout}: {_failed(exc)}")
+        return None
+
+
 def run_step(record, dry_run: bool) -> None:
     """The "right" step; ``record.check(name, status, detail, numbers)`` is called as each part ends.
     A run that raises fails its checks (its traceback goes to the log) and the next run still goes."""
@@ -273,12 +287,9 @@ def run_step(record, dry_run: bool) -> None:
                 continue
             # dry run: fp8 without compile (dynamo tracing torchao's float8 tensors costs the test ~20 s)
             compiled = not (dry_run and name.startswith("fp8"))
-            try:
-                run = train(spec, layout, device, compile_on=compiled, backend=backend, dry_run=dry_run, guard=True)
-            except Exception as exc:  # noqa: BLE001 - its failure is its result; the next run still goes
-                traceback.print_exc()
-                _recover(device)
-                record.check(f"right: {name}", "failed", f"{layout}: {_failed(exc)}")
+            run = train_or_fail(record, f"right: {name}", spec, layout, device, compile_on=compiled, backend=backend,
+                                dry_run=dry_run, guard=True)
+            if run is None:
                 continue
             result = compare(reference, run, [bar * abs(x) for x in reference["losses"]])
             mode = (f"CPU fp32, compile {'backend eager' if compiled else 'off'} (dry run)" if dry_run
