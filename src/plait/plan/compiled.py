@@ -143,13 +143,19 @@ def compiled_share(params: CostParams, layout: Layout) -> float:
 def with_compile(params: CostParams, stack, compile: bool | None, device_type: str) -> CostParams:
     """``params`` with ``compiled_blocks`` as a compile setting decides, the one setting ``plait plan``,
     ``plait sweep`` and ``plait train`` share: True (``--compile``) 1, False (``--no-compile``) 0, None
-    (auto) the stack's own (plait's runtime: compiled on CUDA, ``compile_enabled``; torchtitan: eager,
-    its default) on a GPU and eager on a CPU (``device_type`` "cpu": a CPU cluster or profile).
-    ``stack`` (a ``plait.spec.stack.Stack``, or None for plait's runtime) must declare
-    ``compiled_blocks`` to take True: software that runs no torch.compile cannot be asked to."""
+    (auto) the software's own choice on a GPU and eager on a CPU (``device_type`` "cpu": a CPU cluster
+    or profile). ``stack``: a ``plait.spec.stack.Stack``, or None for plait's runtime.
+
+    plait's runtime (``plait train``): auto compiles on CUDA (``compile_enabled``), and a layout that
+    breaks a compile rule runs eager (``compile_rules`` = 1, whatever the setting). Another stack keeps
+    its own ``compiled_blocks`` under auto (torchtitan: 0, its default) and must declare it to take
+    True: software that runs no torch.compile (Megatron, llm-foundry, DeepSpeed) cannot be asked to."""
+    if stack is None or stack.is_plait:
+        compiled = compile if compile is not None else device_type != "cpu"
+        return dataclasses.replace(params, compiled_blocks=float(compiled), compile_rules=1.0)
     if compile is None:
         return params if device_type != "cpu" else dataclasses.replace(params, compiled_blocks=0.0)
-    if compile and stack is not None and "compiled_blocks" not in stack.params:
+    if compile and "compiled_blocks" not in stack.params:
         raise PlaitError(f"--compile: the {stack.name} stack runs no torch.compile (its own fused kernels are "
                          "priced by its stack numbers); use --stack plait or torchtitan, or leave --compile out")
     return dataclasses.replace(params, compiled_blocks=1.0 if compile else 0.0)

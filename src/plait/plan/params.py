@@ -129,9 +129,9 @@ class CostParams:
     compiled_blocks: share of the transformer blocks run under torch.compile (inductor): their
         element-wise work is what the fused regions read and write, counted from the model's shapes
         (``plait.plan.compiled``), instead of ``elementwise_passes``; 0: eager (the default of the
-        Python API). ``plait plan`` / ``plait sweep`` set it from the compile setting (``with_compile``);
-        a stack declares its software's default (plait's runtime: 1 on CUDA; torchtitan: 0), a
-        published row's recipe sets it (``plait.measure.validate.compile``).
+        Python API). ``plait plan`` / ``plait sweep`` set it from the compile setting (``with_compile``:
+        plait's runtime compiles on CUDA by default); a stack declares its software's default
+        (torchtitan: 0), a published row's notes set it (``plait.measure.validate.compiled``).
     compile_rules: 1: the software compiles only layouts that break no rule of ``plait train
         --compile`` (plait's runtime, ``plait.spec.capabilities.compile_enabled``), the others are
         priced eager; 0: ``compiled_blocks`` holds for every layout.
