@@ -79,7 +79,7 @@ def test_compiled_is_faster_than_eager_for_the_same_layout(model):
 def test_a_layout_that_breaks_a_compile_rule_is_priced_eager_under_auto(text):
     lay, job = Layout.parse(text), JobSpec(global_batch=16, seq_len=2048)
     assert not compile_enabled(None, "cuda", lay)
-    assert compiled_share(PLAIT, lay) == 0.0 and compiled_share(PLAIT, Layout(dp=8)) == 1.0
+    assert compiled_share(PLAIT, LLAMA, lay) == 0.0 and compiled_share(PLAIT, LLAMA, Layout(dp=8)) == 1.0
     assert estimate_step(LLAMA, H100, job, lay, PLAIT) == estimate_step(LLAMA, H100, job, lay, EAGER)
 
 
@@ -123,3 +123,29 @@ def test_compile_on_a_stack_without_it_is_one_line(capsys):
                  "--stack", "megatron-core", "--compile"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "runs no torch.compile" in err
+
+
+def test_plait_compiles_only_the_dense_blocks_of_an_moe_model():
+    from plait.spec.moe.parts import moe_layer_count
+    from plait.spec.moe.presets import MOE_PRESETS
+
+    model = next(m for m in MOE_PRESETS if m.name == "deepseek-v3")
+    dense = 1 - moe_layer_count(model) / model.n_layers  # 3 of 61 layers
+    assert compiled_share(PLAIT, model, Layout(dp=8)) == pytest.approx(dense, rel=1e-12)
+    anywhere = dataclasses.replace(PLAIT, compile_rules=0.0)  # software that compiles every block (a row's fact)
+    assert compiled_share(anywhere, model, Layout(dp=4, cp=2)) == 1.0
+    mixtral = next(m for m in MOE_PRESETS if m.name == "mixtral-8x7b")
+    job, lay = JobSpec(global_batch=16, seq_len=4096), Layout(dp=8, zero=3, ep=8, mbs=1, ckpt="full")
+    compiled, eager = (estimate_step(mixtral, H100, job, lay, dataclasses.replace(anywhere, compiled_blocks=c))
+                       for c in (1.0, 0.0))
+    assert compiled.elementwise < eager.elementwise
+
+
+def test_the_search_bound_holds_with_compiled_blocks():
+    from plait.plan.search import search
+
+    cluster, job = H100, JobSpec(global_batch=16, seq_len=8192)
+    top = search(LLAMA, cluster, job, params=PLAIT, keep=3)
+    every = search(LLAMA, cluster, job, params=PLAIT)
+    assert [str(p.layout) for p in top.plans[:3]] == [str(p.layout) for p in every.plans[:3]]
+    assert {p.compiled for p in every.plans} == {0.0, 1.0}  # the search priced both kinds of layout

@@ -56,6 +56,7 @@ from plait.spec.capabilities import compile_enabled
 from plait.spec.hardware import GpuSpec
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
+from plait.spec.moe.parts import moe_layer_count
 
 # h-wide tensors the forward's norm and residual regions read and write, by norm position
 FORWARD_MODEL_WIDTH = {"pre": 9.0, "post": 6.0, "sandwich": 9.0}
@@ -130,14 +131,19 @@ def compiled_elementwise(model: ModelSpec, gpu: GpuSpec, tokens: float, tp: int,
     return forward, backward, min(forward, mlp)
 
 
-def compiled_share(params: CostParams, layout: Layout) -> float:
-    """The share of ``layout``'s blocks priced compiled: ``params.compiled_blocks``, or 0 when
-    ``params.compile_rules`` (plait's runtime) and the layout breaks a rule of ``plait train --compile``."""
+def compiled_share(params: CostParams, model: ModelSpec, layout: Layout) -> float:
+    """The share of ``layout``'s blocks priced compiled: ``params.compiled_blocks``; with
+    ``params.compile_rules`` (plait's runtime) 0 when the layout breaks a rule of ``plait train
+    --compile``, and only the dense blocks of an MoE model (its MoE blocks stay eager: the dispatch
+    reads the per-expert row counts on the host, ``plait.run.parallel.compile``). The planner prices
+    the mean layer, so an MoE model's share mixes the mean layer's compiled and eager work."""
     if not params.compiled_blocks:
         return 0.0
-    if params.compile_rules and not compile_enabled(None, "cuda", layout):
+    if not params.compile_rules:
+        return params.compiled_blocks
+    if not compile_enabled(None, "cuda", layout):
         return 0.0
-    return params.compiled_blocks
+    return params.compiled_blocks * (1.0 - moe_layer_count(model) / model.n_layers)
 
 
 def with_compile(params: CostParams, stack, compile: bool | None, device_type: str) -> CostParams:

@@ -148,7 +148,7 @@ def _layer_times(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, lay: Layo
     ``moe_layer_times``, the rest by ``layer_times``; ``compiled``: the share of compiled blocks
     (None: ``compiled_share`` of the layout)."""
     if compiled is None:
-        compiled = compiled_share(params, lay)
+        compiled = compiled_share(params, model, lay)
     if is_extended(model):
         return moe_layer_times(model, cluster.gpu, params, lay, tokens, job.seq_len, runtime, compiled)
     return layer_times(model, cluster.gpu, params, tokens, job.seq_len, lay.tp, lay.cp, lay.sequence_parallel,
@@ -194,8 +194,8 @@ def step_lower_bounds(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layo
     tp_one_way, tp_per_layer = tp_layer(cluster, groups["tp"], lay, act_bytes, params)
     by_kernel = []  # (per micro-batch, recomputation per checkpointed layer by policy) for each cp_impl
     # the compiled share may differ within the group (offload, tp with ckpt: plait.plan.compiled): both
-    shares = {compiled_share(params, layout.variant(**free)) for free in _COMPILE_VARIANTS} if params.compiled_blocks \
-        else {0.0}
+    shares = {compiled_share(params, model, layout.variant(**free)) for free in _COMPILE_VARIANTS} \
+        if params.compiled_blocks else {0.0}
     for impl, share in ((impl, share) for impl in cp_impls or (lay.cp_impl,) for share in sorted(shares)):
         kernel_lay = lay if impl == lay.cp_impl else lay.variant(cp_impl=impl)
         times = _layer_times(model, cluster, job, kernel_lay, tokens, params, runtime, share)

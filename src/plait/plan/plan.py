@@ -109,7 +109,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
     warnings = check(model, cluster, job, layout)
     return Plan(model, cluster, job, layout, estimate_memory(model, cluster, job, layout, params, runtime=runtime),
                 estimate_step(model, cluster, job, layout, params, runtime=runtime), tuple(warnings),
-                tuple(runtime_violations(model, layout, job, compile=compile)), compiled_share(params, layout))
+                tuple(runtime_violations(model, layout, job, compile=compile)), compiled_share(params, model, layout))
 
 
 def load_plan(path: str | Path) -> dict:

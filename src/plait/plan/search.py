@@ -176,7 +176,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                 continue
             step = estimate_step(model, cluster, job, layout, params, runtime=runtime)
             plan = Plan(model, cluster, job, layout, memory, step, tuple(violations),
-                        tuple(runtime_violations(model, layout, job, compile=compile)), compiled_share(params, layout))
+                        tuple(runtime_violations(model, layout, job, compile=compile)),
+                        compiled_share(params, model, layout))
             ranked.append(((-step.tokens_per_s_per_gpu, memory.total, order), plan))
             if keep is not None and not is_risky(memory, headroom) and not (runnable and plan.runtime_violations):
                 if len(best_times) < keep:
@@ -194,7 +195,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     if smallest is not None:
         layout, memory = smallest
         smallest_plan = Plan(model, cluster, job, layout, memory, estimate_step(model, cluster, job, layout, params),
-                             compiled=compiled_share(params, layout))
+                             compiled=compiled_share(params, model, layout))
     return SearchResult(plans, candidates, evaluated, rejected, seconds, smallest_plan,
                         tuple(first_errors or ()) if evaluated == 0 else (), fitting, skipped, implied)
 
