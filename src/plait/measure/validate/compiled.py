@@ -22,6 +22,7 @@ COMPILED_PHRASES = (
     r"(?:^|[,;] )compile[,;.]",
 )
 _COMPILED = re.compile("|".join(COMPILED_PHRASES), re.IGNORECASE)
+COMPILE_PARAMS = ("compiled_blocks",)  # what a row's notes set (never fitted: plait.measure.calibrate.fit)
 
 
 def row_compiles(notes: str) -> bool:
