@@ -117,7 +117,8 @@ def compile_words(compiled: float) -> str:
     if compiled >= 1.0:
         return "priced compiled (torch.compile: inductor's fused regions, counted from the model's shapes)"
     if compiled <= 0.0:
-        return "priced eager (no torch.compile: elementwise_passes)"
+        return ("priced eager (elementwise_passes: the software runs no torch.compile here, or the layout breaks "
+                "a compile rule of plait train)")
     return f"priced with {100 * compiled:.0f}% of the blocks compiled (torch.compile), the rest eager"
 
 
