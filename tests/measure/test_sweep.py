@@ -93,7 +93,7 @@ def test_top1_is_checked_per_compile_setting_and_fails_when_rank_1_did_not_run()
     assert compiled["top1_gap"] == pytest.approx(0.9 / 0.6 - 1) and compiled["top1_within_tolerance"] is False
 
 
-def test_ranks_go_to_fitting_layouts_only_and_compile_twins_share_them():
+def test_ranks_go_to_fitting_layouts_only_and_compile_twins_are_priced_apart():
     spec = tiny_spec(global_batch=8)
     texts = ["dp=2,mbs=1", "dp=2,mbs=4"]
     totals = [case.plan.memory.total for case in make_cases(spec, [(t, False) for t in texts])]
@@ -104,8 +104,11 @@ def test_ranks_go_to_fitting_layouts_only_and_compile_twins_share_them():
                                ("dp=2,mbs=2", True)])
     assert [c.predicted_fits for c in cases] == [False, True, True, True]
     assert cases[0].planner_rank is None  # predicted out of memory: no rank, flagged
-    assert cases[1].planner_rank == cases[2].planner_rank  # the same layout with and without compile
-    assert sorted({c.planner_rank for c in cases[1:]}) == [1, 2]
+    eager, compiled = cases[1].plan, cases[2].plan  # the same layout without and with compile
+    assert (eager.compiled, compiled.compiled) == (0.0, 1.0)
+    assert compiled.step.elementwise < eager.step.elementwise and compiled.step.step_time < eager.step.step_time
+    assert cases[2].planner_rank < cases[1].planner_rank  # ranked apart: the compiled twin first
+    assert sorted(c.planner_rank for c in cases[1:]) == [1, 2, 3]
     assert base_row(small, cases[0]).predicted_fits is False
 
 

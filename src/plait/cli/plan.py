@@ -63,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save", help="write the best (or given) plan to this file (for plait train --plan)")
     parser.add_argument("--tokens", metavar="N",
                         help="also print how long training N tokens takes on the top layout, e.g. 2T, 300B, 1e12")
+    compile = parser.add_mutually_exclusive_group()
+    compile.add_argument("--compile", dest="compile", action="store_const", const=True, default=None,
+                         help="price (and check the rules of) plait train --compile: blocks under torch.compile; "
+                              "default: as plait train decides (compiled on GPUs where the layout allows)")
+    compile.add_argument("--no-compile", dest="compile", action="store_const", const=False,
+                         help="price eager blocks, as plait train --no-compile runs them")
     parser.add_argument("--any-runtime", action="store_true",
                         help="rank every layout the planner models, also those plait train does not run yet "
                              "(marked *); --save then writes such a layout too")
@@ -80,6 +86,7 @@ class _Request:
     stack: Stack
     headroom: float  # fraction of GPU memory kept free
     tokens: float | None  # --tokens, or None
+    compile: bool | None = None  # --compile / --no-compile / auto: the runtime rules and the pricing (params)
 
 
 @dataclasses.dataclass
@@ -151,6 +158,10 @@ def _request(args) -> _Request:
             warn(uncovered)
     params, cluster = cost_params(calibration, cluster)
     stack, params, cluster = _for_stack(args.stack, calibration, params, cluster)
+    from plait.plan.compiled import with_compile
+
+    cpu = cluster.gpu.name == "cpu" or (calibration is not None and calibration.cpu_profile)
+    params = with_compile(params, stack, args.compile, "cpu" if cpu else "cuda")
     tokens = None
     if args.tokens is not None:
         from plait.spec.units import parse_token_count
@@ -162,7 +173,7 @@ def _request(args) -> _Request:
     if not 0 <= args.memory_headroom < 1:
         raise PlaitError(f"--memory-headroom {args.memory_headroom}: give a fraction of GPU memory in [0, 1), "
                          "e.g. 0.05")
-    return _Request(model, cluster, job, params, stack, args.memory_headroom, tokens)
+    return _Request(model, cluster, job, params, stack, args.memory_headroom, tokens, args.compile)
 
 
 def _heading(request: _Request) -> str:
@@ -177,7 +188,7 @@ def _completed(args, request: _Request) -> _Result:
     r = request
     completion = complete(r.model, r.cluster, r.job, given_keys(args.layout), r.params, headroom=r.headroom,
                           max_mbs=args.max_mbs, runtime=r.stack.runtime, cp_impls=r.stack.cp_impls)
-    return _Result([evaluate(r.model, r.cluster, r.job, completion.layout, r.params, r.stack.runtime)],
+    return _Result([evaluate(r.model, r.cluster, r.job, completion.layout, r.params, r.stack.runtime, r.compile)],
                    f"{_heading(r)}: given layout, completed",
                    f"searched {completion.evaluated:,} layouts with the given keys",
                    completion.note() or "completed: nothing (every searched knob was given)")
@@ -189,7 +200,7 @@ def _given(args, request: _Request) -> _Result:
 
     r = request
     layout, assumed = _stack_defaults(args.layout, r)
-    return _Result([evaluate(r.model, r.cluster, r.job, layout, r.params, r.stack.runtime)],
+    return _Result([evaluate(r.model, r.cluster, r.job, layout, r.params, r.stack.runtime, r.compile)],
                    f"{_heading(r)}: given layout", completed=assumed)
 
 
@@ -211,7 +222,7 @@ def _ranked(args, request: _Request) -> _Result:
     if own and not args.any_runtime:
         _refuse_unrunnable_model(r.model, r.job)
     found = search(r.model, r.cluster, r.job, constraints, r.params, runnable=own and not args.any_runtime,
-                   headroom=r.headroom, runtime=r.stack.runtime, cp_impls=r.stack.cp_impls,
+                   compile=r.compile, headroom=r.headroom, runtime=r.stack.runtime, cp_impls=r.stack.cp_impls,
                    keep=None if args.exhaustive else args.top)
     plans = require_plans(r.model, r.cluster, r.job, found, constraints)
     which = ("fitting layouts" if args.any_runtime else "fitting layouts that plait train runs") if own else \
@@ -262,6 +273,7 @@ def _print_tables(args, request: _Request, result: _Result) -> None:
     out.print(tables.plans_table(shown, result.title, headroom))
     if result.stats:
         out.print(f"[dim]{result.stats}[/dim]")
+    out.print(f"[dim]{tables.compile_note(shown)}[/dim]")
     why_first = tables.why_first(shown, headroom) if args.layout is None else ""
     if why_first:
         out.print(f"[dim]{why_first}[/dim]")

@@ -19,4 +19,5 @@
   complete.py     a partial layout -> the fastest that fits, completed knobs named
   memo.py         planner functions cached by the layout fields they read
   coverage.py     a model's GEMM shapes, and whether a profile's measured range covers them
+  compiled.py     a compiled block's element-wise work, from the model's shapes; who compiles
 """

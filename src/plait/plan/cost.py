@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from plait.plan.activations import checkpointed_layer_count
+from plait.plan.compiled import compiled_share
 from plait.plan.context.exchange import cp_exchange
 from plait.plan.flops import hardware_flops_per_token
 from plait.plan.kernels import head_time, layer_times
@@ -142,23 +143,30 @@ def _groups(layout: Layout, gpus_per_node: int) -> dict[str, GroupPlacement]:
 
 
 def _layer_times(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, lay: Layout, tokens: float,
-                 params: CostParams, runtime: str):
+                 params: CostParams, runtime: str, compiled: float | None = None):
     """The kernel times of one layer for ``tokens`` on a rank (``LayerTimes``): experts and MLA by
-    ``moe_layer_times``, the rest by ``layer_times``."""
+    ``moe_layer_times``, the rest by ``layer_times``; ``compiled``: the share of compiled blocks
+    (None: ``compiled_share`` of the layout)."""
+    if compiled is None:
+        compiled = compiled_share(params, model, lay)
     if is_extended(model):
-        return moe_layer_times(model, cluster.gpu, params, lay, tokens, job.seq_len, runtime)
+        return moe_layer_times(model, cluster.gpu, params, lay, tokens, job.seq_len, runtime, compiled)
     return layer_times(model, cluster.gpu, params, tokens, job.seq_len, lay.tp, lay.cp, lay.sequence_parallel,
-                       lay.attn, lay.precision, lay.norm, runtime, lay.cp_impl, job.doc_len)
+                       lay.attn, lay.precision, lay.norm, runtime, lay.cp_impl, job.doc_len, compiled)
 
 
 def _layer_passes(times, layers: int) -> tuple[float, float]:
     """(kernels, element-wise work) of ``layers`` layers per micro-batch, seconds: the GEMMs three
-    times (forward, input and weight gradients), attention forward and backward, three element-wise passes."""
-    return layers * (times.gemm_fwd * 3 + times.attn_fwd + times.attn_bwd), layers * 3 * times.elementwise_fwd
+    times (forward, input and weight gradients), attention forward and backward, the element-wise
+    forward and backward."""
+    return (layers * (times.gemm_fwd * 3 + times.attn_fwd + times.attn_bwd),
+            layers * (times.elementwise_fwd + times.elementwise_bwd))
 
 
 # what a group's layouts may differ in for ``step_lower_bounds`` (everything else is the same)
 BOUND_FREE_KEYS = ("zero", "hsdp", "ckpt", "loss", "offload", "opt_offload", "cp_impl")
+# the free keys' values that decide whether plait's runtime compiles (``compiled_share``)
+_COMPILE_VARIANTS = ({"ckpt": "none", "offload": 0.0}, {"ckpt": "full", "offload": 1.0})
 
 
 def step_lower_bounds(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
@@ -185,9 +193,12 @@ def step_lower_bounds(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layo
     act_bytes = cluster.gpu.element_bytes * tokens * model.hidden
     tp_one_way, tp_per_layer = tp_layer(cluster, groups["tp"], lay, act_bytes, params)
     by_kernel = []  # (per micro-batch, recomputation per checkpointed layer by policy) for each cp_impl
-    for impl in cp_impls or (lay.cp_impl,):
+    # the compiled share may differ within the group (offload, tp with ckpt: plait.plan.compiled): both
+    shares = {compiled_share(params, model, layout.variant(**free)) for free in _COMPILE_VARIANTS} \
+        if params.compiled_blocks else {0.0}
+    for impl, share in ((impl, share) for impl in cp_impls or (lay.cp_impl,) for share in sorted(shares)):
         kernel_lay = lay if impl == lay.cp_impl else lay.variant(cp_impl=impl)
-        times = _layer_times(model, cluster, job, kernel_lay, tokens, params, runtime)
+        times = _layer_times(model, cluster, job, kernel_lay, tokens, params, runtime, share)
         ep_mb, moe_sync_mb = ep_microbatch(model, cluster, kernel_lay, tokens, job.seq_len, layers, 0, params,
                                                 runtime)
         kernels_mb = sum(_layer_passes(times, layers)) + layers * tp_per_layer + ep_mb + moe_sync_mb

@@ -25,6 +25,9 @@ Kernel knobs (``Layout.attn``, ``norm``, ``loss``), each priced by the bytes it 
     SDPA), and is priced so.
   * ``attn=eager`` also moves the soft-cap's and the sinks' passes over the scores
     (``EAGER_SOFTCAP_BYTES``, ``EAGER_SINK_BYTES``).
+  * compiled blocks (``layer_times(..., compiled)``): the element-wise work is what inductor's fused
+    regions read and write (``plait.plan.compiled``), in place of ``elementwise_passes``, the
+    unfused norm's chain and the fp8 casts' passes; the backward is counted, not twice the forward.
   * ``norm=unfused``: the eager fp32 op chain of one norm moves ``UNFUSED_NORM_BYTES`` bytes
     per element of its input in the forward instead of the fused kernel's ``FUSED_NORM_BYTES``
     (read bf16, write bf16), in ``UNFUSED_NORM_KERNELS`` kernels instead of one; the backward
@@ -47,6 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from plait.plan.compiled import compiled_elementwise
 from plait.plan.params import CostParams
 from plait.spec.hardware import GpuSpec
 from plait.spec.layout import FP8_PRECISIONS, LOSS_CHUNK_TOKENS
@@ -189,6 +193,13 @@ class LayerTimes:
     # (``mlp_elementwise_time``; MoE: with the dispatch's permutes and the router's softmax)
     mlp_gemm_fwd: float = 0.0
     mlp_elementwise_fwd: float = 0.0
+    # the element-wise backward; None: twice the forward (eager kernels), a compiled block's own count
+    # (``plait.plan.compiled``)
+    elementwise_bwd_s: float | None = None
+
+    @property
+    def elementwise_bwd(self) -> float:
+        return 2 * self.elementwise_fwd if self.elementwise_bwd_s is None else self.elementwise_bwd_s
 
     @property
     def fwd(self) -> float:
@@ -196,7 +207,7 @@ class LayerTimes:
 
     @property
     def bwd(self) -> float:
-        return 2 * self.gemm_fwd + self.attn_bwd + 2 * self.elementwise_fwd
+        return 2 * self.gemm_fwd + self.attn_bwd + self.elementwise_bwd
 
 
 def kernel_keys_per_query(model: ModelSpec, seq_len: int, doc_len: int = 0) -> float:
@@ -262,11 +273,13 @@ def flex_keys_per_query(model: ModelSpec, seq_len: int, doc_len: int = 0) -> flo
 @lru_cache(maxsize=65536)
 def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: float, seq_len: int,
                 tp: int, cp: int, sequence_parallel: bool, attn: str, precision: str,
-                norm: str = "fused", runtime: str = "torch", cp_impl: str = "torch", doc_len: int = 0) -> LayerTimes:
+                norm: str = "fused", runtime: str = "torch", cp_impl: str = "torch", doc_len: int = 0,
+                compiled: float = 0.0) -> LayerTimes:
     """Times for ``tokens`` = (seq_len / cp) · micro-batch tokens on this rank; ``runtime``: whose
     eager attention (``EAGER_SOFTMAX_BYTES``); at cp > 1 the attention is ``cp_impl``'s, whatever
     ``attn`` says (the context-parallel kernel replaces the layer's). ``doc_len``: packed documents
-    of that mean length with a document mask (0: none; the module docstring)."""
+    of that mean length with a document mask (0: none; the module docstring). ``compiled``: the share
+    of the blocks under torch.compile, whose element-wise work is ``compiled_elementwise``'s."""
     h, f, t = model.hidden, model.ffn_hidden, tp
     kv, q = model.kv_hidden, model.q_hidden
     gemm = gemm_time(gpu, params, tokens, h, (q + 2 * kv) / t, precision)
@@ -327,7 +340,16 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
         kernels += 2 * (UNFUSED_NORM_KERNELS[model.arch] - 1)
     elementwise = elementwise_bytes / (gpu.hbm_bandwidth * gpu.memory_efficiency) + kernels * gpu.kernel_overhead
     mlp_elementwise = min(elementwise, mlp_elementwise_time(model, gpu, norm, tokens * h / rep, tokens * f / t))
-    return LayerTimes(gemm, attn_fwd, attn_bwd, elementwise, scores_gemm, mlp_gemm, mlp_elementwise)
+    if not compiled:
+        return LayerTimes(gemm, attn_fwd, attn_bwd, elementwise, scores_gemm, mlp_gemm, mlp_elementwise)
+    fused = compiled_elementwise(model, gpu, tokens, t, rep, tokens * f / t)
+    if precision in FP8_PRECISIONS and params.fp8_cast_passes:  # as eager (plait.plan.compiled's docstring)
+        cast = gpu.element_bytes * tokens * h * params.fp8_cast_passes * (1 / 2 / rep + 1 / 2 / t)
+        cast /= gpu.hbm_bandwidth * gpu.memory_efficiency
+        fused = (fused[0] + cast, fused[1] + 2 * cast, fused[2])
+    eager = (elementwise, 2 * elementwise, mlp_elementwise)
+    fwd, bwd, mlp = ((1 - compiled) * slow + compiled * fast for slow, fast in zip(eager, fused))
+    return LayerTimes(gemm, attn_fwd, attn_bwd, fwd, scores_gemm, mlp_gemm, mlp, bwd)
 
 
 def mlp_elementwise_time(model: ModelSpec, gpu: GpuSpec, norm: str, norm_elements: float,

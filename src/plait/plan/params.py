@@ -129,6 +129,15 @@ class CostParams:
         launches become one graph launch each way. 0 for plait's runtime; a row's recipe sets it.
     moe_layer_graphed: fraction of the MoE layers inside a whole-iteration CUDA graph (Megatron's
         ``cuda_graph_impl="full_iteration"`` with fixed-size expert buffers): no launches, no sync.
+    compiled_blocks: share of the transformer blocks run under torch.compile (inductor): their
+        element-wise work is what the fused regions read and write, counted from the model's shapes
+        (``plait.plan.compiled``), instead of ``elementwise_passes``; 0: eager (the default of the
+        Python API). ``plait plan`` / ``plait sweep`` set it from the compile setting (``with_compile``:
+        plait's runtime compiles on CUDA by default); a stack declares its software's default
+        (torchtitan: 0), a published row's notes set it (``plait.measure.validate.compiled``).
+    compile_rules: 1: the software compiles only layouts that break no rule of ``plait train
+        --compile`` (plait's runtime, ``plait.spec.capabilities.compile_enabled``), the others are
+        priced eager; 0: ``compiled_blocks`` holds for every layout.
     """
 
     gemm_half_flops: float = 2.0e9
@@ -160,6 +169,8 @@ class CostParams:
     moe_launch_s: float = 25e-6
     moe_router_graphed: float = 0.0
     moe_layer_graphed: float = 0.0
+    compiled_blocks: float = 0.0
+    compile_rules: float = 0.0
     offload_overlap: float = 1.0
     layer_overhead_s: float = 0.0
     layer_step_overhead_s: float = 0.0
@@ -251,6 +262,8 @@ PARAM_RANGES: dict[str, Range] = {
     "moe_launch_s": Range(0.0, 1.0e-2),
     "moe_router_graphed": FRACTION,
     "moe_layer_graphed": FRACTION,
+    "compiled_blocks": FRACTION,
+    "compile_rules": FRACTION,
 }
 GPU_RANGES: dict[str, Range] = {
     "bf16_flops": POSITIVE, "fp8_flops": NON_NEGATIVE, "hbm_bytes": POSITIVE, "hbm_bandwidth": POSITIVE,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from plait.atomic import atomic_write_text
 from plait.errors import PlaitError
+from plait.plan.compiled import compiled_share
 from plait.plan.cost import StepBreakdown, estimate_step
 from plait.plan.flops import hardware_flops_per_token
 from plait.plan.memory import MemoryBreakdown, estimate_memory
@@ -37,6 +38,7 @@ class Plan:
     step: StepBreakdown
     warnings: tuple[Violation, ...] = ()
     runtime_violations: tuple[Violation, ...] = ()  # rules of plait train it breaks (empty: it runs)
+    compiled: float = 0.0  # share of the blocks priced under torch.compile (plait.plan.compiled.compiled_share)
 
     @property
     def fits(self) -> bool:
@@ -44,7 +46,7 @@ class Plan:
 
     @property
     def runnable(self) -> bool:
-        """Whether ``plait train`` runs this layout (without --compile)."""
+        """Whether ``plait train`` runs this layout (with the compile setting it was planned for)."""
         return not self.runtime_violations
 
     def to_dict(self) -> dict:
@@ -68,6 +70,7 @@ class Plan:
                 "memory_stage": self.memory.stage,
                 "memory_host_bytes": self.memory.host_bytes,
                 "fits": self.fits,
+                "compiled_blocks": self.compiled,
             },
             "warnings": [str(w) for w in self.warnings],
         }
@@ -90,20 +93,23 @@ class Plan:
         except (KeyError, TypeError, AttributeError) as exc:
             raise _missing(path, exc) from None
         warnings = tuple(v for v in validate(model, cluster, job, layout) if v.severity == "warning")
-        return cls(model, cluster, job, layout, memory, step, warnings, tuple(runtime_violations(model, layout, job)))
+        return cls(model, cluster, job, layout, memory, step, warnings, tuple(runtime_violations(model, layout, job)),
+                   float(prediction.get("compiled_blocks", 0.0)))
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n", "plan")
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layout,
-             params: CostParams = DEFAULT_PARAMS, runtime: str = "torch") -> Plan:
+             params: CostParams = DEFAULT_PARAMS, runtime: str = "torch", compile: bool | None = False) -> Plan:
     """Validate (raising PlaitError on any broken rule) and predict memory and time; ``runtime``: whose
-    saved activations and pipeline buffers (``plait.spec.stack.Stack.runtime``)."""
+    saved activations and pipeline buffers (``plait.spec.stack.Stack.runtime``); ``compile``: the
+    runtime rules of ``plait train --compile`` when True (the pricing follows ``params.compiled_blocks``:
+    ``plait.plan.compiled.with_compile`` sets both from one setting)."""
     warnings = check(model, cluster, job, layout)
     return Plan(model, cluster, job, layout, estimate_memory(model, cluster, job, layout, params, runtime=runtime),
                 estimate_step(model, cluster, job, layout, params, runtime=runtime), tuple(warnings),
-                tuple(runtime_violations(model, layout, job)))
+                tuple(runtime_violations(model, layout, job, compile=compile)), compiled_share(params, model, layout))
 
 
 def load_plan(path: str | Path) -> dict:

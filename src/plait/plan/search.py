@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from plait.errors import PlaitError
 from plait.plan.candidates import CKPT_ORDER, SearchConstraints, candidate_groups, group_layouts, options
+from plait.plan.compiled import compiled_share
 from plait.plan.cost import estimate_step, step_lower_bounds
 from plait.plan.memory import DEFAULT_HEADROOM, estimate_memory, is_risky
 from plait.plan.params import DEFAULT_PARAMS, CostParams
@@ -103,7 +104,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     context-parallel kernels (a stack's: ``plait.spec.stack``; plait's runtime by default).
 
     Each plan carries the runtime rules it breaks (``Plan.runtime_violations``, with ``plait train
-    --compile`` when ``compile``); ``runnable``: keep only the plans that break none.
+    --compile`` when ``compile``); ``runnable``: keep only the plans that break none. Compiled blocks
+    are priced as ``params.compiled_blocks`` says (``plait.plan.compiled``: ``with_compile`` derives it
+    from the same setting as ``compile``).
 
     ``keep``: only the first ``keep`` plans are wanted (``plait plan --top``): groups of layouts
     (``candidate_groups``) are evaluated in the order of a lower bound on their step time
@@ -173,7 +176,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
                 continue
             step = estimate_step(model, cluster, job, layout, params, runtime=runtime)
             plan = Plan(model, cluster, job, layout, memory, step, tuple(violations),
-                        tuple(runtime_violations(model, layout, job, compile=compile)))
+                        tuple(runtime_violations(model, layout, job, compile=compile)),
+                        compiled_share(params, model, layout))
             ranked.append(((-step.tokens_per_s_per_gpu, memory.total, order), plan))
             if keep is not None and not is_risky(memory, headroom) and not (runnable and plan.runtime_violations):
                 if len(best_times) < keep:
@@ -190,7 +194,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, job: JobSpec,
     smallest_plan = None
     if smallest is not None:
         layout, memory = smallest
-        smallest_plan = Plan(model, cluster, job, layout, memory, estimate_step(model, cluster, job, layout, params))
+        smallest_plan = Plan(model, cluster, job, layout, memory, estimate_step(model, cluster, job, layout, params),
+                             compiled=compiled_share(params, model, layout))
     return SearchResult(plans, candidates, evaluated, rejected, seconds, smallest_plan,
                         tuple(first_errors or ()) if evaluated == 0 else (), fitting, skipped, implied)
 

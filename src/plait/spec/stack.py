@@ -44,7 +44,8 @@ RUNTIMES = ("torch", "megatron", "megatron-core")
 STACK_PARAMS = ("elementwise_passes", "tp_comm_overlap", "tp_forward_overlap", "pp_comm_overlap", "dp_overlap", "microbatch_overhead_s",
                 "step_overhead_s", "fp8_gemm_efficiency", "fp8_cast_passes", "zero3_collective_bandwidth",
                 "zero3_live_params", "zero3_bucket_params", "loss_peak_bytes",
-                "flash_backward_factor", "fragmentation", "moe_router_graphed", "moe_layer_graphed")
+                "flash_backward_factor", "fragmentation", "moe_router_graphed", "moe_layer_graphed",
+                "compiled_blocks", "compile_rules")
 # Layout knobs a stack fills in when a run does not state them, and the values each may take.
 STACK_DEFAULTS = {"zero": (0, 1, 2, 3), "ckpt": CKPT_POLICIES, "sp": (True, False), "cp_impl": CP_IMPLS}
 # What the software's own configs set for a run that a published source describes without it (read by

@@ -107,8 +107,31 @@ def explain(console: Console, plan: Plan) -> None:
     console.print(time_table)
     console.print(f"tokens/s/GPU {step.tokens_per_s_per_gpu:,.0f}   MFU {100 * step.mfu:.1f}%   "
                   f"HFU {100 * step.hfu:.1f}%   bottleneck: {step.bottleneck}")
+    console.print(f"element-wise work: {compile_words(plan.compiled)}")
     for warning in plan.warnings:
         console.print(f"[yellow]{warning}[/yellow]")
+
+
+def compile_words(compiled: float) -> str:
+    """How a plan's blocks were priced: compiled (torch.compile), eager, or a share of each."""
+    if compiled >= 1.0:
+        return "priced compiled (torch.compile: inductor's fused regions, counted from the model's shapes)"
+    if compiled <= 0.0:
+        return ("priced eager (elementwise_passes: the software runs no torch.compile here, or the layout breaks "
+                "a compile rule of plait train)")
+    return f"priced with {100 * compiled:.0f}% of the blocks compiled (torch.compile), the rest eager"
+
+
+def compile_note(plans: list[Plan]) -> str:
+    """One line on how the plans shown were priced: compiled or eager, and which ranks differ."""
+    compiled = [rank for rank, plan in enumerate(plans, 1) if plan.compiled > 0]
+    if not compiled:
+        return "priced eager (no torch.compile; plait train --compile, or plait plan --compile, prices compiled blocks)"
+    eager = [str(rank) for rank, plan in enumerate(plans, 1) if plan.compiled <= 0]
+    text = "priced compiled (torch.compile, plait train's default on CUDA; --no-compile prices eager)"
+    if eager:
+        text += f"; eager: #{', #'.join(eager)} (a compile rule of plait train keeps them eager)"
+    return text
 
 
 def confidence_note(console: Console) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from plait.errors import PlaitError
 from plait.measure.calibrate.cases import FitCase
 from plait.measure.calibrate.families import families_from_sources, leave_one_family_out
+from plait.measure.validate.compiled import COMPILE_PARAMS
 from plait.measure.validate.moe import RECIPE_PARAMS
 from plait.measure.validate.runs import predict_row, read_runs
 from plait.measure.validate.specs import row_specs
@@ -132,7 +133,8 @@ def usable_cases(path) -> tuple[list[FitCase], dict[str, int]]:
     The reported side and the specs do not depend on the cost parameters: they are built once
     (``plait.measure.validate.runs``), and each trial only re-runs ``estimate_step``. The numbers of the
     row's software stack (``plait.spec.stack``) and of its recipe (``RECIPE_PARAMS``: the CUDA graphs
-    ``plait.measure.validate.moe`` reads) are the case's ``software``: fixed, never fitted.
+    ``plait.measure.validate.moe`` reads; ``COMPILE_PARAMS``: torch.compile, ``plait.measure.validate.compiled``)
+    are the case's ``software``: fixed, never fitted.
     """
     paths = [path] if isinstance(path, (str, Path)) else list(path)
     cases, skipped = [], {}
@@ -145,7 +147,7 @@ def usable_cases(path) -> tuple[list[FitCase], dict[str, int]]:
         else:
             specs = row_specs(row, [])
             software = dict(specs.stack.param_values()) if specs.stack is not None else {}
-            software.update({name: getattr(specs.params, name) for name in RECIPE_PARAMS  # the row's recipe
+            software.update({name: getattr(specs.params, name) for name in RECIPE_PARAMS + COMPILE_PARAMS
                              if getattr(specs.params, name) != getattr(DEFAULT_PARAMS, name)})
             software = tuple(software.items())
             cases.append(FitCase(result.id, result.source, (specs.model, specs.cluster, specs.job, specs.layout),

@@ -5,7 +5,8 @@ sweep predicted for: the GPU preset of the ``gpu`` column with ``nproc_per_node`
 (or, for a CPU sweep without a GPU spec, a CPU profile given with ``--calibration``), with the
 calibration's GPU and link overrides applied. The measured MFU follows from the measured step
 time (MFU · step time is the same for any prediction of one job), so the fit compares it with
-``estimate_step``'s MFU like a published run. Each model (compiled or not) is one source.
+``estimate_step``'s MFU like a published run. Each model (compiled or not) is one source; a compiled
+row is priced compiled (its case's ``software``: ``compiled_blocks``, ``plait.plan.compiled``).
 """
 
 from __future__ import annotations
@@ -108,8 +109,9 @@ def sweep_cases(path: str | Path, calibration=None):
             continue
         measured_mfu = step.mfu * step.step_time / row.measured_step_time_s
         source = f"{row.model}{' compiled' if row.compile else ''}"
+        compiled = (("compiled_blocks", 1.0 if row.compile else 0.0), ("compile_rules", 1.0))  # as it ran
         cases.append(FitCase(f"{row.layout}{' compile' if row.compile else ''}", source, specs, measured_mfu,
-                             family=layout_family(specs[3])))
+                             software=compiled, family=layout_family(specs[3])))
     if not cases:
         reasons = ", ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
         raise PlaitError(f"{path}: no usable rows ({reasons}); a sweep row needs status ok, a measured step "

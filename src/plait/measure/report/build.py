@@ -117,7 +117,10 @@ def _model_of(rows: list[SweepRow]):
 
 def layout_plans(rows: list[SweepRow], cluster: ClusterSpec,
                  params: CostParams = DEFAULT_PARAMS) -> list[tuple[SweepRow, Plan]]:
-    """Each swept layout that passes the planner's rules, re-evaluated on ``cluster``."""
+    """Each swept layout that passes the planner's rules, re-evaluated on ``cluster`` as it ran (compiled
+    or not: ``plait.plan.compiled.with_compile``)."""
+    from plait.plan.compiled import with_compile
+
     model = _model_of(rows)
     if model is None or not rows[0].global_batch or not rows[0].seq_len:
         return []
@@ -127,7 +130,8 @@ def layout_plans(rows: list[SweepRow], cluster: ClusterSpec,
         if row.status == "invalid":
             continue
         try:
-            out.append((row, evaluate(model, cluster, job, Layout.parse(row.layout), params)))
+            priced = with_compile(params, None, row.compile, "cuda")  # the sweep ran --compile or --no-compile
+            out.append((row, evaluate(model, cluster, job, Layout.parse(row.layout), priced, compile=row.compile)))
         except PlaitError:
             continue
     return out

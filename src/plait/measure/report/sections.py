@@ -88,8 +88,8 @@ def rows_section(rows: list[SweepRow]) -> Section:
             r.reason))
     return Section("Layouts", [("Errors are measured / predicted - 1; meas s/step is the median of the steady-state "
                                 "steps, meas range their fastest and slowest. Planner ranks cover the layouts the "
-                                "planner predicts fit (the same layout with and without compile shares its "
-                                "rank). Memory kind host_tensors is a CPU process's counted peak of tensor "
+                                "planner predicts fit (a layout with and without compile is priced and "
+                                "ranked apart: compiled blocks' fused element-wise work). Memory kind host_tensors is a CPU process's counted peak of tensor "
                                 "bytes, comparable with a prediction for the CPU of a CPU profile; host_rss "
                                 "(older sweeps) is its peak resident memory, not comparable with the prediction.")],
                    Table(header, tuple(body), (0, 1, 9, 13)))

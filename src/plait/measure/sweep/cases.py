@@ -8,8 +8,10 @@ that break a planner rule, or need another process count, become ``invalid`` row
 reason; they are not run.
 
 Planner ranks (1 = predicted fastest) go only to layouts the planner predicts fit in memory;
-a non-fitting one gets no rank and is flagged (``SweepCase.predicted_fits`` False). The same
-layout with and without ``--compile`` has the same prediction, so both get the same rank.
+a non-fitting one gets no rank and is flagged (``SweepCase.predicted_fits`` False). Each entry is
+priced as ``plait train`` runs it (``--compile`` or ``--no-compile``, ``priced_params``): a layout's
+compiled twin is priced with inductor's fused element-wise regions (``plait.plan.compiled``), its
+eager twin with ``elementwise_passes``, and each gets its own rank.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class SweepCase:
     compile: bool = False
     invalid_reason: str = ""
     plan: Plan | None = None  # the planner's prediction for spec.cluster
-    planner_rank: int | None = None  # among the fitting layouts; twins (±compile) share it
+    planner_rank: int | None = None  # among the fitting (layout, compile) entries
     env: tuple[tuple[str, str], ...] = field(default=())  # extra environment of this run (tests)
 
     @property
@@ -181,25 +183,35 @@ def make_cases(spec: SweepSpec, entries: list[tuple[str, bool]]) -> list[SweepCa
         if broken:
             cases.append(SweepCase(text, layout, compiled, "; ".join(v.message for v in broken)))
             continue
-        plan = evaluate(spec.model, spec.cluster, spec.job, layout, spec.params)
+        plan = evaluate(spec.model, spec.cluster, spec.job, layout, priced_params(spec, compiled), compile=compiled)
         cases.append(SweepCase(text, layout, compiled, plan=plan))
     return rank_cases(cases)
 
 
+def priced_params(spec: SweepSpec, compiled: bool) -> CostParams:
+    """The sweep's cost parameters for an entry run with ``--compile`` (``compiled``) or ``--no-compile``:
+    ``compiled_blocks`` 1 or 0 (``plait.plan.compiled.with_compile``)."""
+    from plait.plan.compiled import with_compile
+
+    return with_compile(spec.params, None, compiled, "cuda")  # plait train with --compile or --no-compile
+
+
 def rank_cases(cases: list[SweepCase]) -> list[SweepCase]:
     """The cases with ``planner_rank`` set: 1, 2, ... in the planner's order over the distinct
-    layouts it predicts fit (by predicted step time, then ``rank_with_headroom``'s preference for
-    memory headroom, as ``plait plan`` ranks them); the same layout with and without compile
-    shares its rank; non-fitting and invalid cases get None."""
+    (layout, compile) entries it predicts fit (by predicted step time, then ``rank_with_headroom``'s
+    preference for memory headroom, as ``plait plan`` ranks them); a compiled twin is priced apart
+    from its eager one and ranked on its own; non-fitting and invalid cases get None."""
     from plait.plan.search import rank_with_headroom
 
     fitting = {}
     for case in cases:
         if case.plan is not None and case.plan.fits:
-            fitting.setdefault(str(case.layout), case.plan)
+            fitting.setdefault((str(case.layout), case.compile), case.plan)
+    key_of = {id(plan): key for key, plan in fitting.items()}
     order = rank_with_headroom(sorted(fitting.values(), key=lambda plan: plan.step.step_time))
-    rank_of = {str(plan.layout): rank for rank, plan in enumerate(order, 1)}
-    return [replace(c, planner_rank=rank_of.get(str(c.layout)) if c.predicted_fits else None) for c in cases]
+    rank_of = {key_of[id(plan)]: rank for rank, plan in enumerate(order, 1)}
+    return [replace(c, planner_rank=rank_of.get((str(c.layout), c.compile)) if c.predicted_fits else None)
+            for c in cases]
 
 
 def top_k_entries(spec: SweepSpec, k: int) -> tuple[list[tuple[str, bool]], int]:
@@ -210,8 +222,8 @@ def top_k_entries(spec: SweepSpec, k: int) -> tuple[list[tuple[str, bool]], int]
     if k < 1:
         raise PlaitError("--top must be at least 1")
     constraints = SearchConstraints(max_pp=spec.nproc_per_node)
-    result = search(spec.model, spec.cluster, spec.job, constraints, spec.params, runnable=True, compile=spec.compile,
-                    keep=k)
+    result = search(spec.model, spec.cluster, spec.job, constraints, priced_params(spec, spec.compile), runnable=True,
+                    compile=spec.compile, keep=k)
     fitting = result.all_fitting()
     if fitting and not result.plans:
         raise PlaitError(f"none of the planner's {len(fitting)} fitting layouts is one plait train runs yet (the "

@@ -4,7 +4,7 @@ the summary JSON beside it is ``summary_path(csv)``.
 Columns (units in the names; empty = not known, never guessed):
   layout, compile, status (ok / oom / failed / refused / timeout / invalid), reason,
   planner_rank (1 = the planner's predicted fastest of the swept layouts that pass its rules and
-  that it predicts fit in memory; the same layout with and without compile shares its rank; empty
+  that it predicts fit in memory; a layout with and without compile is priced and ranked apart; empty
   for a layout predicted not to fit), predicted_fits (1/0: the planner's memory verdict; empty when
   not evaluated),
   predicted_step_time_s, measured_step_time_s, step_time_error,

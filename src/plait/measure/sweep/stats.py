@@ -97,8 +97,9 @@ def summarize(rows: list[SweepRow], top1_tolerance: float = 0.03) -> dict:
 
 
 def top1_checks(rows: list[SweepRow], tolerance: float) -> dict:
-    """The planner's top-1 against the measured best, once per compile setting (the planner gives
-    compiled and eager twins the same prediction, so they are compared within their own setting).
+    """The planner's top-1 against the measured best, once per compile setting (each twin has its own
+    prediction and rank; the check compares the rows of one setting: the setting's best-ranked row
+    against its fastest measured one).
 
     The planner's top-1 of a setting is its row with the lowest planner rank, whatever its status:
     when it did not run ok, the check fails ("top-1 failed (status)"), it does not move on to the

@@ -8,4 +8,5 @@
   stacks.py which software stack a row ran (its stack column, else its source's words)
   cells.py  how a row's cells in words are read (numbers, ZeRO stage, recompute, precision, ...)
   cross.py  leave-one-source-out: fit the defaults without a code base, predict it
+  compiled.py  whether a row ran torch.compile (its notes), on a stack that can
 """

@@ -21,7 +21,9 @@ dense model:
     work only (the GEMMs and the attention core are priced here, never twice); biases, Q/K norms
     and sinks add no GEMM time;
   * element-wise work of the dense layer plus the dispatch's permute/unpermute (``PERMUTE_PASSES``
-    bf16 passes over R·h), and the router's softmax over T_r·E in fp32.
+    bf16 passes over R·h), and the router's softmax over T_r·E in fp32; compiled blocks
+    (``compiled_moe_elementwise``): ``plait.plan.compiled``'s regions over the mean layer's
+    activation widths, the permutes and the softmax as eager.
 ``load`` is ``CostParams.moe_load_imbalance``: the most loaded rank's routed tokens over the mean
 (1.0: balanced, as the force-balanced benchmarks run; a router trained with an auxiliary loss
 typically stays within 1.1-1.3 of the mean); a capacity factor caps it. It scales the expert GEMMs
@@ -55,6 +57,7 @@ from __future__ import annotations
 from plait.plan.memo import by_layout_fields
 
 from plait.plan import comm
+from plait.plan.compiled import compiled_elementwise
 from plait.plan.kernels import LayerTimes, cp_keys_per_query, gemm_time, layer_times, mlp_elementwise_time
 from plait.plan.moe.memory import routed_tokens, stage_expert_params
 from plait.plan.params import CostParams
@@ -120,8 +123,9 @@ def _attention_gemms(model, gpu: GpuSpec, params: CostParams, tokens: float, t: 
 
 @by_layout_fields("tp", "sp", "cp", "cp_impl", "mbs", "ep", "etp", "attn", "norm", "precision")
 def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tokens: float, seq_len: int,
-                    runtime: str = "torch") -> LayerTimes:
-    """Kernel times of the model's mean layer for ``tokens`` on this rank (module docstring)."""
+                    runtime: str = "torch", compiled: float = 0.0) -> LayerTimes:
+    """Kernel times of the model's mean layer for ``tokens`` on this rank (module docstring);
+    ``compiled``: the share of the blocks under torch.compile (``compiled_moe_elementwise``)."""
     t, cp, p = layout.tp, layout.cp, layout.precision
     dense = layer_times(model, gpu, params, tokens, seq_len, t, cp, layout.sequence_parallel, "flash", p,
                         layout.norm, runtime, layout.cp_impl)
@@ -142,9 +146,14 @@ def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tok
         mlp_elementwise += fraction * mlp_elementwise_time(model, gpu, layout.norm, tokens * h / rep, act, moved, 6)
     gemm = _attention_gemms(model, gpu, params, tokens, t, p) + mlp_gemm
     mlp_elementwise = min(elementwise, mlp_elementwise)
+    elementwise_bwd = None
+    if compiled:
+        elementwise, elementwise_bwd, mlp_elementwise = compiled_moe_elementwise(
+            model, gpu, params, layout, tokens, seq_len, compiled, (elementwise, 2 * elementwise, mlp_elementwise))
     # attention core: (d_qk + d_v) per key, the keys of each layer's window, averaged over layers
     if cp > 1 and layout.cp_impl == "ring":  # plait's ring kernel (plait.plan.kernels.ring_attention_times)
-        return LayerTimes(gemm, dense.attn_fwd, dense.attn_bwd, elementwise, 0.0, mlp_gemm, mlp_elementwise)
+        return LayerTimes(gemm, dense.attn_fwd, dense.attn_bwd, elementwise, 0.0, mlp_gemm, mlp_elementwise,
+                          elementwise_bwd)
     keys = cp_keys_per_query(layout.cp_impl, seq_len, mean_keys_per_query(model, seq_len)) if cp > 1 \
         else mean_keys_per_query(model, seq_len)
     if model.mla is not None:
@@ -155,7 +164,30 @@ def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tok
     peak = gpu.bf16_flops * gpu.attention_efficiency
     attn_fwd = flops / peak * (flops + params.gemm_half_flops) / flops + gpu.kernel_overhead
     return LayerTimes(gemm, attn_fwd, params.flash_backward_factor * attn_fwd, elementwise, 0.0, mlp_gemm,
-                      mlp_elementwise)
+                      mlp_elementwise, elementwise_bwd)
+
+
+def compiled_moe_elementwise(model, gpu: GpuSpec, params: CostParams, layout: Layout, tokens: float, seq_len: int,
+                             compiled: float, eager: tuple[float, float, float]) -> tuple[float, float, float]:
+    """(forward, backward, the MLP half's forward) element-wise seconds of the mean layer with ``compiled``
+    of the blocks compiled, the rest at ``eager``'s: ``plait.plan.compiled``'s regions with the MLP's
+    activation over the mean layer's ffn-wide elements (a dense layer's tokens·f/tp, an MoE layer's
+    routed rows at the expert width and the shared experts), and, as eager, the dispatch's permutes
+    and the router's softmax (forward; twice in the backward)."""
+    t, h = layout.tp, model.hidden
+    fraction = moe_layer_count(model) / model.n_layers
+    act = (1.0 - fraction) * tokens * model.ffn_hidden / t
+    moved = 0.0
+    if model.moe is not None:
+        moe = model.moe
+        t_r, routed = routed_tokens(model, layout, seq_len, load=params.moe_load_imbalance)
+        act += fraction * (routed * moe.expert_ffn / layout.etp + tokens * moe.n_shared * moe.shared_width / t)
+        moved = fraction * (PERMUTE_PASSES * gpu.element_bytes * routed * h + 2 * 4.0 * t_r * moe.n_experts)
+    rep = t if layout.sequence_parallel else 1
+    fused = compiled_elementwise(model, gpu, tokens, t, rep, act)
+    extra = moved / (gpu.hbm_bandwidth * gpu.memory_efficiency)
+    fused = (fused[0] + extra, fused[1] + 2 * extra, fused[2] + extra)
+    return tuple((1 - compiled) * slow + compiled * fast for slow, fast in zip(eager, fused))
 
 
 def remote_nodes_per_token(moe, nodes: int) -> float:
