@@ -3,8 +3,10 @@
 Each function times one kind of work on this rank's device and returns plain dicts (the raw
 measurements written to the calibration file). Timing: a warm-up call, then batches of calls
 between device synchronizations, each batch long enough (``min_time_s``) for the clock; the
-result is the median batch's time per call. Collectives are timed the same way after a barrier,
-and each size reports the slowest rank's time (what the other ranks wait for).
+result is the median batch's time per call. Work whose ratio is fitted (attention's forward and
+forward + backward) is timed in interleaved batches (``time_interleaved``), so that a busy spell of
+a shared machine does not land on one side of the ratio. Collectives are timed the same way after a
+barrier, and each size reports the slowest rank's time (what the other ranks wait for).
 """
 
 from __future__ import annotations
@@ -27,23 +29,33 @@ def time_call(fn, device: torch.device, min_time_s: float, batches: int = 3, max
 
     ``agree(calls) -> calls`` makes every rank run the same number of calls (collectives).
     """
-    fn()
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    one = max(time.perf_counter() - start, 1e-7)
-    calls = int(min(max_calls, max(1, min_time_s / one)))
-    if agree is not None:
-        calls = agree(calls)
-    samples = []
-    for _ in range(batches):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
+    return time_interleaved([fn], device, min_time_s, batches, max_calls, agree)[0]
+
+
+def time_interleaved(fns: list, device: torch.device, min_time_s: float, batches: int = 3,
+                     max_calls: int = 1000, agree=None) -> list[float]:
+    """Median seconds per call of each of ``fns``: one warm-up call each, one timed call to size its
+    batches (``min_time_s`` long; ``agree`` as in ``time_call``), then ``batches`` rounds of one batch
+    per function in turn (fn 0, fn 1, ..., fn 0, ...): a busy spell of the machine slows every
+    function's batch of that round, not one function's every batch, so their ratio stays the device's."""
+    calls = []
+    for fn in fns:
+        fn()
         _sync(device)
-        samples.append((time.perf_counter() - start) / calls)
-    return statistics.median(samples)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        n = int(min(max_calls, max(1, min_time_s / max(time.perf_counter() - start, 1e-7))))
+        calls.append(agree(n) if agree is not None else n)
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(batches):
+        for fn, n, out in zip(fns, calls, samples):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            _sync(device)
+            out.append((time.perf_counter() - start) / n)
+    return [statistics.median(out) for out in samples]
 
 
 def gemm(cases: list[dict], device: torch.device, dtype: torch.dtype, min_time_s: float, tick) -> list[dict]:
@@ -83,8 +95,7 @@ def attention(cases: list[dict], device: torch.device, dtype: torch.dtype, min_t
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             torch.autograd.grad(y, (q, k, v), grad)
 
-        fwd = time_call(forward, device, min_time_s)
-        fwd_bwd = time_call(forward_backward, device, min_time_s)
+        fwd, fwd_bwd = time_interleaved([forward, forward_backward], device, min_time_s)  # their ratio is fitted
         flops = 4.0 * b * heads * d * s * (s + 1) / 2.0
         out.append({**case, "flops": flops, "fwd_s": fwd, "fwd_bwd_s": fwd_bwd, "fwd_flops_per_s": flops / fwd})
         tick(f"attention s={s}")
