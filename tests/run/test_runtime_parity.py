@@ -101,7 +101,7 @@ def test_gpt_matches_one_process(dist_pool, references, world_size, layout):
 
 @pytest.mark.slow
 def test_eight_ranks_3d_matches_one_process(dist_pool, references):
-    layout = "pp=2,dp=2,tp=2,zero=3,ckpt=selective"
+    layout = "pp=2,dp=2,tp=2,zero=3,ckpt=selective,mbs=2"  # 2 micro-batches of 2 for the 2 stages (CASES_2's note)
     out = dist_pool(8).run(runtime_tasks.train_layout, layout, timeout=300)
     assert_same_training(out[0], references(), layout)
 
