@@ -27,8 +27,7 @@ The tolerance, from fp8 arithmetic (tests/run/fp8_tasks.py computes it):
   in e4m3 too, backward only): the same bound holds.
 * Ranks: the scales are powers of 2, so the fp8 mantissas do not depend on how the batch is
   split; a dp=2 (DDP or FSDP2) or tp=2 run's first step matches the one-process fp8 run (of the same
-  micro-batches) to fp32
-  rounding (tolerances.LOSS_RTOL; seen: 0 for dp, 6e-7 relative for tp's gradient norm). After
+  micro-batches) to fp32 rounding (tolerances.LOSS_RTOL; seen: 0 for dp, 6e-7 relative for tp's gradient norm). After
   that an fp32-sized difference in the weights can flip an fp8 rounding, and each run is within
   the bound above of fp32, so the two are within twice that.
 """
