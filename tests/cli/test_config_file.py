@@ -12,9 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
-import sys
 import tomllib
 
 import pytest
@@ -171,9 +168,11 @@ def test_print_config_writes_the_job_file_that_reads_back_as_the_same_request(tm
 
 
 # ----------------------------------------------------------------- the same run, from flags or from a file
-def plait(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "plait.cli", *args], capture_output=True, text=True, timeout=300,
-                          check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def plait(*args: str) -> int:
+    """``plait`` in this process (the test is about the runs, not the command's process: a fresh interpreter
+    cost its own torch import); the workers it launches are processes, with OMP_NUM_THREADS=1 (the caller's
+    monkeypatch)."""
+    return main(list(args))
 
 
 def losses(path) -> list[float]:
@@ -184,21 +183,21 @@ def losses(path) -> list[float]:
     return [line["loss"] for line in steps]
 
 
-def test_a_job_file_reproduces_the_run_of_the_same_flags(tmp_path, capsys):
+def test_a_job_file_reproduces_the_run_of_the_same_flags(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
     from plait.run.checkpoint import store
 
-    by_flags = plait("train", *TRAIN_FLAGS, "--log", str(tmp_path / "flags.jsonl"))
-    assert by_flags.returncode == 0, by_flags.stderr[-3000:]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert plait("train", *TRAIN_FLAGS, "--log", str(tmp_path / "flags.jsonl")) == 0, capsys.readouterr().err[-3000:]
     job = write(tmp_path, '[what]\nmodel = "tiny"\nlayout = "dp=1,mbs=2"\nglobal-batch = 4\nseq-len = 32\n'
                           'steps = 3\nseed = 7\n[optimizer]\nlr = 2e-3\nwarmup-steps = 1\n[where]\ndevice = "cpu"\n'
                           'nproc-per-node = 1\ncompile = false\nfused-qkv = true\ntimeout = 90.5\n'
                           '[checkpoints]\non-nan = "skip"\n')
     extra = ["--log", str(tmp_path / "file.jsonl"), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    capsys.readouterr()
     assert main(["train", "--config", job, *extra, "--print-config"]) == 0
     printed = capsys.readouterr().out
-    by_file = plait("train", "--config", job, *extra)
-    assert by_file.returncode == 0, by_file.stderr[-3000:]
+    assert plait("train", "--config", job, *extra) == 0, capsys.readouterr().err[-3000:]
     assert losses(tmp_path / "file.jsonl") == losses(tmp_path / "flags.jsonl")  # bit for bit: the same run
     # the checkpoint records the resolved job file: the one --print-config wrote for this command line
     (checkpoint,) = store.complete_dirs(tmp_path / "ckpt")

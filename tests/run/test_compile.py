@@ -23,7 +23,9 @@ from plait.run.parallel.compile import compile_blocks
 from plait.spec.models import get_model
 
 
-@pytest.mark.parametrize("layout", ["tp=2", "tp=2,sp=0,ckpt=full:1", "dp=2,ckpt=mlp"],
+# tp: 2 micro-batches of 4 sequences (mbs=4), not 8 of 1: the compiled graphs are the same for each, and a
+# tp micro-batch is ~50 gloo collectives
+@pytest.mark.parametrize("layout", ["tp=2,mbs=4", "tp=2,sp=0,ckpt=full:1,mbs=4", "dp=2,ckpt=mlp"],
                          ids=["TP + SP", "TP without SP, full ckpt", "DDP, mlp ckpt (the checkpoint inside the graph)"])
 def test_compiled_tensor_parallel_blocks_match_one_process(dist_pool, references, layout):
     out = dist_pool(2).run(compile_tasks.train_compiled, layout, compile_backend="aot_eager", timeout=240)

@@ -90,7 +90,9 @@ def packed(tmp_path_factory):
     return path, doc_mask_tasks.reference_packed(path)
 
 
-@pytest.mark.parametrize("layout", ["cp=2", "cp=2,cp_impl=allgather", "pp=2", "tp=2"])
+# tp: 2 micro-batches of 4 sequences (mbs=4), not 8 of 1: each row's documents are masked alike in either,
+# and a tp micro-batch is ~50 gloo collectives
+@pytest.mark.parametrize("layout", ["cp=2", "cp=2,cp_impl=allgather", "pp=2", "tp=2,mbs=4"])
 def test_doc_masked_training_matches_one_process(dist_pool, packed, layout):
     path, reference = packed
     out = dist_pool(2).run(doc_mask_tasks.train_packed, layout, path, timeout=180)
@@ -120,8 +122,8 @@ def test_doc_mask_refusals_are_one_line(capsys, tmp_path):
 def test_learned_positions_restart_per_document_under_sequence_parallelism(dist_pool, packed):
     """GPT's position table is looked up per row; sp's plan splits its output along the sequence."""
     path, _ = packed
-    out = dist_pool(2).run(doc_mask_tasks.train_packed, "tp=2", path, model="tiny-gpt", timeout=180)
-    assert_same_training(out[0], doc_mask_tasks.reference_packed(path, model="tiny-gpt"), "tp=2 tiny-gpt")
+    out = dist_pool(2).run(doc_mask_tasks.train_packed, "tp=2,mbs=4", path, model="tiny-gpt", timeout=180)
+    assert_same_training(out[0], doc_mask_tasks.reference_packed(path, model="tiny-gpt"), "tp=2,mbs=4 tiny-gpt")
 
 
 def test_the_reference_run_masks_documents(packed):

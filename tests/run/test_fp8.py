@@ -26,8 +26,8 @@ The tolerance, from fp8 arithmetic (tests/run/fp8_tasks.py computes it):
 * mxfp8 rounds the same e4m3 elements with one power-of-2 scale per 32 elements (its gradients
   in e4m3 too, backward only): the same bound holds.
 * Ranks: the scales are powers of 2, so the fp8 mantissas do not depend on how the batch is
-  split; a dp=2 (DDP or FSDP2) or tp=2 run's first step matches the one-process fp8 run to fp32
-  rounding (tolerances.LOSS_RTOL; seen: 0 for dp, 6e-7 relative for tp's gradient norm). After
+  split; a dp=2 (DDP or FSDP2) or tp=2 run's first step matches the one-process fp8 run (of the same
+  micro-batches) to fp32 rounding (tolerances.LOSS_RTOL; seen: 0 for dp, 6e-7 relative for tp's gradient norm). After
   that an fp32-sized difference in the weights can flip an fp8 rounding, and each run is within
   the bound above of fp32, so the two are within twice that.
 """
@@ -73,10 +73,11 @@ def fp8_references():
     """Factory: the one-process run in ``precision`` (fp8 or mxfp8), once per module."""
     cache: dict[str, dict] = {}
 
-    def get(precision: str = "fp8") -> dict:
-        if precision not in cache:
-            cache[precision] = fp8_tasks.one_process(f"dp=1,precision={precision}", steps=STEPS)
-        return cache[precision]
+    def get(precision: str = "fp8", mbs: int = 1) -> dict:
+        key = f"dp=1,mbs={mbs},precision={precision}"
+        if key not in cache:
+            cache[key] = fp8_tasks.one_process(key, steps=STEPS)
+        return cache[key]
 
     return get
 
@@ -192,12 +193,14 @@ def test_fp8_trains_like_fp32_within_the_rounding_bound(references, bound, fp8_r
     assert tolerances.param_atol(STEPS) < worst <= fp8_tasks.adamw_drift(STEPS)
 
 
-@pytest.mark.parametrize("layout", ["dp=2", "dp=2,zero=3", "tp=2", "dp=2,zero=3,precision=mxfp8"])
+# tp=2 runs 2 micro-batches of 4 sequences (mbs=4), not 8 of 1 (a tp micro-batch is ~50 gloo collectives),
+# against the one-process run of the same micro-batches: a tensor's fp8 scale is its micro-batch's
+@pytest.mark.parametrize("layout", ["dp=2", "dp=2,zero=3", "tp=2,mbs=4", "dp=2,zero=3,precision=mxfp8"])
 def test_two_ranks_in_fp8_match_one_process_in_fp8(dist_pool, bound, fp8_references, layout):
     precision = "mxfp8" if "mxfp8" in layout else "fp8"
     layout = layout if "precision" in layout else f"{layout},precision=fp8"
     out = dist_pool(2).run(fp8_tasks.train, layout, steps=STEPS, timeout=240)
-    got, want = out[0], fp8_references(precision)
+    got, want = out[0], fp8_references(precision, mbs=4 if "mbs=4" in layout else 1)
     assert all(sorted(rank["fp8"]) == bound["layers"] for rank in out)
     # first step: the same fp8 roundings, summed in another order
     assert abs(got["losses"][0] - want["losses"][0]) <= tolerances.LOSS_RTOL * want["losses"][0]

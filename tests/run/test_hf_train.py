@@ -13,9 +13,6 @@ tiny GPT-2 in one process, each from a random transformers model saved with save
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -37,17 +34,17 @@ RTOL = tolerances.run_rtol(hf_models.VOCAB, hf_models.LAYERS)
 GLOBAL_BATCH, SEQ, SEED, STEPS = 4, 16, 3, 2
 
 
-def plait(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "plait.cli", *args], capture_output=True, text=True, timeout=300,
-                          check=False, env=dict(os.environ))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
+def plait(capsys, *args: str) -> None:
+    """``plait`` in this process (its workers are processes): the tests are about the weights, not the
+    command's own process, which cost a torch import of its own."""
+    code = main(list(args))
+    assert code == 0, "".join(capsys.readouterr())[-3000:]
 
 
 def train_then_export(tmp_path, capsys, source, layout: str, nproc: int, max_shard_size: str):
     """(step records, the exported directory, the checkpoint) of a run started from ``source``."""
     log, checkpoints, out = tmp_path / "run.jsonl", tmp_path / "ckpt", tmp_path / "exported"
-    plait("train", "--init-from", str(source), "--layout", layout, "--nproc-per-node", str(nproc),
+    plait(capsys, "train", "--init-from", str(source), "--layout", layout, "--nproc-per-node", str(nproc),
           "--global-batch", str(GLOBAL_BATCH), "--seq-len", str(SEQ), "--steps", str(STEPS), "--seed", str(SEED),
           "--lr", "1e-2", "--device", "cpu", "--checkpoint-dir", str(checkpoints), "--log", str(log))
     lines = [json.loads(line) for line in log.read_text().splitlines()]

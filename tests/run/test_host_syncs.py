@@ -52,7 +52,9 @@ def test_one_rank_reads_nothing_on_non_logging_steps(tmp_path):
     assert_one_line_per_step(counts["lines"])
 
 
-@pytest.mark.parametrize("layout", ["dp=2", "tp=2"])
+# tp=2 runs 2 micro-batches of 2 sequences (mbs=2), not 4 of 1: a host read in a micro-batch would show in
+# either, and a tp micro-batch is ~50 gloo collectives
+@pytest.mark.parametrize("layout", ["dp=2", "tp=2,mbs=2"])
 def test_two_ranks_read_nothing_on_non_logging_steps(dist_pool, tmp_path, layout):
     out = dist_pool(2).run(sync_tasks.count_step_syncs, layout, str(tmp_path), STEPS, LOG_EVERY, timeout=240)
     for counts in out:
@@ -74,7 +76,9 @@ def test_clip_and_adamw_ops_do_not_grow_with_the_number_of_tensors():
     assert any("_fused_adamw" in op for op in small["ops"]), small["ops"]
 
 
-@pytest.mark.parametrize(("world", "layout"), [(2, "tp=2"), (4, "pp=2,tp=2"), (4, "dp=2,tp=2,zero=3")])
+# the micro-batches are as large as the layouts allow (mbs; pp: 2 micro-batches for its 2 stages): the ops
+# counted are clip's and AdamW's, after the forward-backward, and a tp micro-batch is ~50 gloo collectives
+@pytest.mark.parametrize(("world", "layout"), [(2, "tp=2,mbs=4"), (4, "pp=2,tp=2,mbs=2"), (4, "dp=2,tp=2,zero=3,mbs=2")])
 def test_clip_and_adamw_ops_do_not_grow_on_distributed_layouts(dist_pool, world, layout):
     pool = dist_pool(world)
     small = pool.run(sync_tasks.count_optimizer_ops, layout, 2 * (world // 2), timeout=240)

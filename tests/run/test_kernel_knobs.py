@@ -24,8 +24,10 @@ ONE_PROCESS = ["dp=1,loss=fused", "dp=1,mbs=2,loss=fused,ckpt=full"]
 TWO_RANKS = [
     ("dp=2,loss=fused", "DDP, chunked loss"),
     ("dp=2,zero=3,loss=fused,norm=unfused", "FSDP2 ZeRO-3, chunked loss, unfused norm"),
-    ("tp=2,loss=fused,norm=unfused", "TP + SP: vocabulary-sharded chunks under loss_parallel"),
-    ("tp=2,sp=0,loss=fused", "TP without SP, chunked loss"),
+    # tp: 2 micro-batches of 4 sequences (mbs=4), not 8 of 1: 128 tokens still split into chunks with a
+    # shorter last one, and a tp micro-batch is ~50 gloo collectives (4x the run's time with 8)
+    ("tp=2,mbs=4,loss=fused,norm=unfused", "TP + SP: vocabulary-sharded chunks under loss_parallel"),
+    ("tp=2,sp=0,mbs=4,loss=fused", "TP without SP, chunked loss"),
     ("pp=2,loss=fused", "PP 1F1B: the last stage's loss_fn chunks"),
     ("pp=2,vpp=2,loss=fused", "PP interleaved: the head on the last virtual stage"),
     ("pp=2,schedule=zero-bubble,mbs=2,loss=fused", "PP zero-bubble: input and weight gradients split"),
