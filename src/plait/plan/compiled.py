@@ -131,6 +131,12 @@ def compiled_elementwise(model: ModelSpec, gpu: GpuSpec, tokens: float, tp: int,
     return forward, backward, min(forward, mlp)
 
 
+def blend(eager: tuple[float, ...], compiled: tuple[float, ...], share: float) -> tuple[float, ...]:
+    """Seconds of a mean layer whose blocks are ``share`` compiled: each of ``compiled`` weighted by
+    ``share``, each of ``eager`` by the rest."""
+    return tuple((1 - share) * slow + share * fast for slow, fast in zip(eager, compiled))
+
+
 def compiled_share(params: CostParams, model: ModelSpec, layout: Layout) -> float:
     """The share of ``layout``'s blocks priced compiled: ``params.compiled_blocks``; with
     ``params.compile_rules`` (plait's runtime) 0 when the layout breaks a rule of ``plait train

@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from plait.plan.compiled import compiled_elementwise
+from plait.plan.compiled import blend, compiled_elementwise
 from plait.plan.params import CostParams
 from plait.spec.hardware import GpuSpec
 from plait.spec.layout import FP8_PRECISIONS, LOSS_CHUNK_TOKENS
@@ -332,8 +332,12 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
         attn_bwd = 4 * one + elements * (bwd_bytes + 2 * dropout) / bandwidth
         scores_gemm = one
     rep = t if sequence_parallel else 1
-    passes = params.elementwise_passes + (params.fp8_cast_passes if precision in FP8_PRECISIONS else 0.0)
-    elementwise_bytes = gpu.element_bytes * tokens * h * (passes / 2 / rep + passes / 2 / t)
+    cast_passes = params.fp8_cast_passes if precision in FP8_PRECISIONS else 0.0
+
+    def passes_bytes(passes: float) -> float:  # half of a layer's passes on the sp shard, half split by tp
+        return gpu.element_bytes * tokens * h * (passes / 2 / rep + passes / 2 / t)
+
+    elementwise_bytes = passes_bytes(params.elementwise_passes + cast_passes)
     kernels = 8
     if norm == "unfused":  # two norms per layer, on the sequence-parallel shard
         elementwise_bytes += 2 * (UNFUSED_NORM_BYTES[model.arch] - FUSED_NORM_BYTES) * tokens * h / rep
@@ -343,12 +347,9 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
     if not compiled:
         return LayerTimes(gemm, attn_fwd, attn_bwd, elementwise, scores_gemm, mlp_gemm, mlp_elementwise)
     fused = compiled_elementwise(model, gpu, tokens, t, rep, tokens * f / t)
-    if precision in FP8_PRECISIONS and params.fp8_cast_passes:  # as eager (plait.plan.compiled's docstring)
-        cast = gpu.element_bytes * tokens * h * params.fp8_cast_passes * (1 / 2 / rep + 1 / 2 / t)
-        cast /= gpu.hbm_bandwidth * gpu.memory_efficiency
-        fused = (fused[0] + cast, fused[1] + 2 * cast, fused[2])
-    eager = (elementwise, 2 * elementwise, mlp_elementwise)
-    fwd, bwd, mlp = ((1 - compiled) * slow + compiled * fast for slow, fast in zip(eager, fused))
+    cast = passes_bytes(cast_passes) / (gpu.hbm_bandwidth * gpu.memory_efficiency)  # as eager (plait.plan.compiled)
+    fused = (fused[0] + cast, fused[1] + 2 * cast, fused[2])
+    fwd, bwd, mlp = blend((elementwise, 2 * elementwise, mlp_elementwise), fused, compiled)
     return LayerTimes(gemm, attn_fwd, attn_bwd, fwd, scores_gemm, mlp_gemm, mlp, bwd)
 
 

@@ -57,7 +57,7 @@ from __future__ import annotations
 from plait.plan.memo import by_layout_fields
 
 from plait.plan import comm
-from plait.plan.compiled import compiled_elementwise
+from plait.plan.compiled import blend, compiled_elementwise
 from plait.plan.kernels import LayerTimes, cp_keys_per_query, gemm_time, layer_times, mlp_elementwise_time
 from plait.plan.moe.memory import routed_tokens, stage_expert_params
 from plait.plan.params import CostParams
@@ -187,7 +187,7 @@ def compiled_moe_elementwise(model, gpu: GpuSpec, params: CostParams, layout: La
     fused = compiled_elementwise(model, gpu, tokens, t, rep, act)
     extra = moved / (gpu.hbm_bandwidth * gpu.memory_efficiency)
     fused = (fused[0] + extra, fused[1] + 2 * extra, fused[2] + extra)
-    return tuple((1 - compiled) * slow + compiled * fast for slow, fast in zip(eager, fused))
+    return blend(eager, fused, compiled)
 
 
 def remote_nodes_per_token(moe, nodes: int) -> float:
