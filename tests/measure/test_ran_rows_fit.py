@@ -14,7 +14,9 @@ from plait.measure.validate.specs import row_specs
 RAN = ("megatron21-t2-zero3-529p6b-640g",      # DeepSpeed's ZeRO-3: submodules under a live cap, gradient buckets
        "mpt-a100-40gb-13b-2k-128g",            # llm-foundry: flash-attn's fused cross entropy
        "mz-qwen3-235b-h100-ep8-fsdp",          # Megatron-FSDP (FSDP=On): ZeRO-3
-       "mbridge-260201-b200-dsv3-256g")        # no recompute stated, vpp open: recompute searched with vpp
+       "mbridge-260201-b200-dsv3-256g",        # no recompute stated, vpp open: recompute searched with vpp
+       "mbridge-2602-gb200-llama3-70b-fp8",    # TE cross entropy, TE offload's (L - N) kept layers
+       "mbridge-260401-gb200-llama3-70b-fp8")
 
 
 def _rows() -> dict[str, dict]:

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from plait.plan.activations import layer_bytes
 from plait.plan.cost import estimate_step
-from plait.plan.memory import estimate_memory, largest_submodule_params
+from plait.plan.memory import estimate_memory, largest_submodule_params, offload_buffer_bytes
 from plait.plan.params import DEFAULT_PARAMS, params_for_stack
 from plait.plan.states import zero3_buffer_params
 from plait.spec.hardware import cluster_for_gpu
@@ -54,12 +57,13 @@ def test_narayanans_530b_zero3_fits_on_80gb_with_deepspeeds_gathering():
     assert ds.activations == fsdp.activations  # only the gathered buffers differ
 
 
-def test_a_fused_cross_entropy_keeps_its_own_bytes_per_logit_and_prices_the_same_time():
-    """flash-attn's cross entropy (llm-foundry) keeps the bf16 logits and writes a bf16 gradient beside them."""
+def test_a_fused_cross_entropy_keeps_two_bytes_per_logit_and_prices_the_same_time():
+    """Transformer Engine's cross entropy (megatron-core) writes the gradient over the bf16 logits;
+    flash-attn's (llm-foundry) keeps the logits and writes a bf16 gradient beside them."""
     model, cluster = MODELS["llama3-8b"], cluster_for_gpu("h100-sxm", 8, 8)
     layout, job = Layout(dp=8, mbs=2, zero=1), JobSpec(global_batch=16, seq_len=8192)
     logits = 2 * 8192 * model.vocab  # one micro-batch's logits, elements
-    for stack, peak in (("llm-foundry", 4.0),):
+    for stack, peak in (("megatron-core", 2.0), ("llm-foundry", 4.0)):
         params = params_for_stack(get_stack(stack))
         assert params.loss_peak_bytes == peak
         assert estimate_memory(model, cluster, job, layout, params).logits == peak * logits
@@ -67,3 +71,22 @@ def test_a_fused_cross_entropy_keeps_its_own_bytes_per_logit_and_prices_the_same
         assert estimate_step(model, cluster, job, layout, params).step_time == \
             estimate_step(model, cluster, job, layout, traffic).step_time
     assert estimate_memory(model, cluster, job, layout).logits == DEFAULT_PARAMS.logits_bytes_per_element * logits
+
+
+def test_transformer_engines_offload_holds_only_the_kept_layers_at_the_peak():
+    moved = [3.0, 3.0, 2.0]
+    assert offload_buffer_bytes(8.0, moved, "torch") == 6.0  # plait: one layer copied, one prefetched
+    assert offload_buffer_bytes(8.0, moved, "megatron-core") == 0.0
+    model, cluster = MODELS["llama3-70b"], cluster_for_gpu("gb200", 64, 64)
+    layout, job = Layout(dp=64, mbs=2, zero=3, offload=0.5, precision="fp8"), JobSpec(global_batch=256, seq_len=8192)
+    per_layer = layer_bytes(model, layout, 8192, runtime="megatron-core")
+    memory = estimate_memory(model, cluster, job, layout, runtime="megatron-core")
+    assert memory.activations == pytest.approx(40 * per_layer)  # (L - N)·T: 80 layers, 40 offloaded
+
+
+@pytest.mark.parametrize("runtime, share", [("megatron-core", 0.0), ("megatron", 1.0), ("torch", 1.0)])
+def test_the_embedding_output_is_the_first_layers_input_in_megatron_core(runtime, share):
+    model, cluster = MODELS["llama3-8b"], cluster_for_gpu("h100-sxm", 8, 8)
+    layout, job = Layout(dp=8, mbs=1, zero=1), JobSpec(global_batch=8, seq_len=4096)
+    memory = estimate_memory(model, cluster, job, layout, runtime=runtime)
+    assert memory.embedding_activations == share * 2 * 4096 * model.hidden

@@ -32,7 +32,8 @@ entropy keeps only the final hidden state, which the LM head's GEMM saves in bot
 recomputes one chunk's logits at a time in the backward).
 Activation offload (``plait.run.memory.offload``): the first ``offloaded_layer_count`` layers of a
 stage (Kwai's fraction α, pipeline-stage aware) move what autograd saves to host memory or disk;
-the GPU keeps a double buffer of two such layers (the one being copied, the one prefetched).
+plait's runtime keeps a double buffer of two such layers on the GPU (the one being copied, the one
+prefetched), Transformer Engine's offload none at the peak (``offload_buffer_bytes``).
 Pipeline receive buffers (item ``pipeline_buffers``, plait's runtime only): torch's pipelining
 allocates, when the schedule is built, one buffer per micro-batch for every stage chunk of a rank
 that receives activations and for every one that receives gradients, and keeps them
@@ -237,11 +238,25 @@ def activation_bytes(model: ModelSpec, layout: Layout, job: JobSpec, in_flight: 
     offloaded = sum(moved) * in_flight
     total = sum(per_layer) * in_flight - offloaded
     if offloaded:
-        total += min(offloaded, 2 * max(moved))  # double buffer: one layer copied, one prefetched
+        total += offload_buffer_bytes(offloaded, moved, runtime)
     if checkpointed_layer_count(model, layout, per_stage_layers):
         full = sum(layer_items(model, layout, job.seq_len, runtime=runtime, element_bytes=element_bytes).values())
         total += full - min(per_layer)  # the dropped tensors of one layer, live again during its backward
     return total, offloaded
+
+
+def offload_buffer_bytes(offloaded: float, moved: list[float], runtime: str = "torch") -> float:
+    """Offloaded activation bytes (``moved``: by layer, for one micro-batch) still on the GPU at the
+    peak. plait's runtime (``plait.run.memory.offload``): a double buffer of two layers, the one
+    being copied and the one prefetched. Transformer Engine's CPU offload (``megatron-core``) waits
+    for layer i's copy to the host only when layer L - N + i starts its forward and starts its reload
+    when layer L - 1 - N + i starts its backward (N of a stage's L layers offloaded:
+    transformer_engine/pytorch/cpu_offload.py, ``OffloadSynchronizer._default_offload_sync_init``,
+    whose stated peak is the (L - N) kept layers): at the turn from forward to backward every
+    offloaded layer has left the GPU and none has come back, so 0."""
+    if runtime == "megatron-core":
+        return 0.0
+    return min(offloaded, 2 * max(moved))
 
 
 def pipeline_buffer_bytes(model: ModelSpec, layout: Layout, job: JobSpec, rank: int, element_bytes: float,
@@ -328,7 +343,10 @@ def rank_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: La
     rep = layout.tp if layout.sequence_parallel else 1
     m = layout.micro_batches(job.global_batch)
     is_first, is_last = rank == 0, rank == layout.pp - 1
-    embed_per_mb = e * job.seq_len / layout.cp * layout.mbs * model.hidden / rep * (1.5 if model.dropout else 1.0)
+    # the embedding's output and dropout mask; Megatron-Core without dropout keeps nothing beyond what
+    # the first layer saves of that same tensor (nn.Dropout(p=0) returns its input; the lookup saves ids)
+    embed_share = (1.5 if model.dropout else 0.0 if runtime == "megatron-core" else 1.0)
+    embed_per_mb = e * job.seq_len / layout.cp * layout.mbs * model.hidden / rep * embed_share
     # the logits in the compute dtype (logits_bytes_per_element counts them as bf16) and the fp32
     # log-softmax and gradient, or what a fused loss keeps (loss_peak_bytes); soft-capped logits
     # (Gemma-2): tanh saves its output beside them
