@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from plait.measure.validate.loss import TE_LOSS_BYTES
 from plait.plan.activations import layer_bytes
 from plait.plan.cost import estimate_step
 from plait.plan.memory import estimate_memory, largest_submodule_params, offload_buffer_bytes
@@ -57,19 +58,22 @@ def test_narayanans_530b_zero3_fits_on_80gb_with_deepspeeds_gathering():
     assert ds.activations == fsdp.activations  # only the gathered buffers differ
 
 
-def test_a_fused_cross_entropy_keeps_two_bytes_per_logit_and_prices_the_same_time():
-    """Transformer Engine's cross entropy (megatron-core) writes the gradient over the bf16 logits;
-    flash-attn's (llm-foundry) keeps the logits and writes a bf16 gradient beside them."""
+def test_a_fused_cross_entropy_keeps_its_bytes_per_logit_and_prices_the_same_time():
+    """Transformer Engine's cross entropy (a Megatron-Bridge recipe's, ``plait.measure.validate.loss``)
+    writes the gradient over the bf16 logits; flash-attn's (the llm-foundry stack's) keeps the logits
+    and writes a bf16 gradient beside them; Megatron-Core's own default keeps the generic loss."""
     model, cluster = MODELS["llama3-8b"], cluster_for_gpu("h100-sxm", 8, 8)
     layout, job = Layout(dp=8, mbs=2, zero=1), JobSpec(global_batch=16, seq_len=8192)
     logits = 2 * 8192 * model.vocab  # one micro-batch's logits, elements
-    for stack, peak in (("megatron-core", 2.0), ("llm-foundry", 4.0)):
-        params = params_for_stack(get_stack(stack))
+    foundry = params_for_stack(get_stack("llm-foundry"))
+    te_loss = dataclasses.replace(params_for_stack(get_stack("megatron-core")), loss_peak_bytes=TE_LOSS_BYTES)
+    for params, peak in ((te_loss, 2.0), (foundry, 4.0)):
         assert params.loss_peak_bytes == peak
         assert estimate_memory(model, cluster, job, layout, params).logits == peak * logits
         traffic = dataclasses.replace(params, loss_peak_bytes=0.0)  # the loss's traffic stays priced alike
         assert estimate_step(model, cluster, job, layout, params).step_time == \
             estimate_step(model, cluster, job, layout, traffic).step_time
+    assert params_for_stack(get_stack("megatron-core")).loss_peak_bytes == DEFAULT_PARAMS.loss_peak_bytes
     assert estimate_memory(model, cluster, job, layout).logits == DEFAULT_PARAMS.logits_bytes_per_element * logits
 
 

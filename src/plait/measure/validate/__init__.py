@@ -9,4 +9,5 @@
   cells.py  how a row's cells in words are read (numbers, ZeRO stage, recompute, precision, ...)
   cross.py  leave-one-source-out: fit the defaults without a code base, predict it
   compiled.py  whether a row ran torch.compile (its notes), on a stack that can
+  loss.py   whether a row's recipe ran Transformer Engine's cross entropy (its source)
 """

@@ -155,6 +155,39 @@ def nvlink_domain(row: dict, gpu_name: str, notes: list[str]) -> int | None:
     return per_domain
 
 
+# The recompute of the Megatron-Bridge performance recipes, for rows whose recompute cell is blank, by
+# (system, model words, precision or None, first container, last container or None): the recipe's
+# recompute_modules in Megatron's cell syntax. Read in NVIDIA-NeMo/Megatron-Bridge
+# scripts/performance/configs/gpt_oss/*workload_base_configs.py at v0.2.0 (25.11), v0.3.0, v0.4.0,
+# v0.4.2 and v0.5.0 (26.06): GPT-OSS 120B on H100, B200 and GB200 recomputes ["layernorm", "moe_act"]
+# (the FP8 presets alias the BF16 ones), except GB200's FP8_MX_V2 of v0.5.0 on, which sets
+# recompute_modules=[] (first match wins).
+RECIPE_RECOMPUTE = (
+    ("gb200", ("gpt-oss",), "mxfp8", (26, 6), None, "none"),
+    ("gb200", ("gpt-oss",), None, (25, 11), None, "selective(layernorm, moe_act)"),
+    ("b200", ("gpt-oss",), None, (25, 11), None, "selective(layernorm, moe_act)"),
+    ("h100", ("gpt-oss",), None, (25, 11), None, "selective(layernorm, moe_act)"),
+)
+
+
+def recipe_recompute(row: dict, notes: list[str]) -> str:
+    """The recompute cell of a Megatron-Bridge row's recipe (``RECIPE_RECOMPUTE``, first match), noted;
+    "" where no recipe is known (the cell stays blank: the stack's default, or searched)."""
+    release = container_release(row)
+    if release is None:
+        return ""
+    system = (row.get("gpu_type") or "").strip().lower()
+    model = (row.get("model_name") or "").lower().replace(" ", "-")
+    precision = (row.get("precision") or "").strip().lower()
+    for gpu, words, mode, first, last, cell in RECIPE_RECOMPUTE:
+        if system.startswith(gpu) and first <= release and (last is None or release <= last) \
+                and (mode is None or precision == mode) and any(w in model for w in words):
+            notes.append(f"recompute {cell!r}: the Megatron-Bridge {release[0]}.{release[1]:02d} recipe for {gpu} "
+                         "(recompute blank in the row)")
+            return cell
+    return ""
+
+
 def moe_given(row: dict, notes: list[str]) -> dict:
     """Layout keys a MoE row states in words: Megatron's fine-grained recompute modules and the
     expert all-to-all overlap.
@@ -168,7 +201,7 @@ def moe_given(row: dict, notes: list[str]) -> dict:
     compute) is ``moe_overlap=chunked``.
     """
     out: dict = {}
-    text = (row.get("recompute") or "").strip().lower()
+    text = (row.get("recompute") or "").strip().lower() or recipe_recompute(row, notes)
     modules = recompute_modules(text)
     if text.startswith("selective(") and modules & {"moe", "mlp"}:
         out.update(ckpt="mlp", ckpt_layers=0, _op_level=False)
@@ -182,6 +215,8 @@ def moe_given(row: dict, notes: list[str]) -> dict:
     elif text.startswith("selective(") and modules & {"act", "moe_act"}:
         out.update(ckpt="balanced", ckpt_layers=0, _op_level=False)
         notes.append(f"recompute {text!r} (norms and activations recomputed) read as ckpt=balanced")
+    elif text == "none":
+        out.update(ckpt="none", ckpt_layers=0, _op_level=False)
     if "1f1b overlap" in (row.get("notes") or "").lower():
         out["moe_overlap"] = "chunked"
         notes.append("EP all-to-all overlapped with another micro-batch's compute: moe_overlap=chunked")

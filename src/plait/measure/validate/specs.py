@@ -30,6 +30,7 @@ from plait.errors import PlaitError
 from plait.measure.validate.cells import (arch_of, fsdp_on, integer, local_batch_of, not_sharded, num,
                                           offloaded_layers, precision_of, recompute_of, schedule_of, zero_stage_of)
 from plait.measure.validate.compiled import compile_params
+from plait.measure.validate.loss import loss_params
 from plait.measure.validate.moe import (MoERowError, is_moe_row, moe_given, moe_gpu_type, moe_graph_params,
                                          moe_model_for_row, nvlink_domain)
 from plait.measure.validate.stacks import stack_of
@@ -226,6 +227,7 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
     if model.moe is not None:  # the CUDA graphs of the row's recipe
         params = replace(params, **moe_graph_params(row, gpu.name, given.get("precision", "bf16"), notes))
     params = replace(params, **compile_params(row, stack, notes))  # torch.compile, where the notes say so
+    params = replace(params, **loss_params(row, stack, notes))  # the recipe's cross-entropy kernel
 
     def memory_of(layout: Layout, memory: MemoryBreakdown) -> MemoryBreakdown:
         return op_level_memory(model, job, layout, memory, params, runtime)
