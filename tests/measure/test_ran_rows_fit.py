@@ -1,15 +1,19 @@
 """Layouts that a source ran are predicted to fit (issue 29, item 3): the shipped rows that the
 planner once priced out of memory, each through the mechanism by which its software holds less
-(tests/plan/test_stack_memory.py prices each one). The run a source reports out of memory stays so:
-tests/measure/test_published_runs.py (torchtitan's 70B at local batch 2)."""
+(tests/plan/test_stack_memory.py prices each one). The runs a source reports out of memory stay so:
+tests/measure/test_published_runs.py (torchtitan's 70B at local batch 2) and the 530B ZeRO-3 at 560
+GPUs below."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from plait.measure.validate.cells import fsdp_on, zero_stage_of
 from plait.measure.validate.runs import SHIPPED_RUNS, predict_row, read_runs
 from plait.measure.validate.specs import row_specs
+from plait.plan.memory import estimate_memory
 
 RAN = ("megatron21-t2-zero3-529p6b-640g",      # DeepSpeed's ZeRO-3: submodules under a live cap, gradient buckets
        "mpt-a100-40gb-13b-2k-128g",            # llm-foundry: flash-attn's fused cross entropy
@@ -63,3 +67,21 @@ def test_a_stack_recompute_that_fits_no_completion_is_searched_with_the_open_kno
     said: list[str] = []
     assert row_specs(stated, said).layout.ckpt == "none"
     assert not any("recompute searched" in n for n in said)
+
+
+def test_narayanans_530b_zero3_does_not_fit_on_560_gpus_as_the_paper_reports():
+    """Table 2's 530B ZeRO-3 row ran on 640 GPUs because micro-batch 4 did not fit on 560 (its notes).
+    The sharded states grow by 1.9 GB from 640 to 560 GPUs; what puts the peak over 80 GiB is Megatron's
+    dropout (the deepspeed stack's [run] dropout): the recomputed layer's attention-dropout mask and
+    output (3 bytes per score element) on top of its softmax."""
+    row = _rows()["megatron21-t2-zero3-529p6b-640g"]
+    ran = predict_row(dict(row))
+    smaller = predict_row(dict(row, id="zero3-530b-560g", n_gpus="560", dp="560", gbs="2240"))
+    assert ran.status == "ok" and smaller.status == "oom", (ran.status, smaller.status)
+    notes: list[str] = []
+    specs = row_specs(dict(row), notes)
+    assert specs.model.dropout and any(n.startswith("dropout: the deepspeed stack") for n in notes)
+    at_560 = row_specs(dict(row, n_gpus="560", dp="560", gbs="2240"), [])
+    args = (at_560.cluster, at_560.job, at_560.layout, at_560.params)
+    assert not estimate_memory(at_560.model, *args, runtime=at_560.runtime).fits
+    assert estimate_memory(replace(at_560.model, dropout=False), *args, runtime=at_560.runtime).fits

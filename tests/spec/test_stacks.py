@@ -68,6 +68,7 @@ def test_attention_efficiency_applies_to_its_generation_only():
     ('name = "x"\nsummary = "y"\n[run]\nseq_len = { value = 0, source = "z" }\n', "run.seq_len=0 must be a positive"),
     ('name = "x"\nsummary = "y"\n[run]\nseq_len = { value = 8192.5, source = "z" }\n', "run.seq_len=8192.5"),
     ('name = "x"\nsummary = "y"\n[run]\nselective = { value = "half", source = "z" }\n', "run.selective='half'"),
+    ('name = "x"\nsummary = "y"\n[run]\ndropout = { value = 1, source = "z" }\n', "run.dropout=1 must be one of True"),
     ('name = "x"\nsummary = "y"\n[run]\nbatch = { value = 8, source = "z" }\n', "run.batch is not one a stack may set"),
 ])
 def test_a_wrong_stack_file_is_one_error_naming_file_and_key(tmp_path, text, words):
@@ -119,3 +120,13 @@ def test_a_stacks_run_settings_are_read_with_their_source():
     assert titan.run_value("seq_len")[0] == 8192 and "seq_len = 8192" in titan.run_value("seq_len")[1]
     assert titan.run_value("pp_microbatches")[0] == "pp" and titan.run_value("selective")[0] == "op"
     assert get_stack("megatron-core").run_value("seq_len") == (None, "")
+
+
+def test_megatron_gpt_stacks_keep_dropout_for_the_published_rows():
+    """Megatron-LM 2021-22 and the DeepSpeed ZeRO-3 baseline trained Megatron's GPT with dropout 0.1;
+    the stacks of today's software say nothing (a row's model keeps its own)."""
+    for name in ("megatron-lm", "deepspeed"):
+        value, source = get_stack(name).run_value("dropout")
+        assert value is True and "0.1" in source
+    for name in ("megatron-core", "torchtitan", "plait"):
+        assert get_stack(name).run_value("dropout") == (None, "")

@@ -71,10 +71,13 @@ UNFUSED_NORM_KERNELS = {"llama": 8, "gpt": 11}
 #     path): forward scale 2+2, masked_fill 2+1 (mask)+2, cast to fp32 2+4, softmax 4+4, cast
 #     to bf16 4+2 = 29; backward cast 2+4, softmax 4 (out)+4 (grad)+4, cast 4+2, masked_fill
 #     2+1+2, scale 2+2 = 33.
-#   megatron (fused scale-mask-softmax kernel, bf16): scores read 2, probabilities written 2,
-#     plus 2 for the mask = 6 forward; twice that backward (the published runs without
-#     FlashAttention, tests/measure).
-EAGER_SOFTMAX_BYTES = {"torch": (29.0, 33.0), "megatron": (6.0, 12.0), "megatron-core": (6.0, 12.0)}
+#   megatron (the fused causal scale-mask-softmax kernel, scaled_upper_triang_masked_softmax, fp16/bf16):
+#     forward reads the scores (2) and writes the probabilities (2) = 4; backward reads the gradient (2)
+#     and the probabilities (2) and writes the scores' gradient (2) = 6.
+EAGER_SOFTMAX_BYTES = {"torch": (29.0, 33.0), "megatron": (4.0, 6.0), "megatron-core": (4.0, 6.0)}
+# Dropout of the probabilities (a model with dropout; Megatron's attention_dropout, torch's
+# native_dropout on CUDA): forward reads them (2) and writes the output (2) and a 1-byte mask (1);
+# backward reads the gradient (2) and the mask (1) and writes its gradient (2). Bytes per element.
 EAGER_DROPOUT_BYTES = 5.0
 # Context parallelism (plait.plan.context.exchange's docstring): plait's own ring kernel (cp_impl=ring,
 # plait.run.parallel.context.ops) materializes fp32 scores per block. Bytes per score element beyond
@@ -329,7 +332,7 @@ def layer_times(model: ModelSpec, gpu: GpuSpec, params: CostParams, tokens: floa
             if present and runtime == "torch":
                 fwd_bytes, bwd_bytes = fwd_bytes + fwd_extra, bwd_bytes + bwd_extra
         attn_fwd = 2 * one + elements * (fwd_bytes + dropout) / bandwidth
-        attn_bwd = 4 * one + elements * (bwd_bytes + 2 * dropout) / bandwidth
+        attn_bwd = 4 * one + elements * (bwd_bytes + dropout) / bandwidth
         scores_gemm = one
     rep = t if sequence_parallel else 1
     cast_passes = params.fp8_cast_passes if precision in FP8_PRECISIONS else 0.0

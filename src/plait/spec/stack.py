@@ -51,8 +51,10 @@ STACK_DEFAULTS = {"zero": (0, 1, 2, 3), "ckpt": CKPT_POLICIES, "sp": (True, Fals
 # What the software's own configs set for a run that a published source describes without it (read by
 # ``plait validate``): ``seq_len`` (tokens), ``pp_microbatches`` ("pp": a step's local batch is split into
 # as many micro-batches as pipeline stages) and ``selective`` (what the word "selective" recompute means
-# there: "op", per-op selective checkpointing, or "modules", Megatron's list of recomputed modules).
-STACK_RUN = {"seq_len": int, "pp_microbatches": ("pp",), "selective": ("op", "modules")}
+# there: "op", per-op selective checkpointing, or "modules", Megatron's list of recomputed modules) and
+# ``dropout`` (whether the software's model keeps its dropout layers: their masks and outputs are saved
+# activations and their passes are priced, ``ModelSpec.dropout``).
+STACK_RUN = {"seq_len": int, "pp_microbatches": ("pp",), "selective": ("op", "modules"), "dropout": (True, False)}
 _TOP_KEYS = {"name", "summary", "runtime", "attention_kernel", "attention_efficiency", "params", "defaults", "cp_impls",
              "run"}
 
@@ -211,7 +213,7 @@ def read_stack(path: str | Path) -> Stack:
     for name, item in run.items():
         kind = STACK_RUN[name]
         ok = (_number(item.value) and item.value == int(item.value) and item.value > 0) if kind is int \
-            else item.value in kind
+            else item.value in kind and type(item.value) is type(kind[0])
         if not ok:
             allowed = "a positive whole number" if kind is int else "one of " + ", ".join(repr(v) for v in kind)
             raise PlaitError(f"{where}: run.{name}={item.value!r} must be {allowed}")
