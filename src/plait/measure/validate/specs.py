@@ -205,7 +205,7 @@ def row_specs(row: dict, notes: list[str], params: CostParams = DEFAULT_PARAMS) 
         model = model_for_row(row, seq_len, notes)
         if stack.run_value("dropout")[0] and not model.dropout:
             model = replace(model, dropout=True)
-            notes.append(f"dropout: the {stack.name} stack's model keeps its dropout layers ({stack.run_value('dropout')[1][:60]}...)")
+            notes.append(f"dropout: the {stack.name} stack's runs keep their model's dropout layers (its [run] dropout)")
     if (integer(row, "ep") or 1) > 1 and model.moe is None:
         raise UnsupportedRow("expert parallelism on a dense model")
     try:
