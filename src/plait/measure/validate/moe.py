@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 
-from plait.measure.validate.cells import recompute_modules
+from plait.measure.validate.cells import precision_of, recompute_modules
 from plait.spec.model import ModelSpec
 from plait.spec.moe.parts import MoESpec
 from plait.spec.moe.presets import MOE_PRESETS
@@ -156,17 +156,17 @@ def nvlink_domain(row: dict, gpu_name: str, notes: list[str]) -> int | None:
 
 
 # The recompute of the Megatron-Bridge performance recipes, for rows whose recompute cell is blank, by
-# (system, model words, precision or None, first container, last container or None): the recipe's
+# (system, model words, precision or None, first container), as ``RECIPE_GRAPHS``: the recipe's
 # recompute_modules in Megatron's cell syntax. Read in NVIDIA-NeMo/Megatron-Bridge
 # scripts/performance/configs/gpt_oss/*workload_base_configs.py at v0.2.0 (25.11), v0.3.0, v0.4.0,
 # v0.4.2 and v0.5.0 (26.06): GPT-OSS 120B on H100, B200 and GB200 recomputes ["layernorm", "moe_act"]
 # (the FP8 presets alias the BF16 ones), except GB200's FP8_MX_V2 of v0.5.0 on, which sets
 # recompute_modules=[] (first match wins).
 RECIPE_RECOMPUTE = (
-    ("gb200", ("gpt-oss",), "mxfp8", (26, 6), None, "none"),
-    ("gb200", ("gpt-oss",), None, (25, 11), None, "selective(layernorm, moe_act)"),
-    ("b200", ("gpt-oss",), None, (25, 11), None, "selective(layernorm, moe_act)"),
-    ("h100", ("gpt-oss",), None, (25, 11), None, "selective(layernorm, moe_act)"),
+    ("gb200", ("gpt-oss",), "mxfp8", (26, 6), "none"),
+    ("gb200", ("gpt-oss",), None, (25, 11), "selective(layernorm, moe_act)"),
+    ("b200", ("gpt-oss",), None, (25, 11), "selective(layernorm, moe_act)"),
+    ("h100", ("gpt-oss",), None, (25, 11), "selective(layernorm, moe_act)"),
 )
 
 
@@ -176,16 +176,24 @@ def recipe_recompute(row: dict, notes: list[str]) -> str:
     release = container_release(row)
     if release is None:
         return ""
-    system = (row.get("gpu_type") or "").strip().lower()
-    model = (row.get("model_name") or "").lower().replace(" ", "-")
-    precision = (row.get("precision") or "").strip().lower()
-    for gpu, words, mode, first, last, cell in RECIPE_RECOMPUTE:
-        if system.startswith(gpu) and first <= release and (last is None or release <= last) \
-                and (mode is None or precision == mode) and any(w in model for w in words):
-            notes.append(f"recompute {cell!r}: the Megatron-Bridge {release[0]}.{release[1]:02d} recipe for {gpu} "
+    gpu = (row.get("gpu_type") or "").strip().lower()  # "h100-sxm (DGX-H100)": the system first
+    precision = precision_of(row.get("precision") or "")
+    for system, words, mode, first, cell in RECIPE_RECOMPUTE:
+        if _recipe_applies((system, words, mode, first), row, gpu, precision, release):
+            notes.append(f"recompute {cell!r}: the Megatron-Bridge {release[0]}.{release[1]:02d} recipe for {system} "
                          "(recompute blank in the row)")
             return cell
     return ""
+
+
+def _recipe_applies(entry: tuple, row: dict, gpu: str, precision: str, release: tuple[int, int]) -> bool:
+    """Whether a recipe table's (system, model words or None, precision or None, first container)
+    covers a Megatron-Bridge row of ``gpu`` (a name that starts with the system's), ``precision`` (the
+    layout's) and container ``release``."""
+    system, words, mode, first = entry
+    model = (row.get("model_name") or "").lower().replace(" ", "-")
+    return gpu.startswith(system) and release >= first and (mode is None or precision == mode) \
+        and (words is None or any(w in model for w in words))
 
 
 def moe_given(row: dict, notes: list[str]) -> dict:
@@ -275,10 +283,8 @@ def moe_graph_params(row: dict, gpu_name: str, precision: str, notes: list[str])
     release = container_release(row)
     if release is None:
         return {}
-    model = (row.get("model_name") or "").lower()
     for system, words, mode, first, params, what in RECIPE_GRAPHS:
-        if gpu_name == system and release >= first and (mode is None or precision == mode) \
-                and (words is None or any(w in model for w in words)):
+        if _recipe_applies((system, words, mode, first), row, gpu_name, precision, release):
             notes.append(f"{what} (Megatron-Bridge {release[0]}.{release[1]:02d} recipe for {system}): "
                          + ", ".join(f"{k}={v:g}" for k, v in params.items()))
             return dict(params)
