@@ -151,7 +151,7 @@ def predicted_step(spec, gpu: str, job: dict, layout: str) -> tuple[float | None
 
     plan, why = predict(spec, gpu, JobSpec(global_batch=job["global_batch"], seq_len=job["seq_len"]),
                         Layout.parse(layout))
-    return (plan.step_time_s, None) if plan is not None else (None, why)
+    return (plan.step.step_time, None) if plan is not None else (None, why)
 
 
 def run_step(record, dry_run: bool, gpu: str) -> None:

@@ -180,14 +180,44 @@ def experts_fp8_blocker(device: torch.device, precision: str, hidden: int, ffn: 
     return None
 
 
+FP8_GROUP_ROWS = 16  # torch._scaled_grouped_mm: each group's row count a multiple of 16 (torchao asserts it)
+
+
+def aligned_token_groups(x: torch.Tensor, offs: torch.Tensor,
+                         align: int = FP8_GROUP_ROWS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows ``x`` (rows, k), grouped by the cumulative group ends ``offs`` (int32), with each
+    group padded by zero rows to a multiple of ``align``: (padded rows, their group ends, the padded
+    row of each original row). Device ops only (no host sync: the padded size is the static bound
+    rows + groups·(align - 1)); rows after ``offs[-1]`` stay after the last group. A grouped GEMM of
+    the padded rows, read back with ``index_select(0, rows)``, is the GEMM of ``x``: padding rows are
+    zero, so they add nothing to a weight gradient either."""
+    sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+    padded_sizes = (sizes + (align - 1)) // align * align
+    padded_ends = torch.cumsum(padded_sizes, 0, dtype=offs.dtype)
+    shift = torch.cat([padded_ends - padded_sizes - (offs - sizes), (padded_ends[-1:] - offs[-1:])])
+    index = torch.arange(x.shape[0], device=x.device, dtype=offs.dtype)
+    rows = (index + shift[torch.searchsorted(offs, index, right=True)]).long()
+    bound = -(-(x.shape[0] + offs.numel() * (align - 1)) // align) * align
+    padded = x.new_zeros(bound, x.shape[1]).index_copy(0, rows, x)
+    return padded, padded_ends, rows
+
+
 def fp8_grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """``torch._grouped_mm(x, weight, offs=offs)`` with fp8 operands (row-wise scales; torchao):
-    x (rows, k) bf16, weight (groups, k, n), given to torchao column-major as it requires."""
+    x (rows, k) bf16, weight (groups, k, n), given to torchao column-major as it requires, the token
+    groups padded to ``FP8_GROUP_ROWS`` rows (``aligned_token_groups``; torchao 0.17-0.18 refuse
+    to pad them themselves)."""
     quiet_torchao()
-    from torchao.prototype.moe_training import _to_fp8_rowwise_then_scaled_grouped_mm
+    import inspect
+
+    from torchao.prototype.moe_training import _to_fp8_rowwise_then_scaled_grouped_mm as grouped_mm
 
     column_major = weight.transpose(-2, -1).contiguous().transpose(-2, -1)
-    return _to_fp8_rowwise_then_scaled_grouped_mm(x, column_major, offs, out_dtype=x.dtype)
+    padded, padded_offs, rows = aligned_token_groups(x, offs)
+    own_padding = "pad_token_groups_for_grouped_mm" in inspect.signature(grouped_mm).parameters
+    out = grouped_mm(padded, column_major, padded_offs, out_dtype=torch.bfloat16,
+                     **({"pad_token_groups_for_grouped_mm": False} if own_padding else {}))
+    return out.index_select(0, rows).to(x.dtype)
 
 
 def convert_experts(model: nn.Module, device: torch.device, precision: str,
