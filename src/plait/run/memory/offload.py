@@ -17,7 +17,13 @@ run their forward under ``torch.autograd.graph.saved_tensors_hooks``:
     layout: views are rebuilt with ``set_``).
   * **prefetch**: when the gradient reaches a block's output (its backward is about to start),
     the transfers of that block and of the offloaded block before it in the same forward are
-    started, so the previous block's tensors are on their way while this one computes.
+    started, so the previous block's tensors are on their way while this one computes. Once
+    started, the graph's handles alone hold the copies: each leaves the device when the last
+    node that saved it has run, so two blocks' copies are on the device at once at most.
+  * **double buffer** in the forward: a block's device bytes are let go when the block after
+    next starts (on GPU the compute stream first waits for their copy-out), so two blocks'
+    activations are on the device at once at most, as the planner counts
+    (``plait.plan.memory.offload_buffer_bytes``); a forward faster than the copies waits for them.
 
 Targets:
   * ``cpu``: on GPU, pinned host buffers and asynchronous copies on a side CUDA stream (device
@@ -93,6 +99,8 @@ class ActivationOffloader:
         self._seen: dict[tuple, tuple[StorageWeakRef, Stored, int]] = {}
         self._timed: list[tuple] = []  # GPU: (kind, start event, end event) read at the step's end
         self._serial = 0
+        self._last: tuple[weakref.ref, list[Stored]] | None = None  # the last offloaded block's output, group
+        self._copying: list[list[Stored]] = []  # groups whose device bytes are held until copied out
         self._pending: list[tuple[Future, int]] = []
         self._failure: BaseException | None = None
         self.directory: Path | None = None
@@ -114,8 +122,9 @@ class ActivationOffloader:
         state: dict = {}
 
         def enter(module, args):
+            self._release(self._copying[:-1])  # the double buffer: the last block's copy-out may still run
             group: list[Stored] = []
-            previous = state.get("last")
+            previous = self._last  # the block that ran just before, if its output is this input
             x = args[0] if args else None
             linked = previous if previous is not None and previous[0]() is x else None
             state["group"] = (group, linked[1] if linked else None)
@@ -131,10 +140,12 @@ class ActivationOffloader:
             if ctx is not None:
                 ctx.__exit__(None, None, None)
             self._group = None
+            self._seen = {}  # its handles stay with the graph alone (and leave with it)
             group, before = state.pop("group", ([], None))
+            self._copying.append(list(group))
             if isinstance(output, torch.Tensor) and output.requires_grad:
                 output.register_hook(self._prefetch_hook(group, before))
-                state["last"] = (weakref.ref(output), group)
+                self._last = (weakref.ref(output), group)
 
         self._group = None
         block.register_forward_pre_hook(enter)
@@ -142,8 +153,16 @@ class ActivationOffloader:
 
     def _prefetch_hook(self, group: list[Stored], before: list[Stored] | None):
         def hook(grad):
+            self._release(self._copying)  # the backward has begun: every copy-out is enqueued
             for stored in group + (before or []):
                 self._prefetch(stored)
+            # from here the graph's saved-tensor handles alone hold these storages, so each copy
+            # brought back leaves the device once the last node that saved it has run; kept in
+            # these lists, every block's copy would stay until the step's end (the first GPU
+            # proof: offload=cpu:1 peaked above no offload at all)
+            group.clear()
+            if before is not None:
+                before.clear()
         return hook
 
     # ------------------------------------------------------------------ pack
@@ -191,9 +210,8 @@ class ActivationOffloader:
                 start.record()
                 host.copy_(source, non_blocking=True)
                 end.record()
-            source.record_stream(self.stream)  # its memory is reused only after the copy
             self._timed.append(("transfer", start, end))
-            stored.host, stored.event = host, end
+            stored.host, stored.event, stored.source = host, end, source  # source: until _release
         else:
             began = time.perf_counter()
             if self.target == "cpu":
@@ -210,6 +228,20 @@ class ActivationOffloader:
             self._pending.append((stored.write, stored.nbytes))
             self._throttle()
         return stored
+
+    def _release(self, groups: list[list[Stored]]) -> None:
+        """Let the device bytes of ``groups`` go (then clear them from ``_copying``). On GPU the compute
+        stream first waits for their copy-out, so the caching allocator may hand the memory to the
+        next kernels of that stream at once: stream-ordered, as no ``record_stream`` would be (which
+        frees only once the host sees the copy done, so that a forward running ahead of its copies
+        grows the peak by every block still copying)."""
+        for group in groups:
+            for stored in group:
+                if stored.source is not None and self.cuda and stored.event is not None:
+                    torch.cuda.current_stream(stored.device).wait_event(stored.event)
+                stored.source = None
+        released = {id(group) for group in groups}
+        self._copying = [group for group in self._copying if id(group) not in released]
 
     # ------------------------------------------------------------------ disk I/O (thread)
     def write_file(self, path: Path, data: torch.Tensor) -> None:
@@ -283,11 +315,17 @@ class ActivationOffloader:
         if self.target == "disk":
             stored.read = self.io.submit(self._read, stored)
         elif self.cuda:
+            # the copy lands in memory of the compute stream, where it is used and freed (allocated
+            # on the side stream it would sit in that stream's pool, out of the compute stream's reach)
+            current = torch.cuda.current_stream(stored.device)
+            stored.loaded = torch.empty(stored.nbytes, dtype=torch.uint8, device=stored.device)
+            self.stream.wait_stream(current)  # that memory may have been another tensor's until now
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.stream(self.stream):
                 start.record()
-                stored.loaded = stored.host.to(stored.device, non_blocking=True)
+                stored.loaded.copy_(stored.host, non_blocking=True)
                 end.record()
+            stored.loaded.record_stream(self.stream)  # not reused while the copy may run (unpack waits)
             self._timed.append(("transfer", start, end))
             stored.event = end
         else:
@@ -337,6 +375,7 @@ class ActivationOffloader:
                 self.stats.exposed_s += seconds
         self._timed.clear()
         self._seen = {}
+        self._release(self._copying)
         with self._lock:
             stats, self.stats = self.stats, OffloadStats()
         return stats

@@ -56,7 +56,7 @@ def bytes_of(storage) -> torch.Tensor:
 class Stored:
     """One storage moved off the device (shared by every saved view of it)."""
 
-    __slots__ = ("__weakref__", "device", "event", "host", "loaded", "nbytes", "path", "read", "write")
+    __slots__ = ("__weakref__", "device", "event", "host", "loaded", "nbytes", "path", "read", "source", "write")
 
     def __init__(self, nbytes: int, device: torch.device):
         self.nbytes = nbytes
@@ -67,6 +67,7 @@ class Stored:
         self.write: Future | None = None
         self.read: Future | None = None
         self.loaded: torch.Tensor | None = None  # back on the device (uint8, nbytes)
+        self.source: torch.Tensor | None = None  # the device bytes, held while their copy-out may run
 
 
 class Saved:
