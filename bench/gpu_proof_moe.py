@@ -150,7 +150,7 @@ def predicted_step(spec, gpu: str, job: dict, layout: str) -> tuple[float | None
     from train_gpu import predict  # bench/ is on the path (gpu_proof.py)
 
     plan, why = predict(spec, gpu, JobSpec(global_batch=job["global_batch"], seq_len=job["seq_len"]),
-                        Layout.parse(layout))
+                        Layout.parse(layout), compile=False)  # the MoE runs train eager (run_step)
     return (plan.step.step_time, None) if plan is not None else (None, why)
 
 

@@ -140,10 +140,16 @@ def init_single_process_group(device: torch.device, store_dir: str) -> None:
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 
 
-def predict(spec: ModelSpec, gpu: str, job: JobSpec, layout: Layout) -> tuple[Plan | None, str | None]:
-    """The planner's plan for this run on one ``gpu``, or (None, why not)."""
+def predict(spec: ModelSpec, gpu: str, job: JobSpec, layout: Layout,
+            compile: bool | None) -> tuple[Plan | None, str | None]:
+    """The planner's plan for this run on one ``gpu`` with plait's ``compile`` setting (its blocks
+    priced compiled or eager as they run), or (None, why not)."""
+    from plait.plan.compiled import with_compile
+    from plait.plan.params import DEFAULT_PARAMS
+
     try:
-        return evaluate(spec, cluster_for_gpu(gpu, 1), job, layout), None
+        params = with_compile(DEFAULT_PARAMS, None, compile, "cuda")
+        return evaluate(spec, cluster_for_gpu(gpu, 1), job, layout, params, compile=compile), None
     except PlaitError as exc:
         return None, str(exc)
 
@@ -533,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     layout = Layout.parse(",".join([f"dp=1,mbs={args.mbs}", *extra]))
     global_batch = args.mbs * args.grad_accum
     job = JobSpec(global_batch=global_batch, seq_len=args.seq)
-    plan, plan_error = predict(spec, predict_gpu, job, layout)
+    plan, plan_error = predict(spec, predict_gpu, job, layout, compile=not args.no_compile)
     prediction = None
     if plan is not None:
         prediction = dict(plan.to_dict()["prediction"])

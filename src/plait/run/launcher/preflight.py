@@ -99,9 +99,14 @@ def preflight(config: RunConfig, options: LaunchOptions, allow_oom: bool = False
         warnings.append(f"GPU {local_accelerator()!r} is not a known spec: pass --gpu (plait clusters) "
                         "for MFU and the memory check")
         return config, warnings
+    from plait.plan.compiled import with_compile
+    from plait.plan.params import DEFAULT_PARAMS
     from plait.plan.plan import evaluate
 
-    plan = evaluate(model, run_cluster(config, options), job.job_spec, layout)
+    # priced as it runs: compiled blocks under --compile (auto: on CUDA where the layout allows it)
+    params = with_compile(DEFAULT_PARAMS, None, config.runtime.compile, "cuda")
+    plan = evaluate(model, run_cluster(config, options), job.job_spec, layout, params,
+                    compile=config.runtime.compile)
     config = dataclasses.replace(config, prediction=Prediction.of_plan(plan, gpu))
     if not plan.fits:
         over = (plan.memory.total - plan.memory.capacity) / GIB

@@ -17,13 +17,11 @@ run their forward under ``torch.autograd.graph.saved_tensors_hooks``:
     layout: views are rebuilt with ``set_``).
   * **prefetch**: when the gradient reaches a block's output (its backward is about to start),
     the transfers of that block and of the offloaded block before it in the same forward are
-    started, so the previous block's tensors are on their way while this one computes. Once
-    started, the graph's handles alone hold the copies: each leaves the device when the last
-    node that saved it has run, so two blocks' copies are on the device at once at most.
-  * **double buffer** in the forward: a block's device bytes are let go when the block after
-    next starts (on GPU the compute stream first waits for their copy-out), so two blocks'
-    activations are on the device at once at most, as the planner counts
-    (``plait.plan.memory.offload_buffer_bytes``); a forward faster than the copies waits for them.
+    started, so the previous block's tensors are on their way while this one computes; each copy
+    leaves the device with the last node that saved it (the graph's handles alone hold it).
+  * **double buffer** in the forward: a block's device bytes go when the block after next starts
+    (on GPU once the compute stream has waited for their copy-out). Forward and backward so hold
+    two blocks at most, as ``plait.plan.memory.offload_buffer_bytes`` counts.
 
 Targets:
   * ``cpu``: on GPU, pinned host buffers and asynchronous copies on a side CUDA stream (device
@@ -156,10 +154,8 @@ class ActivationOffloader:
             self._release(self._copying)  # the backward has begun: every copy-out is enqueued
             for stored in group + (before or []):
                 self._prefetch(stored)
-            # from here the graph's saved-tensor handles alone hold these storages, so each copy
-            # brought back leaves the device once the last node that saved it has run; kept in
-            # these lists, every block's copy would stay until the step's end (the first GPU
-            # proof: offload=cpu:1 peaked above no offload at all)
+            # the graph's handles alone hold them now: each copy leaves with the last node that saved
+            # it (kept here, every block's stayed until the step's end: the GPU proof's offload peak)
             group.clear()
             if before is not None:
                 before.clear()
@@ -230,11 +226,9 @@ class ActivationOffloader:
         return stored
 
     def _release(self, groups: list[list[Stored]]) -> None:
-        """Let the device bytes of ``groups`` go (then clear them from ``_copying``). On GPU the compute
-        stream first waits for their copy-out, so the caching allocator may hand the memory to the
-        next kernels of that stream at once: stream-ordered, as no ``record_stream`` would be (which
-        frees only once the host sees the copy done, so that a forward running ahead of its copies
-        grows the peak by every block still copying)."""
+        """Let the device bytes of ``groups`` go (and drop them from ``_copying``). On GPU the compute
+        stream first waits for their copy-out: the memory is reused stream-ordered at once (with
+        ``record_stream`` a forward ahead of its copies grew the peak by every block still copying)."""
         for group in groups:
             for stored in group:
                 if stored.source is not None and self.cuda and stored.event is not None:
@@ -315,8 +309,7 @@ class ActivationOffloader:
         if self.target == "disk":
             stored.read = self.io.submit(self._read, stored)
         elif self.cuda:
-            # the copy lands in memory of the compute stream, where it is used and freed (allocated
-            # on the side stream it would sit in that stream's pool, out of the compute stream's reach)
+            # in the compute stream's memory, where it is used and freed (not in the side stream's pool)
             current = torch.cuda.current_stream(stored.device)
             stored.loaded = torch.empty(stored.nbytes, dtype=torch.uint8, device=stored.device)
             self.stream.wait_stream(current)  # that memory may have been another tensor's until now
