@@ -13,21 +13,22 @@ Then ``summary`` writes ``$OUT/summary.md`` and ``summary.json`` and prints the 
 what failed (the first line of its error), the numbers, and the issue's targets met or not.
 ``$OUT`` defaults to ``bench/results/gpu_proof`` (the device tool sets ``$OUT``; ``--out DIR``).
 
-Steps (limits in seconds; they add up to ``BUDGET_S`` = 560, 9 min 20 s, on an H100):
+Steps (limits in seconds; they add up to ``BUDGET_S`` = 560, 9 min 20 s, on an H100; set from the
+first run's times, bench/results/gpu_proof: 16, 56, 26, 41, 114, 29 and 88 s with torchao carried):
 
-  setup          20  install wheels carried in bench/wheels/ (pip --no-index, only if the folder
+  setup          30  install wheels carried in bench/wheels/ (pip --no-index, only if the folder
                      exists), then record GPU, driver, torch, CUDA, transformers, torchao
-  right         110  llama-125m: CPU fp32 vs GPU fp32 losses within an arithmetic tolerance, no host
+  right          90  llama-125m: CPU fp32 vs GPU fp32 losses within an arithmetic tolerance, no host
                      sync in the loop, bf16 + compile + fused loss, fp8 if torchao (gpu_proof_right.py)
   moe            50  a 60M MoE (8 experts top-2): torch._grouped_mm = per-expert GEMMs in bf16 and
                      torchao's fp8 grouped GEMM against them, forward and backward, within derived
                      bounds; training in bf16 and fp8 vs the CPU fp32 reference; measured vs predicted
                      step time (gpu_proof_moe.py; issue 33)
-  fast          115  bench/train_gpu.py: 1.1B Llama at seq 4096, plait (default recipe) vs a plain HF
+  fast           80  bench/train_gpu.py: 1.1B Llama at seq 4096, plait (default recipe) vs a plain HF
                      loop: tokens/s, MFU, peak memory vs the planner's prediction
-  fast_variants 110  bench/train_gpu.py --no-baseline with ckpt=full, offload=cpu:1, fp8 (torchao)
-  profile        50  bench/profile_gpu.py: plait profile (GEMM curve, attention, HBM) -> $OUT/calibrations/<gpu>.json
-  sweep          95  bench/sweep_gpu.py: plait sweep of 5 one-GPU layouts of llama3.2-1b (mbs, ckpt,
+  fast_variants 140  bench/train_gpu.py --no-baseline with ckpt=full, offload=cpu:1, fp8 (torchao)
+  profile        45  bench/profile_gpu.py: plait profile (GEMM curve, attention, HBM) -> $OUT/calibrations/<gpu>.json
+  sweep         115  bench/sweep_gpu.py: plait sweep of 5 one-GPU layouts of llama3.2-1b (mbs, ckpt,
                      offload, fp8), predicted vs measured, from the fresh profile and the shipped defaults
   summary        10  the table
 
@@ -73,13 +74,13 @@ class Step:
 
 
 STEPS = (
-    Step("setup", 20, "carried wheels, GPU, driver and versions"),
-    Step("right", 110, "fp32 GPU = CPU, no host sync, bf16 + compile + fused loss, fp8"),
+    Step("setup", 30, "carried wheels, GPU, driver and versions"),
+    Step("right", 90, "fp32 GPU = CPU, no host sync, bf16 + compile + fused loss, fp8"),
     Step("moe", 50, "MoE experts: grouped GEMM = per-expert GEMMs (bf16, fp8), training, measured vs predicted"),
-    Step("fast", 115, "1.1B Llama at seq 4096: plait vs a plain HF loop (bench/train_gpu.py)"),
-    Step("fast_variants", 110, "the same with ckpt=full, offload=cpu:1, fp8 (plait only)"),
-    Step("profile", 50, "plait profile -> calibrations/<gpu>.json (bench/profile_gpu.py)"),
-    Step("sweep", 95, "plait sweep of 5 layouts: fresh profile and shipped defaults (bench/sweep_gpu.py)"),
+    Step("fast", 80, "1.1B Llama at seq 4096: plait vs a plain HF loop (bench/train_gpu.py)"),
+    Step("fast_variants", 140, "the same with ckpt=full, offload=cpu:1, fp8 (plait only)"),
+    Step("profile", 45, "plait profile -> calibrations/<gpu>.json (bench/profile_gpu.py)"),
+    Step("sweep", 115, "plait sweep of 5 layouts: fresh profile and shipped defaults (bench/sweep_gpu.py)"),
     Step("summary", 10, "the table (summary.md)"),
 )
 BUDGET_S = sum(step.limit_s for step in STEPS)

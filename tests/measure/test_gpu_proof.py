@@ -26,6 +26,11 @@ import gpu_proof_report  # noqa: E402
 DRY_SCALE = 20
 
 
+
+def limit(name: str) -> int:
+    """A step's limit in seconds, as bench/gpu_proof.py declares it."""
+    return next(step.limit_s for step in gpu_proof.STEPS if step.name == name)
+
 def _env() -> dict:
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src"), "GPU_PROOF_DRY_SCALE": str(DRY_SCALE)}
     env.pop("OUT", None)  # the device tool's variable would redirect the results
@@ -79,7 +84,7 @@ def test_gpu_proof_dry_run(tmp_path):
     assert sweep["median_step_error_fresh"] is not None and sweep["median_step_error_defaults"] is not None
 
     text = (tmp_path / "summary.md").read_text()
-    assert "DRY RUN" in text and f"| right | {110 * DRY_SCALE} |" in text and "n/a (dry run)" in text
+    assert "DRY RUN" in text and f"| right | {limit('right') * DRY_SCALE} |" in text and "n/a (dry run)" in text
     assert "mbs=2,ckpt=full | ok |" in text  # the sweep's predicted-vs-measured table
     assert (tmp_path / "logs" / "right.log").stat().st_size > 0
 
@@ -107,9 +112,10 @@ def test_summary_reports_failures_timeouts_and_the_rest(tmp_path, capsys):
     code = gpu_proof_report.write_summary(tmp_path, steps, dry_run=False)
     assert code == 1
     text = (tmp_path / "summary.md").read_text()
-    assert "| right | 110 | 12 | TIMEOUT | parts done before the limit: right: fp32 GPU vs CPU losses |" in text
-    assert "| fast_variants | 110 | 12 | FAILED | RuntimeError: boom |" in text
-    assert "| profile | 50 | 12 | FAILED | exit 139: ValueError: the profile broke |" in text
+    assert (f"| right | {limit('right')} | 12 | TIMEOUT | parts done before the limit: right: fp32 GPU vs CPU "
+            "losses |") in text
+    assert f"| fast_variants | {limit('fast_variants')} | 12 | FAILED | RuntimeError: boom |" in text
+    assert f"| profile | {limit('profile')} | 12 | FAILED | exit 139: ValueError: the profile broke |" in text
     assert "| sweep | 95 | - | not run |" in text
     assert "| plait MFU >= 50% (1.1B, seq 4096) | 52.0% | met |" in text
     assert "| plait tokens/s >= 1.3x the HF loop | 1.10x | NOT met |" in text
@@ -173,7 +179,7 @@ def test_a_step_past_its_limit_is_reported_and_the_next_still_runs(tmp_path, dry
                            *(["--dry-run"] if dry_run else [])],
                           capture_output=True, text=True, timeout=600, check=False, env=env)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert f"limits add up to {gpu_proof.BUDGET_S - 14} s" in proc.stdout  # setup's 20 s limit set to 6
+    assert f"limits add up to {gpu_proof.BUDGET_S - limit('setup') + 6} s" in proc.stdout  # setup's limit set to 6
     assert "setup          TIMEOUT after" in proc.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     fast = summary["steps"]["fast"]
@@ -184,7 +190,7 @@ def test_a_step_past_its_limit_is_reported_and_the_next_still_runs(tmp_path, dry
         assert fast["status"] == "failed" and fast["error"].startswith("RuntimeError: torch sees no GPU")
     text = (tmp_path / "summary.md").read_text()
     assert "| setup | 6 |" in text and "| TIMEOUT | parts done before the limit: none |" in text
-    assert f"| right | {110 * DRY_SCALE if dry_run else 110} | - | not run |" in text
+    assert f"| right | {limit('right') * (DRY_SCALE if dry_run else 1)} | - | not run |" in text
 
 
 @pytest.mark.parametrize("args, env, message", [
