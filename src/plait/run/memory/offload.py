@@ -24,21 +24,19 @@ run their forward under ``torch.autograd.graph.saved_tensors_hooks``:
     two blocks at most, as ``plait.plan.memory.offload_buffer_bytes`` counts.
 
 Targets:
-  * ``cpu``: on GPU, pinned host buffers and asynchronous copies on a side CUDA stream (device
-    to host after the forward, host to device on prefetch), ordered by events - the compute
-    stream waits only when a tensor is needed before its copy finished. On CPU the same code
-    path copies synchronously (host to host), so that it is testable.
+  * ``cpu``: on GPU, pinned host buffers and asynchronous copies on a side CUDA stream, ordered
+    by events: the compute stream waits only for a copy not yet done when its tensor is needed or
+    its memory let go. On CPU the same code path copies synchronously (host to host).
   * ``disk`` (SSDTrain-style): one file per storage in a fresh directory of this rank
     (``plait-offload-rank<R>-*``, made by the trainer under ``--offload-dir``, by default in the
     system temporary directory), written and read by one background I/O thread; prefetch queues
     the reads. A write that fails (e.g. ENOSPC: disk full) stops the run with a ``PlaitError``
     naming the file and the reason at the next save or load.
 
-Counters (``OffloadStats``, per step): bytes moved out and back, tensors and deduplicated saves,
-the transfer time (side stream / I/O thread, wherever it ran) and the time the training thread
-(or, on GPU, the compute stream) waited for transfers (exposed); hidden = transfer - exposed.
-Not offloaded: what the selective checkpoint of ``ckpt=balanced`` keeps in its own cache
-(``plait.plan.activations.offloadable_items``); ``--compile`` (refused by the run config).
+Counters (``OffloadStats``, per step): bytes out and back, tensors, deduplicated saves, transfer
+time (side stream / I/O thread) and the time training (on GPU the compute stream) waited: exposed.
+Not offloaded: what ``ckpt=balanced``'s selective checkpoint caches (``offloadable_items``); not
+with ``--compile`` (refused by the run config).
 """
 
 from __future__ import annotations
@@ -69,11 +67,6 @@ from plait.run.memory.offload_handles import (
 from plait.spec.layout import Layout
 
 MAX_PENDING_WRITE_BYTES = 4 * 2**30  # disk: the forward waits when this much is queued for writing
-
-
-def offloaded_layer_ids(layer_ids: list[str], layout: Layout, pp_rank: int) -> list[str]:
-    """The blocks of a GPU (in order, over its virtual stages) whose activations are offloaded."""
-    return layer_ids[:offloaded_layer_count(layout, len(layer_ids), pp_rank)]
 
 
 class ActivationOffloader:
@@ -226,13 +219,13 @@ class ActivationOffloader:
         return stored
 
     def _release(self, groups: list[list[Stored]]) -> None:
-        """Let the device bytes of ``groups`` go (and drop them from ``_copying``). On GPU the compute
-        stream first waits for their copy-out: the memory is reused stream-ordered at once (with
-        ``record_stream`` a forward ahead of its copies grew the peak by every block still copying)."""
+        """Let the device bytes of ``groups`` go (and drop them from ``_copying``), on GPU once the compute
+        stream waits for their copy-out: reused stream-ordered (``record_stream`` let a peak grow)."""
         for group in groups:
+            held = [stored.event for stored in group if stored.source is not None and stored.event is not None]
+            if self.cuda and held:
+                self._exposed_wait(held)
             for stored in group:
-                if stored.source is not None and self.cuda and stored.event is not None:
-                    torch.cuda.current_stream(stored.device).wait_event(stored.event)
                 stored.source = None
         released = {id(group) for group in groups}
         self._copying = [group for group in self._copying if id(group) not in released]
@@ -339,13 +332,8 @@ class ActivationOffloader:
             stored.read = None
         data = stored.loaded
         if self.cuda:
-            current = torch.cuda.current_stream(stored.device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(current)
-            current.wait_event(stored.event)
-            end.record(current)
-            self._timed.append(("exposed", start, end))
-            data.record_stream(current)
+            self._exposed_wait([stored.event])
+            data.record_stream(torch.cuda.current_stream(self.device))
         out = torch.empty(0, dtype=saved.dtype, device=stored.device).set_(
             data.untyped_storage(), saved.offset, saved.size, saved.stride)
         if saved.dtensor is not None:
@@ -355,6 +343,16 @@ class ActivationOffloader:
             with torch.no_grad():
                 out = DTensor.from_local(out, mesh, placements, run_check=False, shape=shape, stride=stride)
         return out
+
+    def _exposed_wait(self, events: list) -> None:
+        """The compute stream waits for ``events`` (GPU copies); the wait is timed as exposed."""
+        current = torch.cuda.current_stream(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(current)
+        for event in events:
+            current.wait_event(event)
+        end.record(current)
+        self._timed.append(("exposed", start, end))
 
     # ------------------------------------------------------------------ bookkeeping
     def step_stats(self) -> OffloadStats:
@@ -386,7 +384,7 @@ def apply_activation_offload(chunks: list[nn.Module], layout: Layout, pp_rank: i
                              directory: str | Path | None) -> tuple[ActivationOffloader | None, list[str]]:
     """Attach an offloader to this GPU's chosen blocks; returns it (None without offload) and their ids."""
     owner = {layer_id: chunk for chunk in chunks for layer_id in chunk.layers}
-    chosen = offloaded_layer_ids(list(owner), layout, pp_rank)
+    chosen = list(owner)[:offloaded_layer_count(layout, len(owner), pp_rank)]  # in order, over its virtual stages
     if not chosen:
         return None, []
 
