@@ -9,6 +9,7 @@
   states.py       model states of ZeRO-sharded parameters
   activations.py  saved-activation bytes per layer, item by item
   memory.py       memory per rank: states, activations, buffers
+  autocast.py     autocast's bf16 weight copies (no FSDP) alive at the peak
   cost.py         estimate_step: the step time as the sum of terms/
   terms/          one module per step-time mechanism
   context/        the context-parallel side: what each kernel sends, the searched kernel

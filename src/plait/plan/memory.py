@@ -30,7 +30,8 @@ their fp32 log-softmax and its gradient, one micro-batch; ``loss_tokens``): all 
 micro-batch's tokens with ``loss=unfused``, one chunk of ``LOSS_CHUNK_TOKENS`` with ``loss=fused`` (the chunked cross
 entropy keeps only the final hidden state, which the LM head's GEMM saves in both cases, and
 recomputes one chunk's logits at a time in the backward).
-Activation offload (``plait.run.memory.offload``): the first ``offloaded_layer_count`` layers of a
+Without FSDP, autocast's bf16 copies of the linear weights (item ``autocast_copies``,
+``plait.plan.autocast``). Activation offload (``plait.run.memory.offload``): the first ``offloaded_layer_count`` layers of a
 stage (Kwai's fraction α, pipeline-stage aware) move what autograd saves to host memory or disk;
 plait's runtime keeps a double buffer of two such layers on the GPU (the one being copied, the one
 prefetched), Transformer Engine's offload none at the peak (``offload_buffer_bytes``).
@@ -65,6 +66,7 @@ from plait.plan.activations import (
     layer_items,
     stage_layer_bytes,
 )
+from plait.plan.autocast import autocast_copy_bytes
 from plait.plan.memo import by_layout_fields
 from plait.plan.moe.memory import dense_layer_local, dispatch_buffer_bytes, expert_states, stage_dense_blocks
 from plait.plan.params import DEFAULT_PARAMS, CostParams
@@ -107,6 +109,7 @@ class MemoryBreakdown:
     moe_buffers: float = 0.0  # expert dispatch send/receive buffers of one layer (plait.plan.moe.memory)
     pipeline_buffers: float = 0.0  # torch.distributed.pipelining's receive buffers (pipeline_buffer_bytes)
     deferred_weight_grads: float = 0.0  # zero-bubble's held output gradients (deferred_weight_grad_bytes)
+    autocast_copies: float = 0.0  # autocast's bf16 weight copies without FSDP (plait.plan.autocast)
 
     @property
     def model_states(self) -> float:
@@ -116,7 +119,7 @@ class MemoryBreakdown:
     def total(self) -> float:
         return (self.model_states + self.activations + self.embedding_activations + self.logits
                 + self.zero3_buffers + self.comm_buffers + self.cuda_context + self.fragmentation
-                + self.moe_buffers + self.pipeline_buffers + self.deferred_weight_grads)
+                + self.moe_buffers + self.pipeline_buffers + self.deferred_weight_grads + self.autocast_copies)
 
     @property
     def allocated(self) -> float:
@@ -367,7 +370,8 @@ def rank_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: La
     pipeline = pipeline_buffer_bytes(model, layout, job, rank, e, runtime)
     deferred = deferred_weight_grad_sets(layout, m, rank, runtime) * deferred_weight_grad_bytes(
         model, layout, job, is_last, e)
-    dynamic = acts + embed_acts + logits + buffers + moe_buffers + pipeline + deferred
+    copies = autocast_copy_bytes(model, layout, params, stage_layers(model, layout) * layout.vpp, is_last, e, runtime)
+    dynamic = acts + embed_acts + logits + buffers + moe_buffers + pipeline + deferred + copies
     grads = gradients_at_peak(grads, layout, m, e, dynamic)
     stage = "only" if layout.pp == 1 else "first" if is_first else "last" if is_last else str(rank)
     return MemoryBreakdown(
@@ -375,7 +379,7 @@ def rank_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: La
         logits=logits, zero3_buffers=buffers, comm_buffers=params.comm_buffer_bytes,
         cuda_context=params.cuda_context_bytes, fragmentation=params.fragmentation * dynamic,
         capacity=cluster.gpu.hbm_bytes, stage=stage, host_bytes=host + offloaded, moe_buffers=moe_buffers,
-        pipeline_buffers=pipeline, deferred_weight_grads=deferred,
+        pipeline_buffers=pipeline, deferred_weight_grads=deferred, autocast_copies=copies,
     )
 
 
