@@ -69,7 +69,7 @@ from plait.plan.activations import (
 from plait.plan.autocast import autocast_copy_bytes
 from plait.plan.memo import by_layout_fields
 from plait.plan.moe.memory import dense_layer_local, dispatch_buffer_bytes, expert_states, stage_dense_blocks
-from plait.plan.params import DEFAULT_PARAMS, CostParams
+from plait.plan.params import DEFAULT_PARAMS, FP32_LOSS_BYTES, CostParams
 from plait.plan.states import ddp_accumulation_bytes, gradients_at_peak, sharded_states
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import LOSS_CHUNK_TOKENS, JobSpec, Layout
@@ -354,7 +354,9 @@ def rank_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: La
     # log-softmax and gradient, or what a fused loss keeps (loss_peak_bytes); soft-capped logits
     # (Gemma-2): tanh saves its output beside them
     kept = params.loss_peak_bytes or params.logits_bytes_per_element
-    per_logit = kept - BF16 + e + (e if model.logit_softcap else 0.0)
+    # PyTorch's fp32 loss keeps fp32 tensors only; the other counts hold the logits in the compute dtype
+    in_compute_dtype = 0.0 if params.loss_peak_bytes == FP32_LOSS_BYTES else BF16
+    per_logit = kept - in_compute_dtype * (1 - e / BF16) + (e if model.logit_softcap else 0.0)
     logits = per_logit * loss_tokens(layout, job.seq_len) * model.vocab / layout.tp if is_last else 0.0
     local = stage_params(model, layout)
     held = local["first"] if is_first else local["last"] if is_last else local["middle"]

@@ -17,6 +17,11 @@ from plait.spec.units import GIB, MIB_BYTES
 from plait.spec.serialize import dataclass_from_dict
 
 
+# PyTorch's F.cross_entropy on fp32 logits at its peak, bytes per logit: the saved log-softmax, nll_loss's
+# gradient and the log-softmax's input gradient, all fp32, whatever the compute dtype (CostParams.loss_peak_bytes)
+FP32_LOSS_BYTES = 12.0
+
+
 @dataclass(frozen=True)
 class CostParams:
     """Attributes (units in the names):
@@ -57,10 +62,14 @@ class CostParams:
     fragmentation: caching-allocator reserve over the dynamic (activation) memory, as a fraction.
     logits_bytes_per_element: bf16 logits + fp32 log-softmax + fp32 gradient at the loss (the
         loss's memory at its peak, and half its HBM traffic, ``plait.plan.kernels.head_time``).
-    loss_peak_bytes: bytes per logit the software's loss keeps at its peak when its kernel is not the
-        unfused fp32 one ``logits_bytes_per_element`` describes (a fused cross entropy that keeps
-        the bf16 logits and writes their gradient in place: 2); 0: ``logits_bytes_per_element``.
-        Memory only: the loss's traffic stays priced by ``logits_bytes_per_element``.
+    loss_peak_bytes: bytes per logit the software's loss keeps at its peak. PyTorch's
+        ``F.cross_entropy`` on the fp32 copy of the logits (plait's ``loss=unfused``, torchtitan):
+        12, the saved fp32 log-softmax, nll_loss's dense fp32 gradient and the log-softmax's fp32 input
+        gradient, alive together in the backward while the bf16 logits are gone (counted in
+        tests/plan/test_loss_peak.py; the first GPU proof's eager sweep and torchtitan's reported
+        memory ran above the 10 counted before). A fused cross entropy that keeps the bf16 logits and
+        writes their gradient in place: 2. 0: ``logits_bytes_per_element``. Memory only: the loss's
+        traffic stays priced by ``logits_bytes_per_element``.
     fp8_gemm_efficiency: fraction of the fp8 (or fp4) peak that low-precision GEMMs reach on a
         part at its full power (``GpuSpec.power_derate`` scales it for a power-capped one). The
         default, torchao's float8 (plait's runtime and torchtitan, casts included): 0.5 was chosen
@@ -159,7 +168,7 @@ class CostParams:
     comm_buffer_bytes: float = 256 * MIB_BYTES
     fragmentation: float = 0.08
     logits_bytes_per_element: float = 10.0
-    loss_peak_bytes: float = 0.0
+    loss_peak_bytes: float = FP32_LOSS_BYTES
     fp8_gemm_efficiency: float = 0.50 / H100_500W_DERATE
     fp8_cast_passes: float = 0.0
     zero3_collective_bandwidth: float = 0.0
