@@ -32,6 +32,7 @@ def run(args) -> int:
         values = {f"attention_efficiency[{g}]": i.value for g, i in stack.attention_efficiency.items()}
         values.update({f"params.{n}": i.value for n, i in stack.params.items()})
         values.update({f"defaults.{n}": i.value for n, i in stack.defaults.items()})
+        values.update({f"run.{n}": i.value for n, i in stack.run.items()})
         for what, source in stack.sources().items():
             table.add_row(what, f"{values[what]:g}" if isinstance(values[what], float) else str(values[what]), source)
         if not values:
