@@ -103,9 +103,10 @@ def saved_beyond_inputs(loss_of, hidden, labels, head) -> int:
 
 
 def test_loss_memory_matches_planner_logits_term():
-    """Unfused: the fp32 log-probabilities of every token are kept (4 of the planner's 10 bytes per
-    logit: the bf16 logits and the fp32 gradient are transient); fused: nothing of that size is kept
-    and the planner counts one chunk (``plait.plan.memory.loss_tokens``)."""
+    """Unfused: the fp32 log-probabilities of every token are kept (4 of the 12 bytes per logit at the
+    loss's peak: nll_loss's fp32 gradient and the log-softmax's fp32 input gradient join them in the
+    backward, tests/plan/test_loss_peak.py); fused: nothing of that size is kept and the planner counts
+    one chunk (``plait.plan.memory.loss_tokens``)."""
     from plait.plan.memory import estimate_memory, loss_tokens
     from plait.run.loss import chunked_token_loss, token_loss
     from plait.spec.hardware import cluster_for_gpu
@@ -127,4 +128,4 @@ def test_loss_memory_matches_planner_logits_term():
     plain, chunked = Layout(dp=8, mbs=2), Layout(dp=8, mbs=2, loss="fused")
     assert loss_tokens(plain, job.seq_len) == 2 * 4096 and loss_tokens(chunked, job.seq_len) == LOSS_CHUNK_TOKENS
     saved = estimate_memory(model, cluster, job, plain).logits - estimate_memory(model, cluster, job, chunked).logits
-    assert saved == 10 * (2 * 4096 - LOSS_CHUNK_TOKENS) * model.vocab  # CostParams.logits_bytes_per_element
+    assert saved == 3 * 4 * (2 * 4096 - LOSS_CHUNK_TOKENS) * model.vocab  # three fp32 tensors per logit
