@@ -25,8 +25,8 @@ keeps 1F1B's memory; torch's zero-bubble schedule (plait's runtime) keeps min(p,
 and, on rank r > 0, the output gradients of r + 1 micro-batches for their deferred weight steps
 (item ``deferred_weight_grads``, ``deferred_weight_grad_bytes``), so its last stage is the peak.
 Checkpointing adds the tensors that one layer dropped, live again while it is recomputed for its
-backward. The first stage adds the embedding output, the last stage the logits (bf16 logits,
-their fp32 log-softmax and its gradient, one micro-batch; ``loss_tokens``): all of the
+backward. The first stage adds the embedding output, the last stage the loss's peak (``loss_peak_bytes``
+per logit: PyTorch's cross entropy 12, three fp32 tensors; one micro-batch, ``loss_tokens``): all of the
 micro-batch's tokens with ``loss=unfused``, one chunk of ``LOSS_CHUNK_TOKENS`` with ``loss=fused`` (the chunked cross
 entropy keeps only the final hidden state, which the LM head's GEMM saves in both cases, and
 recomputes one chunk's logits at a time in the backward).
@@ -350,9 +350,8 @@ def rank_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: La
     # the first layer saves of that same tensor (nn.Dropout(p=0) returns its input; the lookup saves ids)
     embed_share = (1.5 if model.dropout else 0.0 if runtime == "megatron-core" else 1.0)
     embed_per_mb = e * job.seq_len / layout.cp * layout.mbs * model.hidden / rep * embed_share
-    # the logits in the compute dtype (logits_bytes_per_element counts them as bf16) and the fp32
-    # log-softmax and gradient, or what a fused loss keeps (loss_peak_bytes); soft-capped logits
-    # (Gemma-2): tanh saves its output beside them
+    # what the software's loss keeps per logit at its peak (loss_peak_bytes, at bf16 compute; else
+    # logits_bytes_per_element); soft-capped logits (Gemma-2): tanh saves its output beside them
     kept = params.loss_peak_bytes or params.logits_bytes_per_element
     # PyTorch's fp32 loss keeps fp32 tensors only; the other counts hold the logits in the compute dtype
     in_compute_dtype = 0.0 if params.loss_peak_bytes == FP32_LOSS_BYTES else BF16
