@@ -73,8 +73,10 @@ def test_a_fused_cross_entropy_keeps_its_bytes_per_logit_and_prices_the_same_tim
         traffic = dataclasses.replace(params, loss_peak_bytes=0.0)  # the loss's traffic stays priced alike
         assert estimate_step(model, cluster, job, layout, params).step_time == \
             estimate_step(model, cluster, job, layout, traffic).step_time
-    # Megatron's own loss keeps the 2 + 4 + 4 counted before; PyTorch's (the default) its counted 12
-    assert params_for_stack(get_stack("megatron-core")).loss_peak_bytes == DEFAULT_PARAMS.logits_bytes_per_element
+    # Megatron's own loss keeps the bf16 logits + fp32 log-softmax + fp32 gradient (2 + 4 + 4); PyTorch's
+    # (the default) its counted 12
+    megatron = params_for_stack(get_stack("megatron-core"))
+    assert estimate_memory(model, cluster, job, layout, megatron).logits == (2 + 4 + 4) * logits
     assert estimate_memory(model, cluster, job, layout).logits == DEFAULT_PARAMS.loss_peak_bytes * logits == 12 * logits
 
 

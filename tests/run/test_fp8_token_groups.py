@@ -17,7 +17,7 @@ import types
 import pytest
 import torch
 
-from plait.run.parallel.float8 import FP8_GROUP_ROWS, aligned_token_groups, fp8_grouped_mm
+from plait.run.parallel.float8 import FP8_GROUP_ROWS, _torchao_grouped_mm, aligned_token_groups, fp8_grouped_mm
 
 
 def grouped_reference(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -103,6 +103,7 @@ def test_fp8_grouped_mm_gives_torchao_aligned_groups_and_turns_its_padding_off(m
     package = types.ModuleType("torchao.prototype.moe_training")
     package._to_fp8_rowwise_then_scaled_grouped_mm = grouped_mm
     monkeypatch.setitem(sys.modules, "torchao.prototype.moe_training", package)
+    _torchao_grouped_mm.cache_clear()  # read once per process: here from the fake, then forgotten
     if importlib.util.find_spec("torchao") is None:  # the parents of the faked module, where torchao is absent
         monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
         monkeypatch.setitem(sys.modules, "torchao.prototype", types.ModuleType("torchao.prototype"))
@@ -110,7 +111,10 @@ def test_fp8_grouped_mm_gives_torchao_aligned_groups_and_turns_its_padding_off(m
     sizes = [300, 0, 17, 3]
     offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
     x, weight = integers(sum(sizes), 16, seed=5), integers(len(sizes), 16, 32, seed=6)
-    out = fp8_grouped_mm(x, weight, offs)
+    try:
+        out = fp8_grouped_mm(x, weight, offs)
+    finally:
+        _torchao_grouped_mm.cache_clear()
     assert torch.equal(out, grouped_reference(x, weight, offs))
     assert all(n % FP8_GROUP_ROWS == 0 for n in seen["sizes"]) and seen["column_major"]
     assert seen.get("pad_token_groups_for_grouped_mm", "absent") == (False if own_padding else "absent")

@@ -22,13 +22,11 @@ weights with fp32 masters in the optimizer), and a CPU (fp32, no autocast).
 
 from __future__ import annotations
 
-from plait.plan.activations import checkpointed_layer_count
+from plait.plan.activations import BF16, checkpointed_layer_count
 from plait.plan.compiled import compiled_share
 from plait.plan.params import CostParams
 from plait.spec.layout import Layout
 from plait.spec.model import ModelSpec
-
-BF16 = 2
 
 
 def autocast_copy_bytes(model: ModelSpec, layout: Layout, params: CostParams, layers: int, is_last: bool,

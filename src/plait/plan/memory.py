@@ -69,7 +69,7 @@ from plait.plan.activations import (
 from plait.plan.autocast import autocast_copy_bytes
 from plait.plan.memo import by_layout_fields
 from plait.plan.moe.memory import dense_layer_local, dispatch_buffer_bytes, expert_states, stage_dense_blocks
-from plait.plan.params import DEFAULT_PARAMS, FP32_LOSS_BYTES, CostParams
+from plait.plan.params import DEFAULT_PARAMS, CostParams
 from plait.plan.states import ddp_accumulation_bytes, gradients_at_peak, sharded_states
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import LOSS_CHUNK_TOKENS, JobSpec, Layout
@@ -350,12 +350,11 @@ def rank_memory(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: La
     # the first layer saves of that same tensor (nn.Dropout(p=0) returns its input; the lookup saves ids)
     embed_share = (1.5 if model.dropout else 0.0 if runtime == "megatron-core" else 1.0)
     embed_per_mb = e * job.seq_len / layout.cp * layout.mbs * model.hidden / rep * embed_share
-    # what the software's loss keeps per logit at its peak (loss_peak_bytes, at bf16 compute; else
-    # logits_bytes_per_element); soft-capped logits (Gemma-2): tanh saves its output beside them
-    kept = params.loss_peak_bytes or params.logits_bytes_per_element
-    # PyTorch's fp32 loss keeps fp32 tensors only; the other counts hold the logits in the compute dtype
-    in_compute_dtype = 0.0 if params.loss_peak_bytes == FP32_LOSS_BYTES else BF16
-    per_logit = kept - in_compute_dtype * (1 - e / BF16) + (e if model.logit_softcap else 0.0)
+    # what the software's loss keeps per logit at its peak, as counted for its kernel (loss_peak_bytes),
+    # or else logits_bytes_per_element's logits in the compute dtype with fp32 log-softmax and gradient;
+    # soft-capped logits (Gemma-2): tanh saves its output beside them
+    kept = params.loss_peak_bytes or params.logits_bytes_per_element - BF16 + e
+    per_logit = kept + (e if model.logit_softcap else 0.0)
     logits = per_logit * loss_tokens(layout, job.seq_len) * model.vocab / layout.tp if is_last else 0.0
     local = stage_params(model, layout)
     held = local["first"] if is_first else local["last"] if is_last else local["middle"]

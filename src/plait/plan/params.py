@@ -68,8 +68,9 @@ class CostParams:
         gradient, alive together in the backward while the bf16 logits are gone (counted in
         tests/plan/test_loss_peak.py; the first GPU proof's eager sweep and torchtitan's reported
         memory ran above the 10 counted before). A fused cross entropy that keeps the bf16 logits and
-        writes their gradient in place: 2. 0: ``logits_bytes_per_element``. Memory only: the loss's
-        traffic stays priced by ``logits_bytes_per_element``.
+        writes their gradient in place: 2. 0: ``logits_bytes_per_element``'s count, its logits in the
+        compute dtype (the Megatron stacks). Memory only: the loss's traffic stays priced by
+        ``logits_bytes_per_element``.
     fp8_gemm_efficiency: fraction of the fp8 (or fp4) peak that low-precision GEMMs reach on a
         part at its full power (``GpuSpec.power_derate`` scales it for a power-capped one). The
         default, torchao's float8 (plait's runtime and torchtitan, casts included): 0.5 was chosen

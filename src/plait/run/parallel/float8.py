@@ -49,6 +49,7 @@ torchao is optional (the ``cpu`` and ``gpu`` extras install it); without it the 
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -207,17 +208,24 @@ def fp8_grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) ->
     x (rows, k) bf16, weight (groups, k, n), given to torchao column-major as it requires, the token
     groups padded to ``FP8_GROUP_ROWS`` rows (``aligned_token_groups``; torchao 0.17-0.18 refuse
     to pad them themselves)."""
-    quiet_torchao()
-    import inspect
-
-    from torchao.prototype.moe_training import _to_fp8_rowwise_then_scaled_grouped_mm as grouped_mm
-
+    grouped_mm, options = _torchao_grouped_mm()
     column_major = weight.transpose(-2, -1).contiguous().transpose(-2, -1)
     padded, padded_offs, rows = aligned_token_groups(x, offs)
-    own_padding = "pad_token_groups_for_grouped_mm" in inspect.signature(grouped_mm).parameters
-    out = grouped_mm(padded, column_major, padded_offs, out_dtype=torch.bfloat16,
-                     **({"pad_token_groups_for_grouped_mm": False} if own_padding else {}))
+    out = grouped_mm(padded, column_major, padded_offs, out_dtype=torch.bfloat16, **options)
     return out.index_select(0, rows).to(x.dtype)
+
+
+@functools.cache
+def _torchao_grouped_mm():
+    """torchao's fp8 grouped GEMM and the options plait passes it: its own token padding off, where
+    that torchao has the argument (read once: every expert GEMM calls it)."""
+    import inspect
+
+    quiet_torchao()
+    from torchao.prototype.moe_training import _to_fp8_rowwise_then_scaled_grouped_mm as grouped_mm
+
+    own_padding = "pad_token_groups_for_grouped_mm" in inspect.signature(grouped_mm).parameters
+    return grouped_mm, ({"pad_token_groups_for_grouped_mm": False} if own_padding else {})
 
 
 def convert_experts(model: nn.Module, device: torch.device, precision: str,
