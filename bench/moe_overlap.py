@@ -100,7 +100,8 @@ def _exchange_worker(rank: int, port: int, repeats: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from plait.run.modules.moe import SharedExperts, expert_forward
+    from plait.run.modules.experts import expert_forward
+    from plait.run.modules.moe import SharedExperts
     from plait.run.parallel.expert import AllToAllDispatcher
     from plait.run.parallel.expert_overlap import OverlappedDispatcher
 

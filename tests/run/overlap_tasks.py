@@ -47,8 +47,11 @@ def _inputs(rank: int, ep: int):
     return rows.requires_grad_(), counts, mine, side_in.requires_grad_(), shared, probe
 
 
-def _run(dispatcher, timeline: list | None) -> dict:
-    """One exchange and its backward; the output and every gradient."""
+def _run(dispatcher, timeline: list | None) -> tuple[dict, list[str]]:
+    """One exchange and its backward: (the output and every gradient, the backward's ops that built a
+    zero-padded whole-size gradient: ``op_record.PADDED_GRADIENT_OPS``)."""
+    from op_record import OpRecord
+
     from plait.run.modules.experts import expert_forward
 
     rank, ep = dist.get_rank(), dist.get_world_size()
@@ -64,25 +67,27 @@ def _run(dispatcher, timeline: list | None) -> dict:
 
     out, extra = dispatcher.exchange(rows, counts, experts, side)
     loss = (out * probe).sum() + extra.square().sum()
-    loss.backward()
+    with OpRecord() as record:
+        loss.backward()
     return {"out": out.detach(), "shared": extra.detach(), "rows": rows.grad, "side": side_in.grad,
-            **{f"w{i}": w.grad for i, w in enumerate(weights)}}
+            **{f"w{i}": w.grad for i, w in enumerate(weights)}}, record.padded()
 
 
 def exchange_timelines(modes: list[str]) -> dict:
     """Per mode: the largest absolute difference of output and every gradient from the plain
-    dispatcher's, and the timeline's (event, exchange, chunk) in order."""
+    dispatcher's, the timeline's (event, exchange, chunk) in order, and the backward's padded ops."""
     from plait.run.parallel.expert import AllToAllDispatcher
     from plait.run.parallel.expert_overlap import OverlappedDispatcher
 
     group, ep = dist.group.WORLD, dist.get_world_size()
-    plain = _run(AllToAllDispatcher(group, ep, EXPERTS), None)
+    plain, _ = _run(AllToAllDispatcher(group, ep, EXPERTS), None)
     out = {}
     for mode in modes:
         dispatcher = OverlappedDispatcher(group, ep, EXPERTS, mode)
         dispatcher.timeline = []
-        got = _run(dispatcher, dispatcher.timeline)
+        got, padded = _run(dispatcher, dispatcher.timeline)
         out[mode] = {"diff": {key: (got[key] - value).abs().max().item() for key, value in plain.items()},
                      "scale": {key: value.abs().max().item() for key, value in plain.items()},
-                     "timeline": [event[:3] for event in dispatcher.timeline], "chunks": dispatcher.chunks}
+                     "timeline": [event[:3] for event in dispatcher.timeline], "chunks": dispatcher.chunks,
+                     "padded": padded}
     return out

@@ -125,6 +125,27 @@ def test_the_grouped_gemm_path_equals_the_per_expert_loop():
     assert grads_g[0][1].abs().sum().item() == 0.0  # expert 1 had no rows
 
 
+def test_the_per_expert_loop_backward_builds_no_whole_weight_gradient_per_expert():
+    """The CPU loop takes each expert's weights and rows from one ``unbind`` / ``split``: the backward
+    stacks the experts' weight gradients and concatenates the rows' once, instead of building a
+    zero-padded gradient of the whole weight (or of every row) per expert and summing them."""
+    from op_record import OpRecord
+
+    from plait.run.modules.experts import expert_forward
+
+    generator = torch.Generator().manual_seed(3)
+    counts = [5, 0, 9, 2]
+    x = torch.randn(sum(counts), 32, generator=generator, requires_grad=True)
+    weights = [(torch.randn(4, *shape, generator=generator) * 0.1).requires_grad_()
+               for shape in ((32, 16), (32, 16), (16, 32))]
+    for biases in (None, tuple(torch.zeros(4, n, requires_grad=True) for n in (16, 16, 32))):
+        loss = expert_forward(x, counts, *weights, grouped=False, biases=biases).square().sum()
+        with OpRecord() as record:
+            loss.backward()
+        assert "aten.mm.default" in record.ops
+        assert not record.padded(), f"whole-size zero-padded gradients in the backward: {record.padded()}"
+
+
 def test_a_capacity_factor_drops_the_lowest_scored_pairs_of_full_experts():
     import dataclasses
 

@@ -7,7 +7,9 @@ One pool task per test, several cases each:
     of one expert GEMM's sums, and their timelines show the overlap: in the forward and in the
     backward every chunk's expert GEMMs run while an all-to-all is in flight (issued before the
     GEMMs started, waited after they ended); with ``shared`` the dispatch is in flight while the
-    shared MLP runs, forward and backward. Order of events only, never wall time.
+    shared MLP runs, forward and backward. Order of events only, never wall time. The backward
+    builds no zero-padded whole-size gradient per chunk or expert (the chunks are one ``split`` of
+    the rows, the experts one ``unbind`` of each weight: ``op_record``).
   * training: ``tiny-moe`` under dp=2 × ep=2 (and with ZeRO-3, and chunked with full activation
     checkpointing: the overlapped all-to-alls recomputed) gives the losses, gradient norms and
     parameters of moe_overlap=none on the same ranks, within tests/support/tolerances.py's bounds
@@ -59,6 +61,8 @@ def test_overlapped_exchange_matches_and_overlaps(dist_pool):
         for mode, got in result.items():
             for key, diff in got["diff"].items():
                 assert diff <= EXCHANGE_RTOL * got["scale"][key], f"rank {rank} {mode}: {key} differs by {diff:.3g}"
+        for mode, got in result.items():
+            assert not got["padded"], f"rank {rank} {mode}: zero-padded gradients in the backward: {got['padded']}"
         chunked = result["chunked"]
         assert chunked["chunks"] == 4
         for chunk in range(chunked["chunks"]):

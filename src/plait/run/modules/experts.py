@@ -70,15 +70,17 @@ def expert_forward(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w3: tor
         gate = _plus_bias(mm(x, w1, offs=offsets), b1, counts_t)
         up = _plus_bias(mm(x, w3, offs=offsets), b3, counts_t)
         return _plus_bias(mm(glu(gate, up, activation), w2, offs=offsets), b2, counts_t)
-    outs, start = [], 0
-    for e, n in enumerate(counts):  # an expert with no rows still runs (its weights get a zero gradient)
-        rows = x[start:start + n]
+    # one view per expert from one unbind: the backward stacks the experts' gradients once per weight
+    # (indexing w[e] per expert would build and sum a whole zero-padded weight gradient per expert)
+    w1, w3, w2 = w1.unbind(0), w3.unbind(0), w2.unbind(0)
+    b1, b3, b2 = (b.unbind(0) for b in (b1, b3, b2)) if b1 is not None else (None, None, None)
+    outs = []
+    for e, rows in enumerate(x.split(counts)):  # an expert with no rows still runs (its weights get a zero gradient)
         gate, up = rows @ w1[e], rows @ w3[e]
         if b1 is not None:
             gate, up = gate + b1[e], up + b3[e]
         out = glu(gate, up, activation) @ w2[e]
         outs.append(out + b2[e] if b2 is not None else out)
-        start += n
     return torch.cat(outs)
 
 

@@ -173,13 +173,14 @@ class OverlappedDispatcher(Dispatcher):
         received = self._exchange_counts(chunk_counts)  # (ep source, chunks, local), on the host
         sent = chunk_counts.view(n, self.ep, self.local).sum(2).tolist()  # [chunk][destination]
         mine = rows[order] if n > 1 else rows
-        in_flight, start = [], 0
+        # one split: its backward concatenates the chunks' gradients once (a slice per chunk would
+        # build and sum a zero-padded gradient of every row per chunk)
+        pieces = mine.split([sum(sent[c]) for c in range(n)])
+        in_flight = []
         for c in range(n):  # every dispatch issued at once
-            size = sum(sent[c])
             out_splits = [sum(received[src][c]) for src in range(self.ep)]
             exchange = _Exchange(self.group, out_splits, sent[c], "dispatch", c, self)
-            in_flight.append((_Issue.apply(mine[start:start + size], exchange), exchange))
-            start += size
+            in_flight.append((_Issue.apply(pieces[c], exchange), exchange))
         extra = self._side(side) if self.mode == "shared" else None  # while the dispatch is in flight
         combines = []
         for c, (buffer, exchange) in enumerate(in_flight):
