@@ -157,8 +157,10 @@ def exchange_timings(repeats: int) -> dict[str, float]:
 
 def predicted_exchange(model_path: Path, calibration: Path) -> dict[str, float]:
     """The planner's seconds of what ``exchange_timings`` runs: the routed and shared experts'
-    GEMMs forward and backward (3x the forward) plus the exposed all-to-alls, per mode."""
+    GEMMs forward and backward (3x the forward), the exposed all-to-alls and the dispatcher's
+    synchronisation (the count exchange and the launches: ``plait.plan.moe.sync``), per mode."""
     from plait.plan.calibration import read_calibration
+    from plait.plan.moe.sync import moe_sync_layer
     from plait.plan.moe.timing import moe_comm_layer, moe_mlp_times
     from plait.spec.hardware import get_cluster
     from plait.spec.layout import Layout
@@ -171,8 +173,9 @@ def predicted_exchange(model_path: Path, calibration: Path) -> dict[str, float]:
     for mode in MODES:
         lay = Layout.parse(layout(mode))
         _, shared, experts = moe_mlp_times(model, cluster.gpu, profile.params, lay, MBS * SEQ_LEN, SEQ_LEN)
-        out[mode] = 3 * (shared + experts) + sum(moe_comm_layer(model, cluster, lay, MBS * SEQ_LEN, SEQ_LEN,
-                                                                profile.params))
+        out[mode] = (3 * (shared + experts) + sum(moe_comm_layer(model, cluster, lay, MBS * SEQ_LEN, SEQ_LEN,
+                                                                 profile.params))
+                     + moe_sync_layer(model, cluster, lay, profile.params, "torch").total)
     return out
 
 

@@ -36,6 +36,28 @@ def test_launches_are_the_counted_kernels_times_the_launch_time():
         assert parts.sync == (S.SYNC_S, 0.0)  # one device-to-host copy, in the forward
 
 
+def test_chunked_launches_every_chunk_s_exchange_and_expert_kernels_again():
+    """plait's moe_overlap=chunked: the router and the preprocessing once, the permutation/exchange,
+    the experts' fixed kernels and the grouped GEMMs once per chunk (plait.run.parallel.expert_overlap;
+    tests/run/test_moe_overlap counts the runtime's expert GEMMs per chunk); at ep=1 the runtime runs
+    it as none; Megatron's 1F1B overlap, read as chunked, repeats nothing."""
+    from plait.plan.moe.timing import MOE_CHUNKS
+
+    for ep in (2, 8):
+        plain = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep}"), DEFAULT_PARAMS)
+        chunked = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep},moe_overlap=chunked"), DEFAULT_PARAMS)
+        for way in (0, 1):
+            per_chunk = S.PERMUTE_KERNELS[way] + S.EXPERT_FIXED_KERNELS[way] + S.CHUNK_GEMM_KERNELS[way]
+            assert chunked[way] - plain[way] == pytest.approx((MOE_CHUNKS - 1) * per_chunk)
+        shared = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep},moe_overlap=shared"), DEFAULT_PARAMS)
+        assert shared == plain
+    megatron = Layout.parse("dp=64,ep=8,moe_overlap=chunked")
+    assert moe_kernels(MIXTRAL, megatron, DEFAULT_PARAMS, "megatron-core") == \
+        moe_kernels(MIXTRAL, Layout.parse("dp=64,ep=8"), DEFAULT_PARAMS, "megatron-core")
+    assert moe_kernels(MIXTRAL, Layout.parse("dp=64,moe_overlap=chunked"), DEFAULT_PARAMS) == \
+        moe_kernels(MIXTRAL, Layout.parse("dp=64"), DEFAULT_PARAMS)
+
+
 def test_ep1_has_no_token_count_exchange_and_ep_gt_1_gathers_the_counts():
     assert moe_sync_layer(MIXTRAL, CLUSTER, Layout.parse("dp=64"), DEFAULT_PARAMS).counts == (0.0, 0.0)
     lay = Layout.parse("dp=64,ep=8")

@@ -47,9 +47,11 @@ def _inputs(rank: int, ep: int):
     return rows.requires_grad_(), counts, mine, side_in.requires_grad_(), shared, probe
 
 
-def _run(dispatcher, timeline: list | None) -> tuple[dict, list[str]]:
-    """One exchange and its backward: (the output and every gradient, the backward's ops that built a
-    zero-padded whole-size gradient: ``op_record.PADDED_GRADIENT_OPS``)."""
+def _run(dispatcher, timeline: list | None) -> tuple[dict, dict]:
+    """One exchange and its backward: (the output and every gradient, what its ops did: the
+    backward's ops that built a zero-padded whole-size gradient (``op_record.PADDED_GRADIENT_OPS``),
+    the GEMMs of the forward and backward, and the bytes the backward's additions of expert-weight-
+    sized tensors moved)."""
     from op_record import OpRecord
 
     from plait.run.modules.experts import expert_forward
@@ -65,29 +67,33 @@ def _run(dispatcher, timeline: list | None) -> tuple[dict, list[str]]:
         y = torch.tanh(x @ shared_w) @ shared_w
         return y if timeline is None else _Note.apply(y, timeline, "gemm-start")
 
-    out, extra = dispatcher.exchange(rows, counts, experts, side)
-    loss = (out * probe).sum() + extra.square().sum()
+    with OpRecord() as forward:
+        out, extra = dispatcher.exchange(rows, counts, experts, side)
+        loss = (out * probe).sum() + extra.square().sum()
     with OpRecord() as record:
         loss.backward()
+    ops = {"padded": record.padded(), "gemms": forward.count("aten.mm.default") + record.count("aten.mm.default"),
+           "weight_sum_bytes": record.bytes_of_adds({tuple(w.shape) for w in weights})}
     return {"out": out.detach(), "shared": extra.detach(), "rows": rows.grad, "side": side_in.grad,
-            **{f"w{i}": w.grad for i, w in enumerate(weights)}}, record.padded()
+            **{f"w{i}": w.grad for i, w in enumerate(weights)}}, ops
 
 
 def exchange_timelines(modes: list[str]) -> dict:
     """Per mode: the largest absolute difference of output and every gradient from the plain
-    dispatcher's, the timeline's (event, exchange, chunk) in order, and the backward's padded ops."""
+    dispatcher's, the timeline's (event, exchange, chunk) in order, and what the ops of its run and
+    of the plain one did (``_run``)."""
     from plait.run.parallel.expert import AllToAllDispatcher
     from plait.run.parallel.expert_overlap import OverlappedDispatcher
 
     group, ep = dist.group.WORLD, dist.get_world_size()
-    plain, _ = _run(AllToAllDispatcher(group, ep, EXPERTS), None)
+    plain, plain_ops = _run(AllToAllDispatcher(group, ep, EXPERTS), None)
     out = {}
     for mode in modes:
         dispatcher = OverlappedDispatcher(group, ep, EXPERTS, mode)
         dispatcher.timeline = []
-        got, padded = _run(dispatcher, dispatcher.timeline)
+        got, ops = _run(dispatcher, dispatcher.timeline)
         out[mode] = {"diff": {key: (got[key] - value).abs().max().item() for key, value in plain.items()},
                      "scale": {key: value.abs().max().item() for key, value in plain.items()},
                      "timeline": [event[:3] for event in dispatcher.timeline], "chunks": dispatcher.chunks,
-                     "padded": padded}
+                     "ops": ops, "plain_ops": plain_ops}
     return out

@@ -19,6 +19,7 @@ One pool task per test, several cases each:
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,6 +29,8 @@ import moe_tasks
 import overlap_tasks
 import tolerances
 
+from plait.plan.moe.timing import MOE_CHUNKS, chunk_gradient_sums
+from plait.spec.layout import Layout
 from plait.spec.models import get_model
 
 LOSS_RTOL = tolerances.LOSS_RTOL
@@ -37,6 +40,10 @@ PARAM_ATOL = tolerances.adamw_atol(tolerances.TINY_LR, moe_tasks.STEPS, toleranc
 # the exchange alone: values O(scale) out of sums of at most FFN terms (an expert's down projection)
 # and, for a weight gradient, of the rows of all ranks (at most 2·ROWS), in another order
 EXCHANGE_RTOL = 2 * tolerances.reduction_rtol(max(overlap_tasks.FFN, 2 * overlap_tasks.ROWS))
+
+# the exchange's shapes as the planner reads them (fp32: 4-byte gradients)
+EXCHANGE_MODEL = SimpleNamespace(hidden=overlap_tasks.HIDDEN, moe=SimpleNamespace(
+    n_experts=overlap_tasks.EXPERTS, expert_ffn=overlap_tasks.FFN))
 
 BASE = "dp=2,ep=2"
 OVERLAPPED = ["dp=2,ep=2,moe_overlap=chunked", "dp=2,ep=2,moe_overlap=shared",
@@ -62,9 +69,20 @@ def test_overlapped_exchange_matches_and_overlaps(dist_pool):
             for key, diff in got["diff"].items():
                 assert diff <= EXCHANGE_RTOL * got["scale"][key], f"rank {rank} {mode}: {key} differs by {diff:.3g}"
         for mode, got in result.items():
-            assert not got["padded"], f"rank {rank} {mode}: zero-padded gradients in the backward: {got['padded']}"
+            padded = got["ops"]["padded"]
+            assert not padded, f"rank {rank} {mode}: zero-padded gradients in the backward: {padded}"
         chunked = result["chunked"]
-        assert chunked["chunks"] == 4
+        assert chunked["chunks"] == MOE_CHUNKS
+        # what the planner prices chunked for beyond the all-to-alls (plait.plan.moe): every chunk
+        # runs every local expert's GEMMs again (3 forward, a data and a weight gradient each
+        # backward: the launches of plait.plan.moe.sync's per-chunk kernels), and the backward adds
+        # the chunks' expert weight gradients (chunk_gradient_sums, counted here byte for byte)
+        local = overlap_tasks.EXPERTS // 2
+        extra_gemms = chunked["ops"]["gemms"] - chunked["plain_ops"]["gemms"]
+        assert extra_gemms == (chunked["chunks"] - 1) * 9 * local, f"rank {rank}: {extra_gemms} more GEMMs"
+        assert chunked["plain_ops"]["weight_sum_bytes"] == 0
+        assert chunked["ops"]["weight_sum_bytes"] == chunk_gradient_sums(
+            EXCHANGE_MODEL, SimpleNamespace(element_bytes=4), Layout.parse("dp=2,ep=2,moe_overlap=chunked"))
         for chunk in range(chunked["chunks"]):
             for what in ("experts", "experts-grad"):
                 flying = in_flight(chunked["timeline"], what, chunk)

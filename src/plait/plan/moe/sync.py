@@ -17,7 +17,10 @@ is needed before expert parallel AlltoAll communication"); plait's runtime does 
             GPU's queue, and the block's kernels (routing, permutation, one GEMM per local expert)
             are smaller than the host's time to issue them, so the GPU waits on every launch:
             (kernels) × ``CostParams.moe_launch_s``. Counted per part (``ROUTER_KERNELS`` ...
-            ``EXPERT_KERNELS``, forward and backward).
+            ``EXPERT_KERNELS``, forward and backward). plait's ``moe_overlap=chunked`` launches the
+            permutation and exchange, the experts' fixed kernels and its grouped GEMMs again for
+            every chunk after the first (``CHUNK_GEMM_KERNELS``; ``plait.run.parallel.expert_overlap``;
+            the router and the preprocessing run once: ``plait.plan.moe.timing.runtime_chunks``).
 
 CUDA graphs remove launches: ``CostParams.moe_router_graphed`` (Transformer Engine graphs with
 ``cuda_graph_scope`` ``moe_router`` and ``moe_preprocess``, as Megatron-Bridge's GB200 recipes set)
@@ -32,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.plan import comm
+from plait.plan.moe.timing import runtime_chunks
 from plait.plan.params import CostParams
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import Layout
@@ -54,6 +58,10 @@ EXPERT_FIXED_KERNELS = (2, 2)
 # per local expert (Transformer Engine's GroupedLinear issues one cuBLAS GEMM per expert):
 #   fc1 and fc2 forward, their data and weight gradients backward
 EXPERT_KERNELS = (2, 4)
+# plait's moe_overlap=chunked, per chunk after the first: the permutation and exchange and the
+#   experts' fixed kernels again, and its grouped GEMMs (torch._grouped_mm on CUDA: w1, w3 and w2
+#   forward, a data and a weight gradient of each backward), whatever the local experts
+CHUNK_GEMM_KERNELS = (3, 6)
 GRAPH_LAUNCHES = (1, 1)  # a captured scope replayed: one graph launch each way
 # ESTIMATE: a pinned device-to-host copy of a few hundred bytes and the host's wake-up from the
 # stream synchronisation, ~10 us (PCIe Gen5 / NVLink-C2C round trips are a few microseconds; the
@@ -83,15 +91,17 @@ class MoESync:
         return self.forward + self.backward
 
 
-def moe_kernels(model, layout: Layout, params: CostParams) -> tuple[float, float]:
+def moe_kernels(model, layout: Layout, params: CostParams, runtime: str = "torch") -> tuple[float, float]:
     """(forward, backward) kernels the host launches for one MoE layer (module docstring), after the
-    CUDA graphs of ``params`` took theirs."""
+    CUDA graphs of ``params`` took theirs; ``runtime``'s chunks (``plait.plan.moe.timing.runtime_chunks``)."""
     local = model.moe.n_experts / layout.ep
     router = params.moe_router_graphed
+    again = runtime_chunks(layout, runtime) - 1
     out = []
     for way in (0, 1):
         graphed = ROUTER_KERNELS[way] + PREPROCESS_KERNELS[way]
         eager = PERMUTE_KERNELS[way] + EXPERT_FIXED_KERNELS[way] + local * EXPERT_KERNELS[way]
+        eager += again * (PERMUTE_KERNELS[way] + EXPERT_FIXED_KERNELS[way] + CHUNK_GEMM_KERNELS[way])
         kernels = eager + (1.0 - router) * graphed + router * GRAPH_LAUNCHES[way]
         out.append((1.0 - params.moe_layer_graphed) * kernels)
     return out[0], out[1]
@@ -107,5 +117,5 @@ def moe_sync_layer(model, cluster: ClusterSpec, layout: Layout, params: CostPara
         group = expert_groups(layout, cluster.gpus_per_node, runtime)["ep"]
         counts = comm.all_gather(cluster, group, COUNT_BYTES * model.moe.n_experts * layout.ep)
     sync = (1.0 - params.moe_layer_graphed) * SYNC_S
-    forward, backward = moe_kernels(model, layout, params)
+    forward, backward = moe_kernels(model, layout, params, runtime)
     return MoESync((counts, 0.0), (sync, 0.0), (forward * params.moe_launch_s, backward * params.moe_launch_s))

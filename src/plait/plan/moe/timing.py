@@ -47,8 +47,13 @@ the all-reduce of the experts' partial outputs without it (the etp ranks hold th
            number: ``plait.run.parallel.expert_overlap``), with comm the chunks' all-to-alls (each
            its own latency) and gemm the expert GEMMs run as MOE_CHUNKS smaller grouped GEMMs;
            what that split adds over one grouped GEMM (launches, the efficiency curve at fewer
-           rows per expert) and the rows' gather into chunk order and back (2 read+write passes
-           over R·h per pass) are added to the exposed time (item ``ep_comm``).
+           rows per expert), the rows' gather into chunk order and back (2 read+write passes
+           over R·h per pass) and, in the backward, the sum of the chunks' expert weight gradients
+           (``chunk_gradient_sums``) are added to the exposed time (item ``ep_comm``); the kernels
+           each chunk launches again are ``plait.plan.moe.sync``'s. Megatron's 1F1B all-to-all
+           overlap (what ``plait validate`` reads as chunked) hides the same share behind another
+           micro-batch's compute and pays none of these: it runs each micro-batch whole
+           (``runtime_chunks``).
 Hidden communication slows the compute it shares the GPU with by ``CostParams.overlap_slowdown``.
 """
 
@@ -69,6 +74,14 @@ from plait.spec.moe.layout import expert_data_parallel, expert_groups, expert_tp
 
 MOE_CHUNKS = 4  # moe_overlap=chunked: chunks per micro-batch (Comet and FSMoE pipeline 2-8)
 PERMUTE_PASSES = 4.0  # dispatch permute and combine unpermute: read + write of R·h bf16 each, forward
+
+
+def runtime_chunks(layout: Layout, runtime: str = "torch") -> int:
+    """The chunks each micro-batch's expert exchange runs in: ``MOE_CHUNKS`` for plait's runtime's
+    moe_overlap=chunked at ep > 1 (``plait.run.parallel.expert_overlap``; at ep = 1 it runs as none),
+    else 1. Megatron's 1F1B all-to-all overlap, which ``plait validate`` reads as chunked, overlaps
+    whole micro-batches and runs each once."""
+    return MOE_CHUNKS if layout.moe_overlap == "chunked" and layout.ep > 1 and runtime == "torch" else 1
 
 
 def grouped_gemm_time(gpu: GpuSpec, params: CostParams, groups: float, m: float, k: float, n: float,
@@ -234,14 +247,16 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
     if a2a <= 0.0:
         return 0.0, 0.0
     _, shared, experts = moe_mlp_times(model, cluster.gpu, params, layout, tokens, seq_len)
-    chunked, split, regroup = a2a, experts, 0.0
-    if layout.moe_overlap == "chunked":  # each chunk's all-to-all its own latency, its GEMMs smaller
+    chunked, split, regroup, grad_sums = a2a, experts, 0.0, 0.0
+    if runtime_chunks(layout, runtime) > 1:  # each chunk's all-to-all its own latency, its GEMMs smaller
         gpu = cluster.gpu
         chunked = MOE_CHUNKS * expert_a2a(model, cluster, layout, seq_len, params, runtime, 1.0 / MOE_CHUNKS)
         _, routed = routed_tokens(model, layout, seq_len, load=params.moe_load_imbalance)
         split = routed_expert_gemms(model, gpu, params, layout, routed, MOE_CHUNKS)
+        bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
         # the rows gathered into chunk order and back: read + write of R·h twice per pass
-        regroup = 4.0 * gpu.element_bytes * routed * model.hidden / (gpu.hbm_bandwidth * gpu.memory_efficiency)
+        regroup = 4.0 * gpu.element_bytes * routed * model.hidden / bandwidth
+        grad_sums = chunk_gradient_sums(model, gpu, layout) / bandwidth
     out = []
     for factor in (1.0, 2.0):  # the backward's GEMMs take twice the forward's
         moved = 2.0 * a2a  # dispatch and combine
@@ -253,10 +268,21 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
             moved, window = 2.0 * chunked, factor * split
             hidden = min(moved, window) * (1.0 - 1.0 / MOE_CHUNKS)
             out.append(moved - hidden + params.overlap_slowdown * hidden + factor * max(0.0, split - experts)
-                       + regroup)
+                       + regroup + (grad_sums if factor > 1.0 else 0.0))
         else:
             out.append(moved)
     return out[0], out[1]
+
+
+def chunk_gradient_sums(model, gpu: GpuSpec, layout: Layout, chunks: int = MOE_CHUNKS) -> float:
+    """Bytes that summing the routed experts' weight gradients over ``chunks`` chunks
+    (moe_overlap=chunked: ``runtime_chunks``) moves in one MoE layer's backward: every chunk's expert
+    GEMMs give a gradient of all this rank's expert weights (three matrices per expert), which
+    autograd adds to the sum of the chunks before it: chunks - 1 additions, each reading two and
+    writing one gradient in the compute dtype."""
+    moe = model.moe
+    weights = moe.n_experts / layout.ep * 3.0 * model.hidden * moe.expert_ffn / layout.etp
+    return (chunks - 1) * 3.0 * gpu.element_bytes * weights
 
 
 def expert_tp_comm(model, cluster: ClusterSpec, layout: Layout, layers: int, params: CostParams,
