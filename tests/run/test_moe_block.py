@@ -146,6 +146,40 @@ def test_the_per_expert_loop_backward_builds_no_whole_weight_gradient_per_expert
         assert not record.padded(), f"whole-size zero-padded gradients in the backward: {record.padded()}"
 
 
+def test_under_autocast_the_experts_cast_their_rows_once_and_compute_as_autocast_would():
+    """The MoE block's rows arrive fp32 under autocast (the residual stream's dtype). The experts cast
+    them to autocast's dtype once, so that ``use_grouped_mm`` sees bf16 (on CUDA: the grouped GEMM
+    the planner prices, not one GEMM per expert with autocast casting the rows for each), and give
+    what autocast computes GEMM by GEMM bit for bit (the same casts, once instead of per GEMM)."""
+    import plait.run.modules.experts as experts_module
+    from op_record import OpRecord
+
+    generator = torch.Generator().manual_seed(11)
+    counts = [6, 0, 3, 7]
+    x = torch.randn(sum(counts), 32, generator=generator)
+    weights = [torch.randn(4, *shape, generator=generator) * 0.1 for shape in ((32, 16), (32, 16), (16, 32))]
+    asked = []
+    original = experts_module.use_grouped_mm
+    experts_module.use_grouped_mm = lambda rows: asked.append(rows.dtype) or original(rows)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16), OpRecord() as record:
+            out = experts_module.expert_forward(x, counts, *weights)
+    finally:
+        experts_module.use_grouped_mm = original
+    assert experts_module.compute_dtype(x) == torch.float32  # outside autocast: the rows' own
+    assert asked == [torch.bfloat16] and out.dtype == torch.bfloat16
+    row_casts = [shape for name, shape, _ in record.outputs if name == "aten._to_copy.default" and shape == tuple(x.shape)]
+    assert len(row_casts) == 1, f"the rows were cast {len(row_casts)} times"
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's own casts, GEMM by GEMM
+        want, start = [], 0
+        for e, n in enumerate(counts):
+            rows = x[start:start + n]
+            gate, up = rows @ weights[0][e], rows @ weights[1][e]
+            want.append((F.silu(gate) * up) @ weights[2][e])
+            start += n
+    assert torch.equal(out, torch.cat(want))
+
+
 def test_a_capacity_factor_drops_the_lowest_scored_pairs_of_full_experts():
     import dataclasses
 

@@ -36,6 +36,15 @@ def use_grouped_mm(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the experts' GEMMs run in: autocast's where it is on for ``x``'s device (the rows
+    arrive in the fp32 residual stream's dtype, and autocast would cast them again for every GEMM),
+    else ``x``'s."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
 def glu(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
     """The gated unit of the experts' ``activation`` (module docstring), element-wise on (n, f)."""
     if activation == "oai":
@@ -58,9 +67,12 @@ def expert_forward(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w3: tor
                    activation: str = "silu", mm=None) -> torch.Tensor:
     """The experts on rows ``x`` (grouped: ``counts[e]`` rows for local expert e) through w1, w3
     (E_l, h, f) and w2 (E_l, f, h), with ``biases`` (b1, b3, b2) or None; one output row per input
-    row. ``grouped``: one ``torch._grouped_mm`` per projection (None: ``use_grouped_mm``), else one
+    row, in ``compute_dtype`` (autocast's bf16 under autocast). ``grouped``: one
+    ``torch._grouped_mm`` per projection (None: ``use_grouped_mm``), else one
     GEMM per expert. ``mm``: another grouped GEMM (fp8: ``plait.run.parallel.float8.fp8_grouped_mm``),
     always used."""
+    if mm is None:  # under autocast: the rows cast once, so that CUDA takes the bf16 grouped GEMM
+        x = x.to(compute_dtype(x))
     w1, w3, w2 = (w.to(x.dtype) for w in (w1, w3, w2))  # fp32 master weights under bf16 compute
     b1, b3, b2 = (b.to(x.dtype) for b in biases) if biases is not None else (None, None, None)
     if mm is not None or (use_grouped_mm(x) if grouped is None else grouped):
