@@ -23,7 +23,8 @@ first run's times, bench/results/gpu_proof: 16, 56, 26, 41, 114, 29 and 88 s wit
   moe            50  a 60M MoE (8 experts top-2): torch._grouped_mm = per-expert GEMMs in bf16 and
                      torchao's fp8 grouped GEMM against them, forward and backward, within derived
                      bounds; training in bf16 and fp8 vs the CPU fp32 reference; measured vs predicted
-                     step time (gpu_proof_moe.py; issue 33)
+                     step time; moe_overlap's CUDA side stream, 2 ranks on the GPU over gloo
+                     (gpu_proof_moe.py, gpu_proof_overlap.py; issue 33)
   fast           80  bench/train_gpu.py: 1.1B Llama at seq 4096, plait (default recipe) vs a plain HF
                      loop: tokens/s, MFU, peak memory vs the planner's prediction
   fast_variants 140  bench/train_gpu.py --no-baseline with ckpt=full, offload=cpu:1, fp8 (torchao)
@@ -76,7 +77,8 @@ class Step:
 STEPS = (
     Step("setup", 30, "carried wheels, GPU, driver and versions"),
     Step("right", 90, "fp32 GPU = CPU, no host sync, bf16 + compile + fused loss, fp8"),
-    Step("moe", 50, "MoE experts: grouped GEMM = per-expert GEMMs (bf16, fp8), training, measured vs predicted"),
+    Step("moe", 50, "MoE experts: grouped GEMM = per-expert GEMMs (bf16, fp8), training, measured vs predicted, "
+                    "overlap side stream"),
     Step("fast", 80, "1.1B Llama at seq 4096: plait vs a plain HF loop (bench/train_gpu.py)"),
     Step("fast_variants", 140, "the same with ckpt=full, offload=cpu:1, fp8 (plait only)"),
     Step("profile", 45, "plait profile -> calibrations/<gpu>.json (bench/profile_gpu.py)"),

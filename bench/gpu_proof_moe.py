@@ -35,7 +35,15 @@ result.
 4. **Measured vs predicted.** The median step time of the bf16 and fp8 runs (the first steps left out)
    against the planner's (``plait.plan.evaluate`` on the GPU preset, shipped defaults), recorded.
 
-A dry run (the CPU, ``tiny-moe``) runs part 3 in fp32 on the CPU and skips the GPU kernels.
+5. **The expert overlap's side stream.** ``moe_overlap`` chunked and shared against the plain
+   all-to-all with two ep ranks as two processes on this GPU over gloo (``bench/gpu_proof_overlap.py``:
+   what it proves and what needs two GPUs).
+
+Part 3's bf16 run takes the grouped GEMM since the experts cast their rows to autocast's dtype
+(``plait.run.modules.experts.compute_dtype``); before that, autocast handed them fp32 rows and the
+first run (2026-11-27) trained with one GEMM per expert.
+
+A dry run (the CPU, ``tiny-moe``) runs parts 3 and 5 on the CPU and skips the GPU kernels.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import traceback
 
 import torch
 
+import gpu_proof_overlap
 from gpu_proof_right import (BF16_BAR, FP8_BAR, _failed, compare, cpu_drawn_weights, torchao_importable, train,
                              train_or_fail)
 
@@ -163,6 +172,7 @@ def run_step(record, dry_run: bool, gpu: str) -> None:
         raise RuntimeError("torch sees no GPU (use --dry-run on a CPU box)")
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     kernel_checks(record, device, spec.hidden, moe.expert_ffn, dry_run)
+    gpu_proof_overlap.check(record, cuda)  # part 5: the overlap's side stream, 2 ranks on this GPU
 
     job = settings(dry_run)
     where = (f"{spec.name} ({spec.total_params() / 1e6:.0f}M, {moe.n_experts} experts top-{moe.top_k}), "

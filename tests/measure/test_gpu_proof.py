@@ -69,6 +69,10 @@ def test_gpu_proof_dry_run(tmp_path):
     assert moe_bf16["numbers"]["measured_step_s"] > 0 and moe_bf16["numbers"]["predicted_step_s"] is None
     moe_fp8 = checks["moe: train fp8"]
     assert moe_fp8["status"] == "ok" or (moe_fp8["status"] == "skipped" and "torchao" in moe_fp8["detail"])
+    overlap = checks["moe: overlap side stream (2 ranks, gloo, one GPU)"]  # on the CPU's gloo here
+    assert overlap["status"] == "ok", overlap["detail"]
+    assert set(overlap["numbers"]["worst"]) == {"chunked", "shared"}
+    assert all(value <= overlap["numbers"]["bound"] for value in overlap["numbers"]["worst"].values())
 
     fast = checks["fast: plait vs HF loop"]
     assert fast["status"] == "ok" and fast["numbers"]["tokens_per_s"] > 0

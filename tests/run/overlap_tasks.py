@@ -97,3 +97,32 @@ def exchange_timelines(modes: list[str]) -> dict:
                      "timeline": [event[:3] for event in dispatcher.timeline], "chunks": dispatcher.chunks,
                      "ops": ops, "plain_ops": plain_ops}
     return out
+
+
+def autocast_chunk_casts() -> dict:
+    """moe_overlap=chunked under CPU bf16 autocast with a ``GroupedExperts`` of fp32 weights (the
+    master copy): how often the forward cast each weight, and the bytes the backward's additions of
+    expert-weight-sized tensors moved, and in which dtypes."""
+    from op_record import OpRecord
+
+    from plait.run.modules.experts import GroupedExperts
+    from plait.run.parallel.expert_overlap import OverlappedDispatcher
+
+    rank, ep = dist.get_rank(), dist.get_world_size()
+    rows, counts, weights, _, _, _ = _inputs(rank, ep)
+    experts = GroupedExperts(EXPERTS // ep, HIDDEN, FFN)
+    with torch.no_grad():
+        for name, value in zip(("w1", "w3", "w2"), weights):
+            getattr(experts, name).copy_(value)
+    shapes = {tuple(w.shape) for w in weights}
+    dispatcher = OverlappedDispatcher(dist.group.WORLD, ep, EXPERTS, "chunked")
+    with torch.autocast("cpu", dtype=torch.bfloat16), OpRecord() as forward:
+        out, _ = dispatcher.exchange(rows, counts, experts, None)
+    with OpRecord() as backward:
+        out.float().square().sum().backward()
+    casts = [shape for name, shape, _ in forward.outputs if name == "aten._to_copy.default" and shape in shapes]
+    adds = {size for name, shape, size in backward.outputs
+            if name.startswith(("aten.add.", "aten.add_.")) and shape in shapes}
+    return {"weight_casts": len(casts), "weight_sum_bytes": backward.bytes_of_adds(shapes),
+            "add_element_bytes": sorted(adds), "chunks": dispatcher.chunks,
+            "grads_fp32": all(getattr(experts, n).grad.dtype == torch.float32 for n in ("w1", "w3", "w2"))}

@@ -100,6 +100,21 @@ def test_overlapped_exchange_matches_and_overlaps(dist_pool):
         assert ("dispatch-grad", 0) in in_flight(events, "shared-grad", 0), f"rank {rank}: {events}"
 
 
+def test_chunked_casts_the_expert_weights_once_and_sums_their_gradients_in_bf16(dist_pool):
+    """Under bf16 autocast with fp32 master weights, chunked casts each expert weight once for all
+    chunks (GroupedExperts.cast) and sums the chunks' weight gradients in bf16: the bytes the planner
+    prices with a 2-byte compute dtype (chunk_gradient_sums); per-chunk casts would sum them in fp32."""
+    out = dist_pool(2).run(overlap_tasks.autocast_chunk_casts, timeout=120)
+    want = chunk_gradient_sums(EXCHANGE_MODEL, SimpleNamespace(element_bytes=2),
+                               Layout.parse("dp=2,ep=2,moe_overlap=chunked"))
+    for rank, got in enumerate(out):
+        assert got["chunks"] == MOE_CHUNKS
+        assert got["weight_casts"] == 3, f"rank {rank}: {got['weight_casts']} casts of the expert weights"
+        assert got["add_element_bytes"] == [2], f"rank {rank}: sums in {got['add_element_bytes']}-byte elements"
+        assert got["weight_sum_bytes"] == want, f"rank {rank}"
+        assert got["grads_fp32"]
+
+
 def test_overlap_trains_as_no_overlap(dist_pool):
     out = dist_pool(2).run(moe_tasks.train_layouts, [BASE] + OVERLAPPED, timeout=600)
     base = out[0][0]

@@ -132,3 +132,17 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         return expert_forward(x, counts, *self.local_weights(), biases=self.local_biases(),
                               activation=self.activation, mm=self.grouped_mm)
+
+    def cast(self, dtype: torch.dtype):
+        """These experts as a function of (rows, counts) whose weights and biases are cast to ``dtype``
+        once, for a caller that runs them on several chunks of rows (moe_overlap=chunked): each call
+        of ``forward`` casts every weight again, and its backward casts every chunk's gradient back,
+        so the chunks' gradients would be summed in fp32; with one cast they are summed in ``dtype``,
+        as the planner counts them (``plait.plan.moe.timing.chunk_gradient_sums``). The fp8 grouped
+        GEMM takes the weights as they are: ``forward`` itself."""
+        if self.grouped_mm is not None:
+            return self
+        weights = tuple(w.to(dtype) for w in self.local_weights())
+        biases = self.local_biases()
+        biases = tuple(b.to(dtype) for b in biases) if biases is not None else None
+        return lambda x, counts: expert_forward(x, counts, *weights, biases=biases, activation=self.activation)

@@ -13,7 +13,8 @@ can interleave them:
            host); then every chunk's dispatch is issued at once (async), and for each chunk in turn:
            wait for its dispatch, run its expert GEMMs (while the later chunks' dispatches and the
            earlier chunks' combines are in flight), issue its combine (async). The combines are
-           waited last. The shared experts run after (as with ``none``).
+           waited last. The shared experts run after (as with ``none``). The experts' weights are
+           cast to the compute dtype once for all chunks (``GroupedExperts.cast``).
   shared   one dispatch issued async, the shared experts (and their gate) computed while it is in
            flight, then wait, the expert GEMMs, and the combine (waited at once: nothing of the
            layer is left to hide it behind).
@@ -51,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from plait.plan.moe.timing import MOE_CHUNKS
+from plait.run.modules.experts import compute_dtype
 from plait.run.modules.moe import Dispatcher
 
 
@@ -169,6 +171,9 @@ class OverlappedDispatcher(Dispatcher):
         by local expert, counts per local expert) -> expert outputs, ``side()`` (the shared experts,
         or None): (the outputs in ``rows``' order, what ``side`` returned)."""
         n = self.chunks
+        cast = getattr(experts, "cast", None)  # the weights cast to the compute dtype once, not per chunk
+        if n > 1 and cast is not None:
+            experts = cast(compute_dtype(rows))
         order, chunk_counts = self._chunk_rows(counts)
         received = self._exchange_counts(chunk_counts)  # (ep source, chunks, local), on the host
         sent = chunk_counts.view(n, self.ep, self.local).sum(2).tolist()  # [chunk][destination]
