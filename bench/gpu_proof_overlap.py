@@ -109,9 +109,10 @@ def _worker(rank: int, port: int, cuda: bool, queue) -> None:
         queue.put({"error": traceback.format_exc(limit=6)})
 
 
-def side_stream_check(cuda: bool, timeout_s: float = 90.0) -> dict:
-    """Run the two ranks (module docstring): {"worst": {mode: relative difference}, "side_stream":
-    {mode: used}, "bound": ...} or {"error": text}."""
+def two_ranks(worker, args: tuple, timeout_s: float) -> dict:
+    """Run ``worker(rank, port, *args, queue)`` as two spawned processes (gloo on 127.0.0.1, a free
+    port); what the first puts on ``queue``, or {"error": ...} when none comes within ``timeout_s``.
+    Also used by bench/moe_overlap.py."""
     import torch.multiprocessing as mp
 
     with socket.socket() as probe:
@@ -119,18 +120,24 @@ def side_stream_check(cuda: bool, timeout_s: float = 90.0) -> dict:
         port = probe.getsockname()[1]
     context = mp.get_context("spawn")
     queue = context.Queue()
-    ranks = [context.Process(target=_worker, args=(rank, port, cuda, queue)) for rank in range(2)]
+    ranks = [context.Process(target=worker, args=(rank, port, *args, queue)) for rank in range(2)]
     for process in ranks:
         process.start()
     try:
         result = queue.get(timeout=timeout_s)
-    except Exception:  # noqa: BLE001 - queue.Empty: a rank hung
+    except Exception:  # noqa: BLE001 - queue.Empty: a rank hung or died
         result = {"error": f"no result within {timeout_s:.0f} s"}
     for process in ranks:
         process.join(timeout=10)
         if process.is_alive():
             process.kill()
-    return {**result, "bound": bound()}
+    return result
+
+
+def side_stream_check(cuda: bool, timeout_s: float = 90.0) -> dict:
+    """Run the two ranks (module docstring): {"worst": {mode: relative difference}, "side_stream":
+    {mode: used}, "bound": ...} or {"error": text}."""
+    return {**two_ranks(_worker, (cuda,), timeout_s), "bound": bound()}
 
 
 def check(record, cuda: bool) -> None:

@@ -137,21 +137,11 @@ def _exchange_worker(rank: int, port: int, repeats: int, queue) -> None:
 
 def exchange_timings(repeats: int) -> dict[str, float]:
     """Median seconds of one MoE exchange, forward and backward, per mode, on 2 gloo processes."""
-    import socket
+    from gpu_proof_overlap import two_ranks
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    ranks = [context.Process(target=_exchange_worker, args=(rank, port, repeats, queue)) for rank in range(2)]
-    for process in ranks:
-        process.start()
-    result = queue.get(timeout=1200)
-    for process in ranks:
-        process.join()
+    result = two_ranks(_exchange_worker, (repeats,), 1200)
+    if "error" in result:
+        raise SystemExit(f"the exchange timing failed: {result['error']}")
     return result
 
 
