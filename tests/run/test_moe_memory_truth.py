@@ -42,7 +42,7 @@ def item_of(module: str, grad_fn: str, dtype: torch.dtype, shape: tuple, spec) -
     if module == "shared":
         return "moe_shared_act_out" if grad_fn.startswith(("Silu", "Mul")) else "moe_shared_up"
     if module == "experts":
-        if grad_fn.startswith("Slice"):
+        if grad_fn.startswith(("Slice", "Split")):  # an expert's rows: one piece of the dispatched rows
             return "moe_dispatched"
         return "moe_act_out" if grad_fn.startswith(("Silu", "Mul")) else "moe_up"
     if dtype == torch.int64:

@@ -23,7 +23,8 @@ TIME_ITEMS = (
     TimeItem("pp_comm", "pipeline send/recv beyond what the software hides", True),
     TimeItem("bubble", "pipeline fill and drain", False),
     TimeItem("dp_comm", "exposed data-parallel / ZeRO communication", False),
-    TimeItem("ep_comm", "exposed expert all-to-all (dispatch and combine)", False),
+    TimeItem("ep_comm", "exposed expert all-to-all (dispatch and combine); with moe_overlap=chunked also what "
+             "splitting costs: smaller expert GEMMs, the rows' regroup, the chunks' weight-gradient sums", False),
     TimeItem("moe_sync", "the dropless dispatcher's per-MoE-layer synchronisation: token counts exchanged over ep, "
              "copied to the host, and the MoE block's kernel launches that sync exposes (launch time fitted: "
              "moe_launch_s); at ep=1 too, less under CUDA graphs", False),
