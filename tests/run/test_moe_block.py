@@ -180,6 +180,24 @@ def test_under_autocast_the_experts_cast_their_rows_once_and_compute_as_autocast
     assert torch.equal(out, torch.cat(want))
 
 
+def test_under_autocast_the_rows_are_dispatched_in_the_compute_dtype():
+    """Under autocast the MoE block gathers and dispatches its rows in bf16 (2 bytes per element through
+    the all-to-all, as the planner prices it; the fp32 residual stream would move 4), gives what it
+    gave with fp32 rows cast by the experts bit for bit, and returns an fp32 gradient to its input."""
+    layer = moe_layer()
+    seen = []
+    exchange = layer.dispatcher.exchange
+    layer.dispatcher.exchange = lambda rows, *rest: seen.append(rows.dtype) or exchange(rows, *rest)
+    x = torch.randn(2, 16, SPEC.hidden, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    out.float().square().sum().backward()
+    assert seen == [torch.bfloat16] and x.grad.dtype == torch.float32
+    layer.dispatcher.exchange = lambda rows, *rest: exchange(rows.float(), *rest)  # fp32 rows, as before
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(layer(x), out)
+
+
 def test_a_capacity_factor_drops_the_lowest_scored_pairs_of_full_experts():
     import dataclasses
 

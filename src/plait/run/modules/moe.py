@@ -14,7 +14,8 @@ top-k):
      the step's micro-batches and the data-parallel ranks: ``plait.run.parallel.expert``). Weights
      are multiplied by ``route_scale``.
   2. dispatch: the T·k (token, expert) pairs sorted by expert; the token rows gathered in that
-     order. With expert parallelism (``plait.run.parallel.expert``) the ``dispatcher`` sends each
+     order, in the experts' compute dtype (``experts.compute_dtype``: bf16 under autocast, so the
+     all-to-all moves 2 bytes per element, as the planner prices it). With expert parallelism (``plait.run.parallel.expert``) the ``dispatcher`` sends each
      rank the rows of the experts it holds (all-to-all) and brings the outputs back; without it
      the rows stay here. ``Dispatcher.exchange`` runs dispatch, experts, combine and then the
      shared experts; an overlapping dispatcher (``moe_overlap``: ``plait.run.parallel.expert_overlap``)
@@ -65,7 +66,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from plait.run.modules.experts import GroupedExperts
+from plait.run.modules.experts import GroupedExperts, compute_dtype
 from plait.spec.model import ModelSpec
 
 BIAS_UPDATE_RATE = 1e-3  # sigmoid router: bias step per optimizer step (DeepSeek-V3's gamma)
@@ -267,7 +268,10 @@ class MoEFeedForward(nn.Module):
             order, kept = flat.argsort(stable=True), counts  # (token, slot) pairs grouped by expert
         token_of = order // self.top_k
         side = (lambda: self.shared_output(x)) if self.shared is not None else None
-        out, shared = self.dispatcher.exchange(x[token_of], kept, self.experts, side)
+        # the rows in the experts' compute dtype before they are gathered and dispatched: under
+        # autocast the residual stream is fp32, and the all-to-all would move twice the bytes
+        rows = x.to(compute_dtype(x))[token_of]
+        out, shared = self.dispatcher.exchange(rows, kept, self.experts, side)
         if self.capacity_factor:  # dropped pairs contribute zeros
             out = out.new_zeros((flat.shape[0], out.shape[-1])).index_copy(0, order, out)
         else:
