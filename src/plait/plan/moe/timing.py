@@ -274,15 +274,15 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
     return out[0], out[1]
 
 
-def chunk_gradient_sums(model, gpu: GpuSpec, layout: Layout, chunks: int = MOE_CHUNKS) -> float:
-    """Bytes that summing the routed experts' weight gradients over ``chunks`` chunks
-    (moe_overlap=chunked: ``runtime_chunks``) moves in one MoE layer's backward: every chunk's expert
-    GEMMs give a gradient of all this rank's expert weights (three matrices per expert), which
-    autograd adds to the sum of the chunks before it: chunks - 1 additions, each reading two and
-    writing one gradient in the compute dtype."""
+def chunk_gradient_sums(model, gpu: GpuSpec, layout: Layout) -> float:
+    """Bytes that summing the routed experts' weight gradients over plait's ``MOE_CHUNKS`` chunks
+    (``runtime_chunks``) moves in one MoE layer's backward: every chunk's expert GEMMs give a
+    gradient of all this rank's expert weights (three matrices per expert), which autograd adds to
+    the sum of the chunks before it: MOE_CHUNKS - 1 additions, each reading two and writing one
+    gradient in the compute dtype."""
     moe = model.moe
     weights = moe.n_experts / layout.ep * 3.0 * model.hidden * moe.expert_ffn / layout.etp
-    return (chunks - 1) * 3.0 * gpu.element_bytes * weights
+    return (MOE_CHUNKS - 1) * 3.0 * gpu.element_bytes * weights
 
 
 def expert_tp_comm(model, cluster: ClusterSpec, layout: Layout, layers: int, params: CostParams,
