@@ -189,9 +189,9 @@ def step_setup(record: Record, args) -> None:
     wheels = ROOT / "bench" / "wheels"
     files = sorted(str(p) for p in wheels.glob("*.whl")) if wheels.is_dir() else []
     if not files:
-        record.check("setup: carried wheels", "skipped", "skipped: no bench/wheels/*.whl")
+        record.check("setup: carried wheels", "skipped", "no bench/wheels/*.whl")
     elif args.dry_run:
-        record.check("setup: carried wheels", "skipped", f"skipped: dry run ({len(files)} wheels not installed)")
+        record.check("setup: carried wheels", "skipped", f"dry run ({len(files)} wheels not installed)")
     else:
         try:
             proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
@@ -299,7 +299,7 @@ def step_fast_variants(record: Record, args) -> None:
         name = f"fast: {label}"
         missing = torchao_importable() if label == "fp8" else None
         if missing:
-            record.check(name, "skipped", f"skipped: {missing}")
+            record.check(name, "skipped", f"{missing}")
             continue
         try:
             numbers = _fast_numbers(_train_gpu(args.out, gpu, args.dry_run, [*extra, "--no-baseline", *steps],

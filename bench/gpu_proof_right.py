@@ -240,7 +240,7 @@ def run_step(record, dry_run: bool) -> None:
     if cuda and not torch.cuda.is_available():  # before the CPU reference's seconds
         raise RuntimeError("torch sees no GPU (use --dry-run on a CPU box)")
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    no_gpu = "skipped: no GPU (dry run: the loop ran, nothing was checked)"
+    no_gpu = "no GPU (dry run: the loop ran, nothing was checked)"
     where = f"{spec.name} ({spec.total_params() / 1e6:.0f}M), {s['global_batch']} x {s['seq_len']} tokens, " \
             f"{s['steps']} steps"
 
@@ -283,7 +283,7 @@ def run_step(record, dry_run: bool) -> None:
         fp8_missing = torchao_importable()
         for name, layout, bar in recipes:
             if name.startswith("fp8") and fp8_missing:
-                record.check(f"right: {name}", "skipped", f"skipped: {fp8_missing}", {})
+                record.check(f"right: {name}", "skipped", f"{fp8_missing}", {})
                 continue
             # dry run: fp8 without compile (dynamo tracing torchao's float8 tensors costs the test ~20 s)
             compiled = not (dry_run and name.startswith("fp8"))

@@ -44,6 +44,8 @@ def plant(checkpoint, marker) -> None:
                          manifest["run"], extra)
 
 
+# no_dist=True is this test's intent: torch still warns that it saves and loads in one process
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 def test_the_reader_loads_dcp_metadata_and_refuses_anything_else(tmp_path):
     state = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}
     dcp.save(state, checkpoint_id=tmp_path / "ck", no_dist=True)

@@ -50,6 +50,26 @@ def test_groups_a_task_builds_are_destroyed_after_it(dist_pool):
         assert torch.equal(two["product"], one["product"])
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_an_idle_pool_holds_no_groups_of_its_last_task(dist_pool):
+    """The groups are released as soon as every rank has replied (the parent's RELEASE), not when the
+    pool's next task comes: an idle pool kept its last task's gloo threads, each TCP loop waking 100
+    times a second (110-157 threads per rank, half a core between the idle pools of a 2-core suite)."""
+    pool = dist_pool(4)
+    pool.run(pool_tasks.worker_state)  # whatever an earlier test left is released before this task
+
+    def threads() -> list[int]:
+        return [len(os.listdir(f"/proc/{process.pid}/task")) for process in pool.processes]
+
+    idle = threads()
+    during = [one["during"]["threads"] for one in pool.run(pool_tasks.build_groups)]
+    assert all(d > i for d, i in zip(during, idle))
+    deadline = time.monotonic() + 60.0  # the release runs while the parent goes on; wait for it, not a bound
+    while threads() != idle and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threads() == idle  # no task ran since build_groups
+
+
 def test_non_importable_function_is_refused(dist_pool):
     pool = dist_pool(2)
     with pytest.raises(ValueError, match="module-level"):

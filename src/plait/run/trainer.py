@@ -88,7 +88,8 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tens
     return [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
 
 
-def open_log(config: RunConfig, is_rank0: bool, append: bool, start_step: int = 0) -> MetricsLog:
+def open_log(config: RunConfig, is_rank0: bool, append: bool, start_step: int = 0,
+             sink_ids: dict[str, str] | None = None) -> MetricsLog:
     """Rank 0's JSONL log and metrics sinks (``--tensorboard``, ``--wandb-project``, ``--mlflow-uri``);
     on other ranks a log that writes nothing. ``append`` (a resumed or restarted run, from
     ``start_step`` steps done): the lines and TensorBoard events of later steps, about to be re-run,
@@ -100,17 +101,26 @@ def open_log(config: RunConfig, is_rank0: bool, append: bool, start_step: int = 
     try:
         return MetricsLog(jsonl, open_sinks(config.observe, config.to_dict(),
                                             purge_step=start_step + 1 if append else None,
-                                            resume_ids=saved_sink_ids(config)))
+                                            resume_ids=sink_ids or {}))
     except BaseException:
         jsonl.close()
         raise
 
 
-def saved_sink_ids(config: RunConfig) -> dict[str, str]:
-    """The W&B / MLflow run ids in the manifest of the checkpoint the run resumes from ({} for none)."""
-    path = config.checkpoint.resume_from
-    saved = read_manifest(Path(path)).get("sinks") if path else None
+def saved_sink_ids(manifest: dict) -> dict[str, str]:
+    """The W&B / MLflow run ids a checkpoint's manifest holds ({} for none)."""
+    saved = manifest.get("sinks")
     return {str(k): str(v) for k, v in saved.items()} if isinstance(saved, dict) else {}
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where ``resume`` left the run: the step to start at, the JSONL events to log, and the W&B /
+    MLflow run ids of the checkpoint's manifest (read once, with the step)."""
+
+    step: int = 0
+    events: tuple[dict, ...] = ()
+    sink_ids: dict[str, str] = field(default_factory=dict)
 
 
 def offload_directory(config: RunConfig, rank: int) -> str | None:
@@ -152,11 +162,11 @@ def build_setup(config: RunConfig, device: torch.device, faults: FaultPlan) -> S
                      n_micro=n_micro, peak_flops=peak_flops(config, device), faults=faults)
 
 
-def resume(setup: StepSetup, env: RankEnv) -> tuple[int, list[dict]]:
-    """Load ``config.checkpoint.resume_from`` into the parts and optimizer; (the step to start at, JSONL events)."""
+def resume(setup: StepSetup, env: RankEnv) -> Resumed:
+    """Load ``config.checkpoint.resume_from`` into the parts and optimizer (``Resumed``)."""
     job, path = setup.config.job, setup.config.checkpoint.resume_from
     if not path:
-        return 0, []
+        return Resumed()
     load_start = time.perf_counter()
     manifest = read_manifest(Path(path))
     start_step = int(manifest["step"])
@@ -170,10 +180,10 @@ def resume(setup: StepSetup, env: RankEnv) -> tuple[int, list[dict]]:
     place_step_counters(setup.optimizer)
     if hasattr(setup.source, "restore"):  # a mixture: where its streams were (they start reading there)
         setup.source.restore(manifest.get("data"))
-    return start_step, [{"event": "resume", "step": start_step, "checkpoint": path,
-                         "layout": str(job.layout), "world_size": job.layout.world_size,
-                         "restart": env.restart_count, "load_s": time.perf_counter() - load_start,
-                         "time": time.time()}]
+    return Resumed(start_step, ({"event": "resume", "step": start_step, "checkpoint": path,
+                                 "layout": str(job.layout), "world_size": job.layout.world_size,
+                                 "restart": env.restart_count, "load_s": time.perf_counter() - load_start,
+                                 "time": time.time()},), saved_sink_ids(manifest))
 
 
 def make_checkpointer(setup: StepSetup) -> Checkpointer | None:
@@ -220,7 +230,8 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     device = device or rank_device(config.runtime.device, env.local_rank)
     setup = build_setup(config, device, faults)
     parts = setup.parts
-    start_step, events = resume(setup, env)
+    resumed = resume(setup, env)
+    start_step, events = resumed.step, list(resumed.events)
     if start_step == 0 and config.job.init_from:  # a resumed run starts from its checkpoint instead
         from plait.run.checkpoint.hf.load import init_from_hf
 
@@ -228,7 +239,8 @@ def run_training(config: RunConfig, device: torch.device | None = None, stop=Non
     checkpointer = make_checkpointer(setup)
     counter = TensorMemoryCounter(device.type == "cpu", start_step, config.job.steps)  # counted tensor bytes
     is_rank0 = dist.get_rank() == 0
-    log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0, start_step=start_step)
+    log = open_log(config, is_rank0, append=start_step > 0 or env.restart_count > 0, start_step=start_step,
+                   sink_ids=resumed.sink_ids)
     if checkpointer is not None:
         checkpointer.sink_ids = log.sink_ids()
     stop = StopOrLogFailure(stop, log)
