@@ -64,9 +64,10 @@ PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.pip
 
 # What the parent sends every rank once all have replied to a task: release the task's process groups
 # now (``release_task_groups``). A pool that then waits idle (another world size's pool is running, or
-# its next task is files away) would otherwise keep them: every gloo group holds a TCP loop thread that
-# wakes 100 times a second and two worker threads per rank. Measured in a clean-clone suite on 2 cores
-# (2026-11-29): idle pools held 36 groups per rank (110 threads) and burned half a core between them.
+# its next task is files away) would otherwise keep them: every gloo group holds a TCP loop thread, which
+# keeps waking while idle, and two worker threads per rank. Measured in a clean-clone suite on 2 cores
+# (2026-11-29): idle pools held up to 36 groups per rank (110 threads, 5% of a core each) and burned half
+# a core between them.
 RELEASE = "release"
 
 

@@ -53,8 +53,8 @@ def test_groups_a_task_builds_are_destroyed_after_it(dist_pool):
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
 def test_an_idle_pool_holds_no_groups_of_its_last_task(dist_pool):
     """The groups are released as soon as every rank has replied (the parent's RELEASE), not when the
-    pool's next task comes: an idle pool kept its last task's gloo threads, each TCP loop waking 100
-    times a second (110-157 threads per rank, half a core between the idle pools of a 2-core suite)."""
+    pool's next task comes: an idle pool kept its last task's gloo threads, whose TCP loops keep
+    waking (110-157 threads per rank, half a core between the idle pools of a 2-core suite)."""
     pool = dist_pool(4)
     pool.run(pool_tasks.worker_state)  # whatever an earlier test left is released before this task
 
