@@ -299,7 +299,7 @@ def step_fast_variants(record: Record, args) -> None:
         name = f"fast: {label}"
         missing = torchao_importable() if label == "fp8" else None
         if missing:
-            record.check(name, "skipped", f"{missing}")
+            record.check(name, "skipped", missing)
             continue
         try:
             numbers = _fast_numbers(_train_gpu(args.out, gpu, args.dry_run, [*extra, "--no-baseline", *steps],

@@ -139,7 +139,7 @@ def kernel_checks(record, device: torch.device, hidden: int, ffn: int, dry_run: 
     why = torchao_importable() or experts_fp8_blocker(device, "fp8", hidden, ffn)
     if why or reference is None:
         record.check("moe: fp8 grouped GEMM vs bf16 per-expert GEMMs", "skipped",
-                     f"{why or 'the bf16 reference failed'}")
+                     why or "the bf16 reference failed")
         return
     try:
         fp8 = expert_outputs(hidden, ffn, device, mm=fp8_grouped_mm)
@@ -184,7 +184,7 @@ def run_step(record, dry_run: bool, gpu: str) -> None:
                                   ("fp8", f"dp=1,mbs={job['mbs']},precision=fp8", FP8_BAR)):
             missing = torchao_importable() if name == "fp8" else None
             if missing:
-                record.check(f"moe: train {name}", "skipped", f"{missing}")
+                record.check(f"moe: train {name}", "skipped", missing)
                 continue
             run = train_or_fail(record, f"moe: train {name}", spec, layout, device, compile_on=False,
                                 dry_run=dry_run, guard=False, job=job)

@@ -124,7 +124,6 @@ def _worker(rank, world_size, port, conn, parent_pid, error_warnings):
         try:
             if release_error is not None:
                 raise RuntimeError(f"releasing the previous task's process groups failed:\n{release_error}")
-            release_task_groups()
             with warnings.catch_warnings():  # filter changes made by a task do not leak into the next
                 for pattern in error_warnings:
                     warnings.filterwarnings("error", message=pattern)
@@ -170,10 +169,10 @@ def _context():
 def release_task_groups() -> int:
     """Destroy every process group but the default one, and the DTensor caches that name them; returns how many.
 
-    The worker calls it on the parent's ``RELEASE``, sent once every rank has replied to a task (and
-    again before each task, which then finds nothing after a RELEASE), so it releases what the task
-    built after every rank has finished it: no rank tears down a group a peer still uses, and no
-    barrier is needed. Each task builds its own
+    The worker calls it on the parent's ``RELEASE``, sent once every rank has replied to a task (a
+    failed task kills the pool instead), so it releases what the task built after every rank has
+    finished it: no rank tears down a group a peer still uses, and no barrier is needed. Each task
+    builds its own
     DeviceMesh / ``new_group()``s; left alive, every gloo group keeps 3 threads per rank for the rest
     of the session: 420-540 threads per pool process by mid-suite, which made two pytest-xdist
     workers slower than one.
