@@ -20,20 +20,38 @@ MIXTRAL = MODELS["mixtral-8x7b"]  # 8 experts
 CLUSTER = get_cluster("dgx-h100", 64)
 
 
-def _eager_kernels(local: float) -> tuple[float, float]:
+def _eager_kernels(gemms: tuple[float, float]) -> tuple[float, float]:
     return tuple(S.ROUTER_KERNELS[w] + S.PREPROCESS_KERNELS[w] + S.PERMUTE_KERNELS[w] + S.EXPERT_FIXED_KERNELS[w]
-                 + local * S.EXPERT_KERNELS[w] for w in (0, 1))
+                 + gemms[w] for w in (0, 1))
 
 
 def test_launches_are_the_counted_kernels_times_the_launch_time():
     for ep in (1, 2, 8):
         lay = Layout.parse(f"dp=64,ep={ep}")
-        forward, backward = _eager_kernels(8 / ep)
+        forward, backward = _eager_kernels(S.PROJECTION_GEMMS)  # plait on a GPU: grouped, whatever ep
         assert moe_kernels(MIXTRAL, lay, DEFAULT_PARAMS) == pytest.approx((forward, backward))
         parts = moe_sync_layer(MIXTRAL, CLUSTER, lay, DEFAULT_PARAMS)
         assert parts.launches == pytest.approx((forward * DEFAULT_PARAMS.moe_launch_s,
                                                 backward * DEFAULT_PARAMS.moe_launch_s))
         assert parts.sync == (S.SYNC_S, 0.0)  # one device-to-host copy, in the forward
+
+
+def test_expert_gemms_are_per_local_expert_for_megatron_and_plait_on_a_cpu_grouped_for_plait_on_a_gpu():
+    """Transformer Engine issues a GEMM per local expert (fc1, fc2), plait's CPU loop one per local
+    expert and projection; plait's bf16 grouped GEMM one per projection at any ep, and with fp8
+    torchao's casts around each (tests/run/test_moe_block.py counts the runtime's GEMMs)."""
+    for ep in (1, 2, 8):
+        lay, local = Layout.parse(f"dp=64,ep={ep}"), 8 / ep
+        megatron = moe_kernels(MIXTRAL, lay, DEFAULT_PARAMS, "megatron-core")
+        assert megatron == pytest.approx(_eager_kernels(tuple(local * k for k in S.EXPERT_KERNELS)))
+        cpu = moe_kernels(MIXTRAL, lay, DEFAULT_PARAMS, "torch", element_bytes=4)
+        assert cpu == pytest.approx(_eager_kernels(tuple(local * k for k in S.PROJECTION_GEMMS)))
+        fp8 = S.expert_gemm_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep},precision=fp8"))
+        assert fp8 == pytest.approx(tuple(S.PROJECTION_GEMMS[w] + 3 * S.FP8_GROUPED_KERNELS[w] for w in (0, 1)))
+    assert S.expert_gemm_kernels(MIXTRAL, Layout.parse("dp=64,precision=mxfp8")) == S.PROJECTION_GEMMS
+    many = MODELS["qwen3-30b-a3b"]  # 128 experts: at ep=1 the grouped GEMM launches what it does at ep=8
+    assert moe_kernels(many, Layout.parse("dp=8"), DEFAULT_PARAMS) == \
+        moe_kernels(many, Layout.parse("dp=8,ep=8"), DEFAULT_PARAMS)
 
 
 def test_chunked_launches_every_chunk_s_exchange_and_expert_kernels_again():
@@ -47,7 +65,7 @@ def test_chunked_launches_every_chunk_s_exchange_and_expert_kernels_again():
         plain = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep}"), DEFAULT_PARAMS)
         chunked = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep},moe_overlap=chunked"), DEFAULT_PARAMS)
         for way in (0, 1):
-            per_chunk = S.PERMUTE_KERNELS[way] + S.EXPERT_FIXED_KERNELS[way] + S.CHUNK_GEMM_KERNELS[way]
+            per_chunk = S.PERMUTE_KERNELS[way] + S.EXPERT_FIXED_KERNELS[way] + S.PROJECTION_GEMMS[way]
             assert chunked[way] - plain[way] == pytest.approx((MOE_CHUNKS - 1) * per_chunk)
         shared = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep},moe_overlap=shared"), DEFAULT_PARAMS)
         assert shared == plain

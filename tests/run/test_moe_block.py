@@ -4,6 +4,8 @@ gradient of (output loss + scale · aux)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -123,6 +125,32 @@ def test_the_grouped_gemm_path_equals_the_per_expert_loop():
     for got, want in zip(grads_g, grads_l):
         assert (got - want).abs().max().item() <= bound * want.abs().max().item()
     assert grads_g[0][1].abs().sum().item() == 0.0  # expert 1 had no rows
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no torch._grouped_mm")
+def test_the_expert_gemms_the_planner_counts_launches_are_the_runtime_s():
+    """The GEMM launches ``plait.plan.moe.sync`` prices for plait's runtime: the grouped path (a GPU)
+    runs one grouped GEMM per projection whatever the local experts, the CPU loop one GEMM per
+    local expert and projection (``expert_gemm_kernels``), forward and backward."""
+    from op_record import OpRecord
+
+    from plait.plan.moe.sync import expert_gemm_kernels
+    from plait.run.modules.experts import expert_forward
+    from plait.spec.layout import Layout
+
+    generator = torch.Generator().manual_seed(6)
+    for n_experts in (2, 8):
+        model = SimpleNamespace(moe=SimpleNamespace(n_experts=n_experts))
+        for grouped, op, element_bytes in ((True, "aten._grouped_mm.default", 2), (False, "aten.mm.default", 4)):
+            x = torch.randn(4 * n_experts, 32, generator=generator, requires_grad=True)
+            weights = [(torch.randn(n_experts, *shape, generator=generator) * 0.1).requires_grad_()
+                       for shape in ((32, 16), (32, 16), (16, 32))]
+            with OpRecord() as forward:
+                out = expert_forward(x, [4] * n_experts, *weights, grouped=grouped)
+            with OpRecord() as backward:
+                out.square().sum().backward()
+            assert (forward.count(op), backward.count(op)) == \
+                expert_gemm_kernels(model, Layout.parse("dp=1"), "torch", element_bytes)
 
 
 def test_the_per_expert_loop_backward_builds_no_whole_weight_gradient_per_expert():

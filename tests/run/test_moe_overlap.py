@@ -102,7 +102,7 @@ def test_overlapped_exchange_matches_and_overlaps(dist_pool):
 
 def test_chunked_casts_the_expert_weights_once_and_sums_their_gradients_in_bf16(dist_pool):
     """Under bf16 autocast with fp32 master weights, chunked casts each expert weight once for all
-    chunks (GroupedExperts.cast) and sums the chunks' weight gradients in bf16: the bytes the planner
+    chunks (GroupedExperts.run_chunked) and sums the chunks' weight gradients in bf16: the bytes the planner
     prices with a 2-byte compute dtype (chunk_gradient_sums); per-chunk casts would sum them in fp32."""
     out = dist_pool(2).run(overlap_tasks.autocast_chunk_casts, timeout=120)
     want = chunk_gradient_sums(EXCHANGE_MODEL, SimpleNamespace(element_bytes=2),

@@ -14,13 +14,18 @@ is needed before expert parallel AlltoAll communication"); plait's runtime does 
             preset's latencies (forward only; none at ep = 1);
   sync      the device-to-host copy of the counts and the stream synchronisation (``SYNC_S``);
   launches  the kernels the host issues for the MoE block, each exposed: the sync empties the
-            GPU's queue, and the block's kernels (routing, permutation, one GEMM per local expert)
-            are smaller than the host's time to issue them, so the GPU waits on every launch:
+            GPU's queue, and the block's kernels (routing, permutation, the expert GEMMs) are
+            smaller than the host's time to issue them, so the GPU waits on every launch:
             (kernels) × ``CostParams.moe_launch_s``. Counted per part (``ROUTER_KERNELS`` ...
-            ``EXPERT_KERNELS``, forward and backward). plait's ``moe_overlap=chunked`` launches the
-            permutation and exchange, the experts' fixed kernels and its grouped GEMMs again for
-            every chunk after the first (``CHUNK_GEMM_KERNELS``; ``plait.run.parallel.expert_overlap``;
-            the router and the preprocessing run once: ``plait.plan.moe.timing.runtime_chunks``).
+            ``EXPERT_KERNELS``, forward and backward). The expert GEMMs (``expert_gemm_kernels``):
+            Megatron-Core's Transformer Engine issues one GEMM per local expert; plait's runtime on a
+            GPU (bf16 compute) one ``torch._grouped_mm`` per projection whatever the local experts
+            (``PROJECTION_GEMMS``; ``plait.run.modules.experts.use_grouped_mm``), with fp8 also
+            torchao's casts around each (``FP8_GROUPED_KERNELS``), and on a CPU (fp32) as many per
+            local expert. plait's ``moe_overlap=chunked`` launches the permutation and exchange, the
+            experts' fixed kernels and their GEMMs again for every chunk after the first
+            (``plait.run.parallel.expert_overlap``; the router and the preprocessing run once:
+            ``plait.plan.moe.timing.runtime_chunks``).
 
 CUDA graphs remove launches: ``CostParams.moe_router_graphed`` (Transformer Engine graphs with
 ``cuda_graph_scope`` ``moe_router`` and ``moe_preprocess``, as Megatron-Bridge's GB200 recipes set)
@@ -58,10 +63,18 @@ EXPERT_FIXED_KERNELS = (2, 2)
 # per local expert (Transformer Engine's GroupedLinear issues one cuBLAS GEMM per expert):
 #   fc1 and fc2 forward, their data and weight gradients backward
 EXPERT_KERNELS = (2, 4)
-# plait's moe_overlap=chunked, per chunk after the first: the permutation and exchange and the
-#   experts' fixed kernels again, and its grouped GEMMs (torch._grouped_mm on CUDA: w1, w3 and w2
-#   forward, a data and a weight gradient of each backward), whatever the local experts
-CHUNK_GEMM_KERNELS = (3, 6)
+# plait's runtime, the GEMMs of its three projections (w1, w3 and w2 forward; a data and a weight
+#   gradient of each backward; plait.run.modules.experts.expert_forward): on a GPU one torch._grouped_mm
+#   each whatever the local experts, on a CPU one torch.mm each per local expert
+PROJECTION_GEMMS = (3, 6)
+# plait's fp8 experts, per projection besides its grouped GEMM (plait.run.parallel.float8.fp8_grouped_mm
+#   on torchao 0.17's _to_fp8_rowwise_then_scaled_grouped_mm). ESTIMATES from reading the code, not
+#   profiled: forward, the token groups padded to 16 rows (~18 small index kernels), the column-major
+#   weight copy, torchao's row-wise cast of the rows (1 Triton kernel), its weight scales and cast
+#   (~7 eager kernels), two scale reciprocals, the unpadding gather; backward, the gather's and the
+#   padding's gradients (3), torchao's two row-wise casts and its fused column-wise cast (3 Triton
+#   kernels), four reciprocals and the weight copy's gradient
+FP8_GROUPED_KERNELS = (30, 11)
 GRAPH_LAUNCHES = (1, 1)  # a captured scope replayed: one graph launch each way
 # ESTIMATE: a pinned device-to-host copy of a few hundred bytes and the host's wake-up from the
 # stream synchronisation, ~10 us (PCIe Gen5 / NVLink-C2C round trips are a few microseconds; the
@@ -91,17 +104,35 @@ class MoESync:
         return self.forward + self.backward
 
 
-def moe_kernels(model, layout: Layout, params: CostParams, runtime: str = "torch") -> tuple[float, float]:
-    """(forward, backward) kernels the host launches for one MoE layer (module docstring), after the
-    CUDA graphs of ``params`` took theirs; ``runtime``'s chunks (``plait.plan.moe.timing.runtime_chunks``)."""
+def expert_gemm_kernels(model, layout: Layout, runtime: str = "torch",
+                        element_bytes: float = 2) -> tuple[float, float]:
+    """(forward, backward) kernels of the expert GEMMs of one MoE layer and chunk (module docstring):
+    Megatron's one GEMM per local expert and projection; plait's runtime (``runtime`` "torch")
+    computing in bf16 (``element_bytes`` 2: a GPU) one grouped GEMM per projection, in fp32 (a CPU)
+    one GEMM per local expert and projection."""
     local = model.moe.n_experts / layout.ep
+    if runtime != "torch":
+        return local * EXPERT_KERNELS[0], local * EXPERT_KERNELS[1]
+    if element_bytes > 2:
+        return local * PROJECTION_GEMMS[0], local * PROJECTION_GEMMS[1]
+    projections = 3  # w1, w3, w2
+    fp8 = layout.precision == "fp8"  # mxfp8 and nvfp4 leave plait's experts in bf16 (run.parallel.float8)
+    return tuple(PROJECTION_GEMMS[way] + (projections * FP8_GROUPED_KERNELS[way] if fp8 else 0)
+                 for way in (0, 1))
+
+
+def moe_kernels(model, layout: Layout, params: CostParams, runtime: str = "torch",
+                element_bytes: float = 2) -> tuple[float, float]:
+    """(forward, backward) kernels the host launches for one MoE layer (module docstring), after the
+    CUDA graphs of ``params`` took theirs; ``runtime``'s chunks (``plait.plan.moe.timing.runtime_chunks``),
+    each with the permutation, the exchange and the experts (``expert_gemm_kernels``)."""
     router = params.moe_router_graphed
-    again = runtime_chunks(layout, runtime) - 1
+    chunks = runtime_chunks(layout, runtime)
+    gemms = expert_gemm_kernels(model, layout, runtime, element_bytes)
     out = []
     for way in (0, 1):
         graphed = ROUTER_KERNELS[way] + PREPROCESS_KERNELS[way]
-        eager = PERMUTE_KERNELS[way] + EXPERT_FIXED_KERNELS[way] + local * EXPERT_KERNELS[way]
-        eager += again * (PERMUTE_KERNELS[way] + EXPERT_FIXED_KERNELS[way] + CHUNK_GEMM_KERNELS[way])
+        eager = chunks * (PERMUTE_KERNELS[way] + EXPERT_FIXED_KERNELS[way] + gemms[way])
         kernels = eager + (1.0 - router) * graphed + router * GRAPH_LAUNCHES[way]
         out.append((1.0 - params.moe_layer_graphed) * kernels)
     return out[0], out[1]
@@ -117,5 +148,5 @@ def moe_sync_layer(model, cluster: ClusterSpec, layout: Layout, params: CostPara
         group = expert_groups(layout, cluster.gpus_per_node, runtime)["ep"]
         counts = comm.all_gather(cluster, group, COUNT_BYTES * model.moe.n_experts * layout.ep)
     sync = (1.0 - params.moe_layer_graphed) * SYNC_S
-    forward, backward = moe_kernels(model, layout, params, runtime)
+    forward, backward = moe_kernels(model, layout, params, runtime, cluster.gpu.element_bytes)
     return MoESync((counts, 0.0), (sync, 0.0), (forward * params.moe_launch_s, backward * params.moe_launch_s))

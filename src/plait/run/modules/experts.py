@@ -129,20 +129,32 @@ class GroupedExperts(nn.Module):
             return None
         return tuple(self._local(b) for b in (self.w1_bias, self.w3_bias, self.w2_bias))
 
-    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, counts: list[int] | None = None, over_chunks=None):
+        """The experts on rows ``x`` grouped by ``counts`` (``expert_forward``); or, given
+        ``over_chunks`` (``run_chunked``), what ``over_chunks(x, experts)`` returns."""
+        if over_chunks is not None:
+            return over_chunks(x, self._cast(compute_dtype(x)))
         return expert_forward(x, counts, *self.local_weights(), biases=self.local_biases(),
                               activation=self.activation, mm=self.grouped_mm)
 
-    def cast(self, dtype: torch.dtype):
-        """These experts as a function of (rows, counts) whose weights and biases are cast to ``dtype``
-        once, for a caller that runs them on several chunks of rows (moe_overlap=chunked): each call
-        of ``forward`` casts every weight again, and its backward casts every chunk's gradient back,
-        so the chunks' gradients would be summed in fp32; with one cast they are summed in ``dtype``,
-        as the planner counts them (``plait.plan.moe.timing.chunk_gradient_sums``). The fp8 grouped
-        GEMM takes the weights as they are: ``forward`` itself."""
+    def run_chunked(self, rows: torch.Tensor, over_chunks) -> torch.Tensor:
+        """``over_chunks(rows, experts)``: a caller that runs these experts (``experts``, a function of
+        (rows, counts)) on several chunks of ``rows`` (moe_overlap=chunked), inside one call of this
+        module. So FSDP gathers the weights before it and reduces their gradients after the chunks'
+        backward once, as for one call (the weights a chunk reads from outside a call of the module
+        would be the sharded ones under ZeRO); and the weights and biases are cast to the compute
+        dtype once for all chunks: a cast per call would cast every chunk's gradient back, so the
+        chunks' gradients would be summed in fp32; with one cast they are summed in that dtype, as
+        the planner counts them (``plait.plan.moe.timing.chunk_gradient_sums``)."""
+        return self(rows, over_chunks=over_chunks)
+
+    def _cast(self, dtype: torch.dtype):
+        """These experts as a function of (rows, counts), their weights and biases cast to ``dtype`` once
+        (``run_chunked``); the fp8 grouped GEMM takes the weights as they are."""
+        weights, biases = self.local_weights(), self.local_biases()
         if self.grouped_mm is not None:
-            return self
-        weights = tuple(w.to(dtype) for w in self.local_weights())
-        biases = self.local_biases()
+            return lambda x, counts: expert_forward(x, counts, *weights, biases=biases,
+                                                    activation=self.activation, mm=self.grouped_mm)
+        weights = tuple(w.to(dtype) for w in weights)
         biases = tuple(b.to(dtype) for b in biases) if biases is not None else None
         return lambda x, counts: expert_forward(x, counts, *weights, biases=biases, activation=self.activation)

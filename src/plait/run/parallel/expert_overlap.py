@@ -13,8 +13,10 @@ can interleave them:
            host); then every chunk's dispatch is issued at once (async), and for each chunk in turn:
            wait for its dispatch, run its expert GEMMs (while the later chunks' dispatches and the
            earlier chunks' combines are in flight), issue its combine (async). The combines are
-           waited last. The shared experts run after (as with ``none``). The experts' weights are
-           cast to the compute dtype once for all chunks (``GroupedExperts.cast``).
+           waited last. The shared experts run after (as with ``none``). The chunks run inside one
+           call of the experts module (``GroupedExperts.run_chunked``): FSDP gathers their weights
+           once and reduces their gradients once, and the weights are cast to the compute dtype
+           once for all chunks.
   shared   one dispatch issued async, the shared experts (and their gate) computed while it is in
            flight, then wait, the expert GEMMs, and the combine (waited at once: nothing of the
            layer is left to hide it behind).
@@ -52,7 +54,6 @@ import torch
 import torch.distributed as dist
 
 from plait.plan.moe.timing import MOE_CHUNKS
-from plait.run.modules.experts import compute_dtype
 from plait.run.modules.moe import Dispatcher
 
 
@@ -170,10 +171,19 @@ class OverlappedDispatcher(Dispatcher):
         """``rows`` sorted by global expert, ``counts`` (E,) rows per expert, ``experts`` (rows grouped
         by local expert, counts per local expert) -> expert outputs, ``side()`` (the shared experts,
         or None): (the outputs in ``rows``' order, what ``side`` returned)."""
+        if self.mode == "shared":
+            return self._exchange(rows, counts, experts, side)
+        run_chunked = getattr(experts, "run_chunked", None)  # the chunks inside one call of the experts
+        if run_chunked is not None:
+            done = run_chunked(rows, lambda rows, chunk_experts: self._exchange(rows, counts, chunk_experts)[0])
+        else:
+            done = self._exchange(rows, counts, experts)[0]
+        return done, self._side(side)  # after the exchange, as with moe_overlap=none
+
+    def _exchange(self, rows: torch.Tensor, counts: torch.Tensor, experts, side=None):
+        """``exchange``'s chunks: (the outputs in ``rows``' order, ``side()`` run while the dispatch
+        is in flight, or None)."""
         n = self.chunks
-        cast = getattr(experts, "cast", None)  # the weights cast to the compute dtype once, not per chunk
-        if n > 1 and cast is not None:
-            experts = cast(compute_dtype(rows))
         order, chunk_counts = self._chunk_rows(counts)
         received = self._exchange_counts(chunk_counts)  # (ep source, chunks, local), on the host
         sent = chunk_counts.view(n, self.ep, self.local).sum(2).tolist()  # [chunk][destination]
@@ -186,7 +196,7 @@ class OverlappedDispatcher(Dispatcher):
             out_splits = [sum(received[src][c]) for src in range(self.ep)]
             exchange = _Exchange(self.group, out_splits, sent[c], "dispatch", c, self)
             in_flight.append((_Issue.apply(pieces[c], exchange), exchange))
-        extra = self._side(side) if self.mode == "shared" else None  # while the dispatch is in flight
+        extra = self._side(side)  # while the dispatch is in flight
         combines = []
         for c, (buffer, exchange) in enumerate(in_flight):
             arrived = _Wait.apply(buffer, exchange)
@@ -195,8 +205,6 @@ class OverlappedDispatcher(Dispatcher):
             back = _Exchange(self.group, exchange.in_splits, exchange.out_splits, "combine", c, self)
             combines.append((_Issue.apply(outputs, back), back))
         done = torch.cat([_Wait.apply(buffer, exchange) for buffer, exchange in combines])
-        if self.mode == "chunked":
-            extra = self._side(side)  # after the exchange, as with moe_overlap=none
         return (done[order.argsort()] if n > 1 else done), extra
 
     def _side(self, side):
