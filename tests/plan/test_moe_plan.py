@@ -156,3 +156,28 @@ def test_plait_runtime_shards_experts_over_dp_cp_only_and_sums_their_gradients_o
         comm.all_reduce(CLUSTER, tp_group, grads))
     assert expert_tp_comm(MIXTRAL, CLUSTER, lay, layers, DEFAULT_PARAMS, "megatron") == 0.0
     assert expert_tp_comm(MIXTRAL, CLUSTER, lay.variant(sp=False), layers, DEFAULT_PARAMS, "torch") == 0.0
+
+
+def test_plait_prices_experts_it_cannot_run_in_fp8_in_bf16_and_megatron_in_fp8():
+    """plait's runtime gives its experts torchao's fp8 grouped GEMM only when the hidden width and the
+    expert ffn / etp are multiples of 16 (``routed_expert_precision``; the runtime's
+    ``experts_fp8_blocker`` reads the same FP8_ALIGNMENT); otherwise they run, and are priced, in bf16:
+    no faster than bf16, and without torchao's cast kernels. Megatron's fp8 covers them either way."""
+    from plait.plan.moe.sync import FP8_GROUPED_KERNELS, PROJECTION_GEMMS, expert_gemm_kernels
+    from plait.plan.moe.timing import routed_expert_gemms
+
+    odd = replace(MIXTRAL, moe=replace(MIXTRAL.moe, expert_ffn=14344))  # 14344 = 16·896 + 8
+    gpu, rows = CLUSTER.gpu, 65536.0
+    for model, runs_fp8 in ((MIXTRAL, True), (odd, False)):
+        bf16 = routed_expert_gemms(model, gpu, DEFAULT_PARAMS, Layout.parse("dp=64,ep=8"), rows)
+        fp8 = routed_expert_gemms(model, gpu, DEFAULT_PARAMS, Layout.parse("dp=64,ep=8,precision=fp8"), rows)
+        megatron = routed_expert_gemms(model, gpu, DEFAULT_PARAMS, Layout.parse("dp=64,ep=8,precision=fp8"), rows,
+                                       runtime="megatron-core")
+        assert megatron < bf16
+        assert (fp8 < bf16) if runs_fp8 else (fp8 == pytest.approx(bf16))
+        kernels = expert_gemm_kernels(model, Layout.parse("dp=64,ep=8,precision=fp8"))
+        extra = tuple(3 * k if runs_fp8 else 0 for k in FP8_GROUPED_KERNELS)
+        assert kernels == tuple(g + e for g, e in zip(PROJECTION_GEMMS, extra))
+    # the rule reads the ffn after etp: 14336 / 2 = 7168 stays aligned
+    assert routed_expert_gemms(MIXTRAL, gpu, DEFAULT_PARAMS, Layout.parse("dp=64,tp=2,etp=2,precision=fp8"), rows) < \
+        routed_expert_gemms(MIXTRAL, gpu, DEFAULT_PARAMS, Layout.parse("dp=64,tp=2,etp=2"), rows)

@@ -153,6 +153,21 @@ def test_the_expert_gemms_the_planner_counts_launches_are_the_runtime_s():
                 expert_gemm_kernels(model, Layout.parse("dp=1"), "torch", element_bytes)
 
 
+def test_the_grouped_gemm_is_taken_only_for_operands_whose_strides_cuda_accepts():
+    """CUDA's grouped GEMM needs every stride but the last a multiple of 16 bytes: in bf16 widths that
+    are multiples of 8; a width of 100 (an imported config's) takes the per-expert loop instead."""
+    from plait.run.modules.experts import grouped_mm_aligned
+
+    def operands(hidden, ffn):
+        return (torch.zeros(12, hidden, dtype=torch.bfloat16), torch.zeros(4, hidden, ffn, dtype=torch.bfloat16),
+                torch.zeros(4, ffn, hidden, dtype=torch.bfloat16))
+
+    assert grouped_mm_aligned(*operands(64, 96))
+    assert not grouped_mm_aligned(*operands(64, 100))  # ffn 100: a 200-byte row stride
+    assert not grouped_mm_aligned(*operands(60, 96))  # hidden 60: 120 bytes
+    assert grouped_mm_aligned(torch.zeros(3, 4, dtype=torch.float32))  # fp32: 16 bytes with a width of 4
+
+
 def test_the_per_expert_loop_backward_builds_no_whole_weight_gradient_per_expert():
     """The CPU loop takes each expert's weights and rows from one ``unbind`` / ``split``: the backward
     stacks the experts' weight gradients and concatenates the rows' once, instead of building a
@@ -188,7 +203,7 @@ def test_under_autocast_the_experts_cast_their_rows_once_and_compute_as_autocast
     weights = [torch.randn(4, *shape, generator=generator) * 0.1 for shape in ((32, 16), (32, 16), (16, 32))]
     asked = []
     original = experts_module.use_grouped_mm
-    experts_module.use_grouped_mm = lambda rows: asked.append(rows.dtype) or original(rows)
+    experts_module.use_grouped_mm = lambda rows, *weights: asked.append(rows.dtype) or original(rows, *weights)
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16), OpRecord() as record:
             out = experts_module.expert_forward(x, counts, *weights)

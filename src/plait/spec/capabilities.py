@@ -29,6 +29,21 @@ NOT_RUN_YET = {
 
 # the attention kernels that take soft-capped scores and sinks (Layout.attn; plait.run.modules.flex)
 SCORE_MOD_KERNELS = ("flex", "eager")
+FP8_ALIGNMENT = 16  # torch._scaled_mm / _scaled_grouped_mm: both dimensions of an fp8 operand multiples of 16
+
+
+def routed_expert_precision(model: ModelSpec, lay: Layout, runtime: str = "torch") -> str:
+    """The precision the routed experts of ``model`` compute in under ``lay``: the layout's, except in
+    plait's runtime (``runtime`` "torch"), whose experts take torchao's fp8 grouped GEMM only under
+    precision=fp8 and with the hidden width and the expert ffn / etp multiples of ``FP8_ALIGNMENT``,
+    and otherwise stay bf16 (``plait.run.parallel.float8.experts_fp8_blocker``; the planner prices
+    them so)."""
+    if runtime != "torch" or lay.precision not in FP8_PRECISIONS:
+        return lay.precision
+    ffn = model.moe.expert_ffn // lay.etp
+    aligned = model.hidden % FP8_ALIGNMENT == 0 and ffn % FP8_ALIGNMENT == 0
+    return "fp8" if lay.precision == "fp8" and aligned else "bf16"
+
 
 RUNTIME_RULES = (
     "runtime-cp-with-pp", "runtime-cp-p2p", "runtime-split-ends", "runtime-cp-dropout", "runtime-compile-cp", "runtime-compile-offload",

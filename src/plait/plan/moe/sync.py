@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from plait.plan import comm
 from plait.plan.moe.timing import runtime_chunks
 from plait.plan.params import CostParams
+from plait.spec.capabilities import routed_expert_precision
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import Layout
 from plait.spec.moe.layout import expert_groups
@@ -116,7 +117,7 @@ def expert_gemm_kernels(model, layout: Layout, runtime: str = "torch",
     if element_bytes > 2:
         return local * PROJECTION_GEMMS[0], local * PROJECTION_GEMMS[1]
     projections = 3  # w1, w3, w2
-    fp8 = layout.precision == "fp8"  # mxfp8 and nvfp4 leave plait's experts in bf16 (run.parallel.float8)
+    fp8 = routed_expert_precision(model, layout, runtime) == "fp8"
     return tuple(PROJECTION_GEMMS[way] + (projections * FP8_GROUPED_KERNELS[way] if fp8 else 0)
                  for way in (0, 1))
 

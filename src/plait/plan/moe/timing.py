@@ -66,6 +66,7 @@ from plait.plan.compiled import blend, compiled_elementwise
 from plait.plan.kernels import LayerTimes, cp_keys_per_query, gemm_time, layer_times, mlp_elementwise_time
 from plait.plan.moe.memory import routed_tokens, stage_expert_params
 from plait.plan.params import CostParams
+from plait.spec.capabilities import routed_expert_precision
 from plait.spec.hardware import ClusterSpec, GpuSpec
 from plait.spec.layout import FP8_PRECISIONS, Layout, group_of
 from plait.spec.moe.parts import moe_layer_count
@@ -97,8 +98,9 @@ def grouped_gemm_time(gpu: GpuSpec, params: CostParams, groups: float, m: float,
 
 @by_layout_fields("tp", "sp", "cp", "mbs", "ep", "etp", "precision")
 def moe_mlp_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tokens: float,
-                  seq_len: int) -> tuple[float, float, float]:
-    """Forward (router, shared experts, routed experts) GEMM seconds of one MoE layer, one micro-batch."""
+                  seq_len: int, runtime: str = "torch") -> tuple[float, float, float]:
+    """Forward (router, shared experts, routed experts) GEMM seconds of one MoE layer, one micro-batch;
+    the routed experts in ``runtime``'s precision for them (``routed_expert_precision``)."""
     moe, h, t, p = model.moe, model.hidden, layout.tp, layout.precision
     t_r, routed = routed_tokens(model, layout, seq_len, load=params.moe_load_imbalance)
     router = gemm_time(gpu, params, t_r, h, moe.n_experts, "bf16")
@@ -106,14 +108,15 @@ def moe_mlp_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, token
     if moe.n_shared:
         width = moe.n_shared * moe.shared_width
         shared = gemm_time(gpu, params, tokens, h, 2 * width / t, p) + gemm_time(gpu, params, tokens, width / t, h, p)
-    return router, shared, routed_expert_gemms(model, gpu, params, layout, routed)
+    return router, shared, routed_expert_gemms(model, gpu, params, layout, routed, runtime=runtime)
 
 
 def routed_expert_gemms(model, gpu: GpuSpec, params: CostParams, layout: Layout, routed: float,
-                        chunks: int = 1) -> float:
+                        chunks: int = 1, runtime: str = "torch") -> float:
     """Forward seconds of the routed experts' two grouped GEMMs on ``routed`` rows, run as ``chunks``
-    pairs of grouped GEMMs on routed/chunks rows each (moe_overlap=chunked)."""
-    moe, h, p = model.moe, model.hidden, layout.precision
+    pairs of grouped GEMMs on routed/chunks rows each (moe_overlap=chunked), in ``runtime``'s precision
+    for them (``plait.spec.capabilities.routed_expert_precision``)."""
+    moe, h, p = model.moe, model.hidden, routed_expert_precision(model, layout, runtime)
     local = moe.n_experts / layout.ep
     m, f = routed / local / chunks, moe.expert_ffn / layout.etp
     return chunks * (grouped_gemm_time(gpu, params, local, m, h, 2 * f, p) + grouped_gemm_time(gpu, params, local, m, f, h, p))
@@ -149,7 +152,7 @@ def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tok
     elementwise = dense.elementwise_fwd
     mlp_elementwise = (1.0 - fraction) * dense.mlp_elementwise_fwd
     if model.moe is not None:
-        mlp_gemm += fraction * sum(moe_mlp_times(model, gpu, params, layout, tokens, seq_len))
+        mlp_gemm += fraction * sum(moe_mlp_times(model, gpu, params, layout, tokens, seq_len, runtime))
         t_r, routed = routed_tokens(model, layout, seq_len, load=params.moe_load_imbalance)
         moved = PERMUTE_PASSES * gpu.element_bytes * routed * h + 2 * 4.0 * t_r * model.moe.n_experts
         elementwise += fraction * (moved / (gpu.hbm_bandwidth * gpu.memory_efficiency) + 6 * gpu.kernel_overhead)
@@ -246,13 +249,13 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
     a2a = expert_a2a(model, cluster, layout, seq_len, params, runtime)
     if a2a <= 0.0:
         return 0.0, 0.0
-    _, shared, experts = moe_mlp_times(model, cluster.gpu, params, layout, tokens, seq_len)
+    _, shared, experts = moe_mlp_times(model, cluster.gpu, params, layout, tokens, seq_len, runtime)
     chunked, split, regroup, grad_sums = a2a, experts, 0.0, 0.0
     if runtime_chunks(layout, runtime) > 1:  # each chunk's all-to-all its own latency, its GEMMs smaller
         gpu = cluster.gpu
         chunked = MOE_CHUNKS * expert_a2a(model, cluster, layout, seq_len, params, runtime, 1.0 / MOE_CHUNKS)
         _, routed = routed_tokens(model, layout, seq_len, load=params.moe_load_imbalance)
-        split = routed_expert_gemms(model, gpu, params, layout, routed, MOE_CHUNKS)
+        split = routed_expert_gemms(model, gpu, params, layout, routed, MOE_CHUNKS, runtime)
         bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
         # the rows gathered into chunk order and back: read + write of R·h twice per pass
         regroup = 4.0 * gpu.element_bytes * routed * model.hidden / bandwidth

@@ -22,6 +22,8 @@ expert runs, also with no rows, so every expert weight gets a gradient).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,9 +33,22 @@ OAI_LIMIT = 7.0  # GPT-OSS's clamp of the gate and up projections (GptOssConfig.
 ACTIVATIONS = ("silu", "oai")  # plait.spec.moe.parts.EXPERT_ACTIVATIONS
 
 
-def use_grouped_mm(x: torch.Tensor) -> bool:
-    """Whether ``expert_forward`` runs ``torch._grouped_mm`` by default: CUDA, bf16, a torch that has it."""
-    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+GROUPED_MM_ALIGN_BYTES = 16  # torch._grouped_mm on CUDA: each operand's strides but the last, in bytes
+
+
+def grouped_mm_aligned(*tensors: torch.Tensor) -> bool:
+    """Whether every stride but the last of every tensor is a multiple of ``GROUPED_MM_ALIGN_BYTES``,
+    as CUDA's grouped GEMM requires (torch's ``ATen/native/GroupedMMUtils.h``): in bf16 the hidden
+    width and the expert ffn (after etp) multiples of 8."""
+    return all(stride * t.element_size() % GROUPED_MM_ALIGN_BYTES == 0 for t in tensors for stride in t.stride()[:-1])
+
+
+def use_grouped_mm(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """Whether ``expert_forward`` runs ``torch._grouped_mm`` on rows ``x`` and ``weights`` by default:
+    CUDA, bf16, a torch that has it, and aligned operands (``grouped_mm_aligned``; the widths of an
+    imported config that are not take the per-expert loop)."""
+    return (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+            and grouped_mm_aligned(x, *weights))
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -75,10 +90,11 @@ def expert_forward(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w3: tor
         x = x.to(compute_dtype(x))
     w1, w3, w2 = (w.to(x.dtype) for w in (w1, w3, w2))  # fp32 master weights under bf16 compute
     b1, b3, b2 = (b.to(x.dtype) for b in biases) if biases is not None else (None, None, None)
-    if mm is not None or (use_grouped_mm(x) if grouped is None else grouped):
+    if mm is not None or (use_grouped_mm(x, w1, w3, w2) if grouped is None else grouped):
         mm = mm or torch._grouped_mm
-        counts_t = torch.tensor(counts, device=x.device)
-        offsets = counts_t.cumsum(0).to(torch.int32)
+        # from the host's counts, copied without a stream sync (a blocking copy would drain the queue)
+        counts_t = torch.tensor(counts).to(x.device, non_blocking=True)
+        offsets = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32).to(x.device, non_blocking=True)
         gate = _plus_bias(mm(x, w1, offs=offsets), b1, counts_t)
         up = _plus_bias(mm(x, w3, offs=offsets), b3, counts_t)
         return _plus_bias(mm(glu(gate, up, activation), w2, offs=offsets), b2, counts_t)

@@ -234,7 +234,8 @@ class MoEFeedForward(nn.Module):
         by_score = scores.argsort(descending=True, stable=True)
         order = by_score[flat[by_score].argsort(stable=True)]  # by expert, then by descending score
         starts = counts.cumsum(0) - counts
-        rank_in_expert = torch.arange(flat.shape[0], device=flat.device) - starts.repeat_interleave(counts)
+        rank_in_expert = (torch.arange(flat.shape[0], device=flat.device)
+                          - starts.repeat_interleave(counts, output_size=flat.shape[0]))  # sized: no host sync
         keep = rank_in_expert < capacity
         return order[keep], counts.clamp(max=capacity)
 

@@ -83,7 +83,7 @@ class AllToAllDispatcher(Dispatcher):
         out_splits = received.sum(1).tolist()
         arrived = _AllToAll.apply(rows, out_splits, in_splits, self.group)
         expert_of_row = torch.arange(self.local, device=rows.device).repeat(self.ep).repeat_interleave(
-            received.reshape(-1))
+            received.reshape(-1), output_size=sum(out_splits))  # the size given: no second host sync
         regroup = expert_of_row.argsort(stable=True)
         return arrived[regroup], received.sum(0).tolist(), (regroup.argsort(), in_splits, out_splits)
 

@@ -184,7 +184,7 @@ class OverlappedDispatcher(Dispatcher):
         """``exchange``'s chunks: (the outputs in ``rows``' order, ``side()`` run while the dispatch
         is in flight, or None)."""
         n = self.chunks
-        order, chunk_counts = self._chunk_rows(counts)
+        order, chunk_counts = self._chunk_rows(counts, rows.shape[0])
         received = self._exchange_counts(chunk_counts)  # (ep source, chunks, local), on the host
         sent = chunk_counts.view(n, self.ep, self.local).sum(2).tolist()  # [chunk][destination]
         mine = rows[order] if n > 1 else rows
@@ -216,13 +216,13 @@ class OverlappedDispatcher(Dispatcher):
         self.note("shared-end", "shared", 0)
         return extra
 
-    def _chunk_rows(self, counts: torch.Tensor):
-        """(the permutation that orders the rows by chunk, then expert; (chunks, E) rows per chunk
-        and expert): chunk c holds rows [ceil(c·n_e/C), ceil((c+1)·n_e/C)) of expert e."""
+    def _chunk_rows(self, counts: torch.Tensor, total: int):
+        """(the permutation that orders the ``total`` rows by chunk, then expert; (chunks, E) rows per
+        chunk and expert): chunk c holds rows [ceil(c·n_e/C), ceil((c+1)·n_e/C)) of expert e."""
         n, experts = self.chunks, counts.shape[0]
         if n == 1:
             return None, counts.view(1, experts)
-        expert_of_row = torch.arange(experts, device=counts.device).repeat_interleave(counts)
+        expert_of_row = torch.arange(experts, device=counts.device).repeat_interleave(counts, output_size=total)
         position = torch.arange(expert_of_row.shape[0], device=counts.device) - (counts.cumsum(0) - counts)[expert_of_row]
         chunk_of_row = position * n // counts[expert_of_row]
         order = chunk_of_row.argsort(stable=True)
@@ -241,15 +241,16 @@ class OverlappedDispatcher(Dispatcher):
     def _experts(self, arrived: torch.Tensor, per_source: list[list[int]], experts, chunk: int) -> torch.Tensor:
         """The expert GEMMs of one chunk: rows from [source][local expert] to [local expert][source]
         order, the experts, and back."""
-        counts = torch.tensor(per_source, device=arrived.device)  # (ep, local)
+        # (ep, local), built on the host and copied without a stream sync (the counts were read on the host)
+        counts = torch.tensor(per_source).to(arrived.device, non_blocking=True)
         expert_of_row = torch.arange(self.local, device=arrived.device).repeat(self.ep).repeat_interleave(
-            counts.reshape(-1))
+            counts.reshape(-1), output_size=arrived.shape[0])
         regroup = expert_of_row.argsort(stable=True)
         grouped = arrived[regroup]
         if self.timeline is not None:
             grouped = _Mark.apply(grouped, self, "gemm-end", chunk)
         self.note("gemm-start", "experts", chunk)
-        out = experts(grouped, counts.sum(0).tolist())
+        out = experts(grouped, [sum(column) for column in zip(*per_source)])
         self.note("gemm-end", "experts", chunk)
         if self.timeline is not None:
             out = _Mark.apply(out, self, "gemm-start", chunk)

@@ -56,8 +56,8 @@ import torch
 from torch import nn
 
 from plait.errors import PlaitError
+from plait.spec.capabilities import FP8_ALIGNMENT
 
-FP8_ALIGNMENT = 16  # torch._scaled_mm: both dimensions of an fp8 operand are multiples of 16
 FP8_MIN_CAPABILITY = (8, 9)  # CUDA compute capability with fp8 tensor cores (Ada, Hopper, Blackwell)
 MX_BLOCK = 32  # mxfp8: one power-of-2 (e8m0) scale per 32 consecutive elements of the reduction dimension
 MX_MIN_CAPABILITY = (10, 0)  # MX tensor cores (Blackwell: B200)
