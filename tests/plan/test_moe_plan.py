@@ -181,3 +181,22 @@ def test_plait_prices_experts_it_cannot_run_in_fp8_in_bf16_and_megatron_in_fp8()
     # the rule reads the ffn after etp: 14336 / 2 = 7168 stays aligned
     assert routed_expert_gemms(MIXTRAL, gpu, DEFAULT_PARAMS, Layout.parse("dp=64,tp=2,etp=2,precision=fp8"), rows) < \
         routed_expert_gemms(MIXTRAL, gpu, DEFAULT_PARAMS, Layout.parse("dp=64,tp=2,etp=2"), rows)
+
+
+DSV3_RECIPE = "dp=128,pp=16,ep=64,zero=1,precision=fp8,ckpt=balanced,mbs=1,split=uneven"
+
+
+def test_deepseek_v3_s_published_recipe_fits_80_gb_on_h800_and_h100():
+    """DeepSeek-V3's pre-training layout (technical report, arXiv 2412.19437, sections 3.2-3.3: 2,048
+    H800s, 16-way pipeline, 64-way expert parallelism over 8 nodes, ZeRO-1, no tensor parallelism, fp8
+    GEMMs, the RMSNorms and MLA's up-projections recomputed; batch 15,360 × 4,096 tokens) as plait
+    states it: ``ckpt=balanced`` recomputes the norms and element-wise ops and keeps the GEMM outputs,
+    the up-projections' too (more than DeepSeek keeps), so a fit is conservative. It fits 80 GB on
+    both presets; keeping the element-wise outputs too (``selective``) does not (docs/planner.md)."""
+    model, job = MODELS["deepseek-v3"], JobSpec(15360, 4096)
+    for name in ("hgx-h800", "dgx-h100"):
+        cluster = get_cluster(name, 2048)
+        recipe = estimate_memory(model, cluster, job, Layout.parse(DSV3_RECIPE))
+        assert recipe.total <= recipe.capacity == 80 * 2 ** 30, f"{name}: {recipe.total / 2 ** 30:.1f} GiB"
+        selective = estimate_memory(model, cluster, job, Layout.parse(DSV3_RECIPE.replace("balanced", "selective")))
+        assert selective.total > selective.capacity
