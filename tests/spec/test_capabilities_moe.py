@@ -115,3 +115,23 @@ def test_plait_train_takes_mla_and_gpt_oss_and_refuses_ep_outside_dp_with_one_li
     err = capsys.readouterr().err
     assert code == 2 and "ep=2 not dividing dp·cp" in err and "planned but not run by plait train" in err
     assert "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("model,layout,says", [
+    ("mixtral-8x7b", "dp=64,moe_overlap=chunked", "with ep=1"),
+    ("mixtral-8x7b", "dp=64,ep=8,moe_overlap=shared", "no shared experts"),
+    ("llama3-8b", "dp=64,moe_overlap=chunked", "dense model"),
+])
+def test_an_overlap_with_nothing_to_overlap_runs_as_none_and_says_so(model, layout, says):
+    """moe_overlap at ep=1, shared without shared experts, or on a dense model: the layout is valid and
+    runs as none (planner and runtime); the planner warns, naming what would give it something to hide."""
+    from plait.spec.validate import validate
+
+    spec, lay = get_model(model), Layout.parse(layout)
+    violations = validate(spec, get_cluster("dgx-h100", 64), JobSpec(512, 4096), lay)
+    assert [v.severity for v in violations if v.rule == "moe-overlap-noop"] == ["warning"]
+    assert says in next(v.message for v in violations if v.rule == "moe-overlap-noop")
+    for fine in ("dp=64,ep=8,moe_overlap=chunked", "dp=64,ep=8"):
+        if spec.moe is not None:
+            assert not [v for v in validate(spec, get_cluster("dgx-h100", 64), JobSpec(512, 4096), Layout.parse(fine))
+                        if v.rule == "moe-overlap-noop"]

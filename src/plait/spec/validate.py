@@ -12,7 +12,7 @@ from plait.errors import PlaitError
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import FP8_PRECISIONS, JobSpec, Layout, placement
 from plait.spec.model import ModelSpec
-from plait.spec.moe.layout import moe_rule_errors
+from plait.spec.moe.layout import moe_overlap_noops, moe_rule_errors
 from plait.spec.units import divisors
 
 
@@ -178,6 +178,8 @@ def validate(model: ModelSpec, cluster: ClusterSpec, job: JobSpec, layout: Layou
              "exchange over the inter-node network")
     if lay.zero and lay.dp == 1:
         warn("zero-without-dp", f"zero={lay.zero} with dp=1 shards nothing")
+    for rule, message in moe_overlap_noops(model, lay):
+        warn(rule, message)
     return sorted(out, key=lambda v: v.severity != "error")
 
 

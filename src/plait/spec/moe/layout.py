@@ -72,6 +72,24 @@ def expert_groups(layout: Layout, gpus_per_node: int, runtime: str = "megatron")
     }
 
 
+def moe_overlap_noops(model, layout: Layout) -> list[tuple[str, str]]:
+    """(rule, message) when ``layout``'s ``moe_overlap`` has nothing to overlap, so that the planner and
+    the runtime run it as ``none`` (a warning: the layout runs, the setting does nothing)."""
+    mode = layout.moe_overlap
+    if mode == "none":
+        return []
+    if model.moe is None:
+        return [("moe-overlap-noop", f"moe_overlap={mode} on {model.name}, a dense model (no experts): "
+                 "nothing to overlap; it runs as none")]
+    if layout.ep == 1:
+        return [("moe-overlap-noop", f"moe_overlap={mode} with ep=1: no expert all-to-all to hide; it runs as "
+                 "none (ep > 1 has one)")]
+    if mode == "shared" and not model.moe.n_shared:
+        return [("moe-overlap-noop", f"moe_overlap=shared but {model.name} has no shared experts to compute "
+                 "while the dispatch is in flight; it runs as none (moe_overlap=chunked overlaps the expert GEMMs)")]
+    return []
+
+
 def moe_rule_errors(model, layout: Layout) -> list[tuple[str, str]]:
     """(rule, message) of every MoE rule ``layout`` breaks for ``model``."""
     ep, etp = layout.ep, layout.etp
