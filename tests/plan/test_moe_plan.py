@@ -134,6 +134,24 @@ def test_plan_explain_itemizes_the_expert_all_to_all(capsys):
     assert code == 0 and "ep comm" in out and "ep=8" in out
 
 
+def test_plan_explain_says_what_moe_sync_holds(capsys):
+    """The ``moe sync`` item comes with its parts per MoE layer and micro-batch, as the planner counts
+    them: plait's runtime issues 3+6 grouped expert GEMMs, Megatron-Core 2+4 per local expert."""
+    import re
+
+    from plait.plan.moe.sync import moe_kernels
+
+    for stack, gemms in (("plait", 3 + 6), ("megatron-core", 1 * (2 + 4))):  # ep=8: one local expert
+        code = main(["plan", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch",
+                     "512", "--seq-len", "4096", "--layout", "dp=64,ep=8,zero=1,ckpt=selective", "--stack", stack])
+        out = " ".join(capsys.readouterr().out.split())
+        found = re.search(r"moe sync, per MoE layer and micro-batch: .* and (\d+) kernel launches .*; (\d+) of them", out)
+        assert code == 0 and found, out
+        runtime = "torch" if stack == "plait" else "megatron-core"
+        want = sum(moe_kernels(MIXTRAL, Layout.parse("dp=64,ep=8,zero=1,ckpt=selective"), DEFAULT_PARAMS, runtime))
+        assert (int(found.group(1)), int(found.group(2))) == (round(want), gemms)
+
+
 def test_plait_runtime_shards_experts_over_dp_cp_only_and_sums_their_gradients_over_tp():
     """plait's runtime carves ep out of dp·cp and holds the same experts on every tp rank (etp = 1):
     their optimizer states shard over dp·cp/ep = 32/8 = 4 ranks, not Megatron's tp·cp·dp/ep = 8; and

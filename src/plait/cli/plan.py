@@ -286,10 +286,10 @@ def _print_tables(args, request: _Request, result: _Result) -> None:
                   "(fragmentation, NCCL buffers, unfused-kernel temporaries are not all in the formula)"
                   + ("; no layout fits with the headroom" if args.layout is None or args.complete else "")
                   + "[/yellow]")
-    _print_notes(args, out, best, shown)
+    _print_notes(args, request, out, best, shown)
 
 
-def _print_notes(args, out, best, shown) -> None:
+def _print_notes(args, request: _Request, out, best, shown) -> None:
     """What plait train does not run, the itemized plan, what does not fit, and what was written."""
     from plait.cli.support import tables
 
@@ -298,7 +298,7 @@ def _print_notes(args, out, best, shown) -> None:
         out.print("* plait train does not run this layout yet: "
                   + "; ".join(sorted({v.message for p in unrunnable for v in p.runtime_violations})))
     if args.explain or args.layout is not None:
-        tables.explain(out, best)
+        tables.explain(out, best, request.params, request.stack.runtime)
     if not best.fits:
         over = (best.memory.total - best.memory.capacity) / GIB
         out.print(f"[red]does not fit: {over:.1f} GiB over; try ckpt=full, zero=3, larger tp/pp, "

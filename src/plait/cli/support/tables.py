@@ -64,8 +64,9 @@ def plans_table(plans: list[Plan], title: str, headroom: float | None = None) ->
     return table
 
 
-def explain(console: Console, plan: Plan) -> None:
-    """Print the itemized memory and time of one plan, and why it ranks where it does."""
+def explain(console: Console, plan: Plan, params=None, runtime: str = "torch") -> None:
+    """Print the itemized memory and time of one plan, and why it ranks where it does (``params``, the
+    plan's cost parameters, and ``runtime``, its stack's: the parts of ``moe sync``)."""
     memory, step = plan.memory, plan.step
     console.print(f"[bold]{plan.layout}[/bold]  -  {plan.model.name} on {plan.cluster.n_gpus} x "
                   f"{plan.cluster.gpu.name}, global batch {plan.job.global_batch} x {plan.job.seq_len} tokens, "
@@ -105,11 +106,28 @@ def explain(console: Console, plan: Plan) -> None:
             time_table.add_row(name.replace("_", " "), _ms(value), f"{100 * value / step.step_time:.1f}%")
     time_table.add_row("[bold]step[/bold]", f"[bold]{_ms(step.step_time)}[/bold]", "")
     console.print(time_table)
+    if step.moe_sync > 0 and params is not None:
+        console.print(f"[dim]{moe_sync_note(plan, params, runtime)}[/dim]")
     console.print(f"tokens/s/GPU {step.tokens_per_s_per_gpu:,.0f}   MFU {100 * step.mfu:.1f}%   "
                   f"HFU {100 * step.hfu:.1f}%   bottleneck: {step.bottleneck}")
     console.print(f"element-wise work: {compile_words(plan.compiled)}")
     for warning in plan.warnings:
         console.print(f"[yellow]{warning}[/yellow]")
+
+
+def moe_sync_note(plan: Plan, params, runtime: str) -> str:
+    """What ``moe sync`` holds, per MoE layer and micro-batch (``plait.plan.moe.sync``), in words."""
+    from plait.plan.moe.sync import expert_gemm_kernels, moe_kernels, moe_sync_layer
+
+    model, lay, e = plan.model, plan.layout, plan.cluster.gpu.element_bytes
+    parts = moe_sync_layer(model, plan.cluster, lay, params, runtime)
+    kernels = sum(moe_kernels(model, lay, params, runtime, e))
+    gemms = sum(expert_gemm_kernels(model, lay, runtime, e))
+    return (f"moe sync, per MoE layer and micro-batch: the token-count exchange {1e6 * sum(parts.counts):.0f} us, "
+            f"the counts' copy to the host and its stream sync {1e6 * sum(parts.sync):.0f} us, and "
+            f"{kernels:.0f} kernel launches (forward and backward; {gemms:.0f} of them the expert GEMMs) at "
+            f"{1e6 * params.moe_launch_s:.0f} us each, {1e3 * sum(parts.launches):.2f} ms: the sync empties the "
+            f"GPU's queue, so each launch is exposed; CUDA graphs (Megatron-Core's router graphs) remove launches")
 
 
 def compile_words(compiled: float) -> str:
