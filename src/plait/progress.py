@@ -40,7 +40,8 @@ class ProgressBar:
         self.done += 1
         if self.bar is not None:
             self.bar.update(self.task, advance=1, status=status)
-        elif self.enabled and self.lines and ((self.done - 1) % self.every == 0 or self.done == self.total):
+        elif self.enabled and self.lines and (self.done == 1 or self.done % self.every == 0
+                                              or self.done == self.total):  # 1, N, 2N, ... and the last
             print(f"{self.unit} {self.done}/{self.total} {status}", flush=True)
 
     def message(self, text: str, markup: bool = True) -> None:

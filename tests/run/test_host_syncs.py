@@ -1,8 +1,8 @@
 """The training loop reads nothing on the host on non-logging steps, and clipping plus AdamW
 run as a fixed number of (foreach / fused) ops, however many parameter tensors there are.
 
-* ``--log-every 3`` over 6 steps: steps 0, 3 and 5 (the last) are sync steps; on steps 1, 2 and
-  4 no tensor value is read on the host (``sync_tasks.StepCounter``) and the loop issues exactly
+* ``--log-every 3`` over 6 steps: steps 0, 2 and 5 (0-based: the first, the 3rd and the last) are
+  sync steps; on steps 1, 3 and 4 no tensor value is read on the host (``sync_tasks.StepCounter``) and the loop issues exactly
   one collective of its own (the all-reduce of [loss, stop flag]); the JSONL log still has one
   line per step with every field. On 1 rank and on 2 gloo ranks (DDP, and TP, whose gradient
   norm sums over shards).
@@ -26,7 +26,7 @@ import sync_tasks
 from plait.run.checkpoint import store
 
 STEPS, LOG_EVERY = 6, 3
-SYNC_STEPS = {0, 3, 5}
+SYNC_STEPS = {0, 2, 5}
 STEP_FIELDS = {"step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "mfu", "time"}
 
 

@@ -220,7 +220,7 @@ class LogConfig:
                               "what")  # rank 0 writes it
     log_every: int | None = setting(  # None: auto
         None, "--log-every", "read loss and gradient norm on the host (no device sync on the steps between) and "
-        f"print every N steps (default {GPU_LOG_EVERY} on GPU, 1 on CPU)", "where")
+        f"print at steps 1, N, 2N, ... and the last (N: default {GPU_LOG_EVERY} on GPU, 1 on CPU)", "where")
     tensorboard: str | None = setting(None, "--tensorboard", "also write the metrics as TensorBoard scalars here "
                                       "(pip install tensorboard)", "evaluation", metavar="DIR")
     wandb_project: str | None = setting(None, "--wandb-project", "also log the metrics to this Weights & Biases "

@@ -165,8 +165,10 @@ class StepLedger:
         self.records: list[StepRecord] = []
 
     def syncs_at(self, step: int, save_due: bool = False) -> bool:
-        """Whether 0-based ``step`` reads its numbers on the host (``save_due``: a checkpoint follows)."""
-        return (step % self.log_every == 0 or step == self.steps - 1 or save_due
+        """Whether 0-based ``step`` reads its numbers on the host (``save_due``: a checkpoint follows):
+        the first step, every ``log_every``-th counted from 1 (steps 1, N, 2N, ... as printed, the
+        cadence of --checkpoint-every and --eval-every) and the last."""
+        return (step == 0 or (step + 1) % self.log_every == 0 or step == self.steps - 1 or save_due
                 or self.policy.syncs_every_step or self.offload_events)
 
     def add(self, pending: PendingStep) -> None:
