@@ -3,7 +3,7 @@ its backward, counted with ``saved_tensors_hooks``, equal the planner's items
 (``plait.plan.moe.memory.moe_layer_saved_bytes``), item by item.
 
 One bf16 ``MoEFeedForward`` of tiny-moe (and variants: no renormalization, no aux loss, no shared
-expert) runs one micro-batch on the CPU (ep=1, tp=1: every routed row stays here, so R = T·k
+expert, and GPT-OSS's experts: the clamped SwiGLU with expert biases) runs one micro-batch on the CPU (ep=1, tp=1: every routed row stays here, so R = T·k
 exactly whatever the balance). Every distinct storage an autograd node saves is counted once and
 attributed to an item by how it was made; parameters, and the block input (the norm output: the
 dense layer's ``mlp_norm_output``, counted by ``plait.plan.activations``), are left out. The
@@ -33,7 +33,9 @@ def variant(**changes):
 
 
 SPECS = {"tiny-moe": TINY, "no-renormalization": variant(norm_topk=False), "no-aux-loss": variant(aux_loss_coef=0.0),
-         "no-shared-expert": variant(n_shared=0)}
+         "no-shared-expert": variant(n_shared=0),
+         # GPT-OSS's experts: the clamped SwiGLU and the expert biases (tiny-moe's router and shape)
+         "clamped-swiglu": variant(n_shared=0, activation="oai", expert_bias=True)}
 
 
 def item_of(module: str, grad_fn: str, dtype: torch.dtype, shape: tuple, spec) -> str:
@@ -44,7 +46,10 @@ def item_of(module: str, grad_fn: str, dtype: torch.dtype, shape: tuple, spec) -
     if module == "experts":
         if grad_fn.startswith(("Slice", "Split")):  # an expert's rows: one piece of the dispatched rows
             return "moe_dispatched"
-        return "moe_act_out" if grad_fn.startswith(("Silu", "Mul")) else "moe_up"
+        # made by the gated unit (silu; or the clamps, sigmoid, up + 1 and the products of GPT-OSS's);
+        # else a gate or up projection (its GEMM, or its GEMM plus the expert bias)
+        gated = ("Silu", "Mul", "Sigmoid", "Clamp", "AddToClamped")
+        return "moe_act_out" if grad_fn.startswith(gated) else "moe_up"
     if dtype == torch.int64:
         return "moe_topk_indices" if len(shape) == 2 else "moe_token_indices"
     if grad_fn.startswith("Softmax"):
@@ -58,6 +63,16 @@ def item_of(module: str, grad_fn: str, dtype: torch.dtype, shape: tuple, spec) -
     if dtype == torch.bfloat16 and len(shape) == 3:
         return "moe_expert_out"
     return f"other:{module}:{grad_fn}"
+
+
+def made_by(t: torch.Tensor) -> str:
+    """The name of the autograd node that made ``t`` ("" for a leaf); "AddToClamped" for an addition to a
+    clamped tensor (GPT-OSS's up + 1), which an expert bias's addition (to a GEMM output) is not."""
+    if t.grad_fn is None:
+        return ""
+    name = t.grad_fn.name()
+    inputs = [node.name() for node, _ in t.grad_fn.next_functions if node is not None]
+    return "AddToClamped" if name.startswith("Add") and any(n.startswith("Clamp") for n in inputs) else name
 
 
 def measure(spec) -> dict[str, int]:
@@ -88,8 +103,7 @@ def measure(spec) -> dict[str, int]:
         storage = t.untyped_storage()
         key = storage.data_ptr()
         if key not in skip and key not in counted and storage.nbytes():
-            item = item_of(stack[-1] if stack else "", t.grad_fn.name() if t.grad_fn else "", t.dtype,
-                           tuple(t.shape), spec)
+            item = item_of(stack[-1] if stack else "", made_by(t), t.dtype, tuple(t.shape), spec)
             counted[key] = item
             items[item] = items.get(item, 0) + storage.nbytes()
         return t

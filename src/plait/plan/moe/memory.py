@@ -20,7 +20,8 @@ the same ones: R = T·top_k·c):
   moe_combine_weights  4·T·k        fp32 top-k weights (the combine's gradient w.r.t. expert outputs)
   moe_dispatched       2·R·h        tokens after dispatch: input of the experts' gate/up GEMM
   moe_up               2·2·R·f/etp  gate and up outputs
-  moe_act_out          2·2·R·f/etp  silu(gate) and silu(gate)·up (input of the down GEMM)
+  moe_act_out          2·2·R·f/etp  silu(gate) and silu(gate)·up (input of the down GEMM); GPT-OSS's
+                                    clamped SwiGLU 5·2·R·f/etp (``OAI_ACT_SAVED``)
   moe_expert_out       2·R·h        expert outputs (the combine's gradient w.r.t. the weights)
   moe_shared_up        2·2·S·n·f_s/tp   shared experts' gate and up outputs (S = s·b: the shared
   moe_shared_act_out   2·2·S·n·f_s/tp   experts take the gathered norm output, as a dense MLP)
@@ -62,6 +63,10 @@ MOE_ITEMS = ("moe_router_probs", "moe_combine_weights", "moe_dispatched", "moe_u
              "moe_expert_out", "moe_shared_up", "moe_shared_act_out", "moe_topk_indices", "moe_topk_norm",
              "moe_token_indices", "moe_aux_fraction")
 INT64 = 8  # bytes of an index
+# per routed row and ffn column, the tensors plait's eager clamped SwiGLU (GPT-OSS, run.modules.experts.glu)
+# saves besides the gate and up GEMM outputs (which the clamps save): sigmoid's output, the clamped gate
+# and the gated product (the second multiply's inputs), up + 1, and their product (the down GEMM's input)
+OAI_ACT_SAVED = 5
 
 
 def stage_layer_split(model, layout: Layout, layers: int) -> tuple[int, int]:
@@ -137,7 +142,10 @@ def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None =
     b = layout.mbs if mbs is None else mbs
     full = seq_len / layout.cp * b  # the shared experts see the gathered sequence, as a dense MLP
     shared = moe.n_shared * moe.shared_width / layout.tp
-    act = 1 if runtime == "megatron-core" else 2  # fc2's input alone, or silu(gate) and the product too
+    # fc2's input alone (Megatron's fused activation), or plait's eager ops: silu(gate) and the
+    # product; GPT-OSS's clamped SwiGLU (``OAI_ACT_SAVED``) more
+    act = 1 if runtime == "megatron-core" else OAI_ACT_SAVED if moe.activation == "oai" else 2
+    shared_act = 1 if runtime == "megatron-core" else 2  # the shared experts are SwiGLU MLPs
     items = {
         "moe_router_probs": FP32 * tokens * moe.n_experts,
         "moe_combine_weights": FP32 * tokens * moe.top_k,
@@ -146,7 +154,7 @@ def moe_layer_saved_bytes(model, layout: Layout, seq_len: int, mbs: int | None =
         "moe_act_out": act * e * routed * f,
         "moe_expert_out": e * routed * h,
         "moe_shared_up": 2 * e * full * shared,
-        "moe_shared_act_out": act * e * full * shared,
+        "moe_shared_act_out": shared_act * e * full * shared,
         "moe_topk_indices": INT64 * tokens * moe.top_k,
         "moe_topk_norm": FP32 * tokens * (moe.top_k + 1) if moe.norm_topk else 0.0,
         "moe_token_indices": 2 * INT64 * (tokens * moe.top_k + (routed if layout.ep > 1 else 0.0)),
