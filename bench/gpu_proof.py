@@ -14,18 +14,22 @@ what failed (the first line of its error), the numbers, and the issue's targets 
 ``$OUT`` defaults to ``bench/results/gpu_proof`` (the device tool sets ``$OUT``; ``--out DIR``).
 
 Steps (limits in seconds; they add up to ``BUDGET_S`` = 560, 9 min 20 s, on an H100; set from the
-first run's times, bench/results/gpu_proof: 16, 56, 26, 41, 114, 29 and 88 s with torchao carried):
+first run's times, bench/results/gpu_proof: 16, 56, 26, 41, 114, 29 and 88 s with torchao carried.
+moe has 60 s since its side-stream check was added (not yet run on a GPU): the 26 s, then the check
+in what is left, about 29 s before the SIGTERM, of which it waits at most 23 (6 s to end its
+processes), against an estimated 8-13 s on an H100 (gpu_proof_overlap.py, "Time"); the 10 s came
+from fast, which has the most room: 41 s measured on a fresh machine, compile caches cold):
 
   setup          30  install wheels carried in bench/wheels/ (pip --no-index, only if the folder
                      exists), then record GPU, driver, torch, CUDA, transformers, torchao
   right          90  llama-125m: CPU fp32 vs GPU fp32 losses within an arithmetic tolerance, no host
                      sync in the loop, bf16 + compile + fused loss, fp8 if torchao (gpu_proof_right.py)
-  moe            50  a 60M MoE (8 experts top-2): torch._grouped_mm = per-expert GEMMs in bf16 and
+  moe            60  a 60M MoE (8 experts top-2): torch._grouped_mm = per-expert GEMMs in bf16 and
                      torchao's fp8 grouped GEMM against them, forward and backward, within derived
                      bounds; training in bf16 and fp8 vs the CPU fp32 reference; measured vs predicted
-                     step time; moe_overlap's CUDA side stream, 2 ranks on the GPU over gloo
-                     (gpu_proof_moe.py, gpu_proof_overlap.py; issue 33)
-  fast           80  bench/train_gpu.py: 1.1B Llama at seq 4096, plait (default recipe) vs a plain HF
+                     step time; last, in the time left: moe_overlap's CUDA side stream, 2 ranks on
+                     the GPU over gloo (gpu_proof_moe.py, gpu_proof_overlap.py; issue 33)
+  fast           70  bench/train_gpu.py: 1.1B Llama at seq 4096, plait (default recipe) vs a plain HF
                      loop: tokens/s, MFU, peak memory vs the planner's prediction
   fast_variants 140  bench/train_gpu.py --no-baseline with ckpt=full, offload=cpu:1, fp8 (torchao)
   profile        45  bench/profile_gpu.py: plait profile (GEMM curve, attention, HBM) -> $OUT/calibrations/<gpu>.json
@@ -77,9 +81,9 @@ class Step:
 STEPS = (
     Step("setup", 30, "carried wheels, GPU, driver and versions"),
     Step("right", 90, "fp32 GPU = CPU, no host sync, bf16 + compile + fused loss, fp8"),
-    Step("moe", 50, "MoE experts: grouped GEMM = per-expert GEMMs (bf16, fp8), training, measured vs predicted, "
+    Step("moe", 60, "MoE experts: grouped GEMM = per-expert GEMMs (bf16, fp8), training, measured vs predicted, "
                     "overlap side stream"),
-    Step("fast", 80, "1.1B Llama at seq 4096: plait vs a plain HF loop (bench/train_gpu.py)"),
+    Step("fast", 70, "1.1B Llama at seq 4096: plait vs a plain HF loop (bench/train_gpu.py)"),
     Step("fast_variants", 140, "the same with ckpt=full, offload=cpu:1, fp8 (plait only)"),
     Step("profile", 45, "plait profile -> calibrations/<gpu>.json (bench/profile_gpu.py)"),
     Step("sweep", 115, "plait sweep of 5 layouts: fresh profile and shipped defaults (bench/sweep_gpu.py)"),
@@ -113,9 +117,11 @@ def effective_steps(dry_run: bool = False, environ=os.environ) -> tuple[Step, ..
 class Record:
     """A step's result file, rewritten as each part ends: ``$OUT/steps/NAME.json``."""
 
-    def __init__(self, out: Path, name: str, dry_run: bool):
+    def __init__(self, out: Path, name: str, dry_run: bool, limit_s: float | None = None):
         self.path = out / "steps" / f"{name}.json"
         self.start = time.perf_counter()
+        # the step's StepTimeout (SIGTERM or SIGALRM) comes KILL_GRACE_S before its limit
+        self.deadline = None if limit_s is None else self.start + limit_s - KILL_GRACE_S
         self.data = {"step": name, "dry_run": dry_run, "status": "running", "checks": [], "numbers": {}}
         self.save()
 
@@ -124,6 +130,11 @@ class Record:
                                     "at_s": round(time.perf_counter() - self.start, 1)})
         print(f"[{time.perf_counter() - self.start:.1f} s] {name}: {status}: {detail}", flush=True)
         self.save()
+
+    def left_s(self) -> float | None:
+        """Seconds until the step's StepTimeout (None without a limit): a part that starts
+        processes or waits ends within it (the moe step's side-stream check)."""
+        return None if self.deadline is None else self.deadline - time.perf_counter()
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -405,9 +416,11 @@ def _time_limit(signum, frame):
     raise StepTimeout(f"the step's time limit passed ({signal.Signals(signum).name})")
 
 
-def run_one(name: str, args) -> int:
-    """One step in this process: its record, then 0, 1 (it failed) or 124 (its time limit passed)."""
-    record = Record(args.out, name, args.dry_run)
+def run_one(name: str, args, limit_s: float | None = None) -> int:
+    """One step in this process: its record, then 0, 1 (it failed) or 124 (its time limit passed).
+    ``limit_s``: the step's limit (its record's ``left_s``), timed from the call (a whole process
+    started by gpu_proof.sh's ``timeout`` is a fraction of a second older)."""
+    record = Record(args.out, name, args.dry_run, limit_s)
     try:
         if os.environ.get("GPU_PROOF_STALL") == name:  # the tests' timeout check: this step hangs
             time.sleep(3600)
@@ -440,7 +453,7 @@ def run_in_process(names: list[str], limits: dict[str, int], args) -> int:
             os.dup2(log.fileno(), 2)
             signal.alarm(max(1, limits[name] - KILL_GRACE_S))
             try:
-                code = run_one(name, args)
+                code = run_one(name, args, limits[name])
             finally:
                 signal.alarm(0)
                 sys.stdout.flush()
@@ -474,9 +487,10 @@ def main(argv: list[str] | None = None) -> int:
         return write_summary(args.out, steps, args.dry_run)
     signal.signal(signal.SIGTERM, _time_limit)  # gpu_proof.sh's timeout: TERM 5 s before the limit
     signal.signal(signal.SIGALRM, _time_limit)
+    limits = {step.name: step.limit_s for step in steps}
     if len(args.steps) == 1:
-        return run_one(args.steps[0], args)
-    return run_in_process(args.steps, {step.name: step.limit_s for step in steps}, args)
+        return run_one(args.steps[0], args, limits[args.steps[0]])
+    return run_in_process(args.steps, limits, args)
 
 
 if __name__ == "__main__":

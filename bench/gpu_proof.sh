@@ -58,6 +58,14 @@ while read -r name limit what; do
     TOTAL=$((TOTAL + limit))
 done <<<"$STEPS"
 echo "  limits add up to $TOTAL s, set-up included"
+WHEELS=(bench/wheels/*.whl)
+if [ -e "${WHEELS[0]}" ]; then
+    echo "  carried wheels (setup installs them${DRY:+; not in a dry run}): ${WHEELS[*]##*/}"
+elif "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torchao") is None)'; then
+    echo "  no wheels in bench/wheels/: nothing to install (torchao is installed)"
+else
+    echo "  no wheels in bench/wheels/ and no torchao: the fp8 checks will say 'skipped' (docs/benchmarks.md: pip download)"
+fi
 if [ -n "${DRY:-}" ]; then  # the dry run's own limits (a shared CPU is slow)
     STEPS="$("$PYTHON" bench/gpu_proof.py steps --dry-run)" || exit 2
     echo "  dry run: limits $(awk '{ printf "%s%s=%s", sep, $1, $2; sep = " " }' <<<"$STEPS") s"

@@ -37,7 +37,10 @@ result.
 
 5. **The expert overlap's side stream.** ``moe_overlap`` chunked and shared against the plain
    all-to-all with two ep ranks as two processes on this GPU over gloo (``bench/gpu_proof_overlap.py``:
-   what it proves and what needs two GPUs).
+   what it proves and what needs two GPUs). It runs last, after the training runs (the numbers most
+   wanted from this step), with what is left of the step's limit (``record.left_s()``): its wait
+   ends before the step's SIGTERM and its two processes are ended whatever happens, so a hang there
+   costs neither the training results nor the GPU of the next step.
 
 Part 3's bf16 run takes the grouped GEMM since the experts cast their rows to autocast's dtype
 (``plait.run.modules.experts.compute_dtype``); before that, autocast handed them fp32 rows and the
@@ -164,16 +167,30 @@ def predicted_step(spec, gpu: str, job: dict, layout: str) -> tuple[float | None
 
 
 def run_step(record, dry_run: bool, gpu: str) -> None:
-    """The "moe" step; ``record.check(name, status, detail, numbers)`` as each part ends."""
+    """The "moe" step; ``record.check(name, status, detail, numbers)`` as each part ends. Parts 1-4
+    first, then part 5 in the time left (``record.left_s()``: None without a limit); an error of
+    parts 3-4 (the CPU reference's) is raised after part 5 ran."""
     spec = model_spec(dry_run)
-    moe = spec.moe
     cuda = not dry_run
     if cuda and not torch.cuda.is_available():
         raise RuntimeError("torch sees no GPU (use --dry-run on a CPU box)")
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    kernel_checks(record, device, spec.hidden, moe.expert_ffn, dry_run)
-    gpu_proof_overlap.check(record, cuda)  # part 5: the overlap's side stream, 2 ranks on this GPU
+    error = None
+    try:
+        kernel_checks(record, device, spec.hidden, spec.moe.expert_ffn, dry_run)
+        train_checks(record, spec, device, dry_run, gpu)
+    except Exception as exc:  # noqa: BLE001 - the side-stream check does not need them; raised below
+        error = exc
+    if cuda:
+        torch.cuda.empty_cache()  # the two ranks' CUDA contexts and tensors share this GPU
+    gpu_proof_overlap.check(record, cuda, record.left_s())  # part 5: 2 ranks on this GPU, in the time left
+    if error is not None:
+        raise error
 
+
+def train_checks(record, spec, device: torch.device, dry_run: bool, gpu: str) -> None:
+    """Parts 3 and 4 (module docstring); raises when the CPU fp32 reference does not train."""
+    moe = spec.moe
     job = settings(dry_run)
     where = (f"{spec.name} ({spec.total_params() / 1e6:.0f}M, {moe.n_experts} experts top-{moe.top_k}), "
              f"{job['global_batch']} x {job['seq_len']} tokens, {job['steps']} steps, eager")

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +74,7 @@ def test_gpu_proof_dry_run(tmp_path):
     assert moe_fp8["status"] == "ok" or (moe_fp8["status"] == "skipped" and "torchao" in moe_fp8["detail"])
     overlap = checks["moe: overlap side stream (2 ranks, gloo, one GPU)"]  # on the CPU's gloo here
     assert overlap["status"] == "ok", overlap["detail"]
+    assert steps["moe"]["checks"][-1]["name"] == overlap["name"]  # last: the training results come first
     assert set(overlap["numbers"]["worst"]) == {"chunked", "shared"}
     assert all(value <= overlap["numbers"]["bound"] for value in overlap["numbers"]["worst"].values())
 
@@ -171,6 +175,63 @@ def test_moe_kernel_check_bound_and_power():
 
     wrong = moe.expert_outputs(hidden, ffn, cpu, mm=neighbours_expert)
     assert moe.relative(wrong[0], reference[0]) > 10 * bound
+
+
+def _new_children(before: set) -> list:
+    return [child for child in multiprocessing.active_children() if child not in before]
+
+
+def test_overlap_check_ends_its_ranks_on_a_step_timeout(tmp_path):
+    """The moe step's StepTimeout (SIGALRM, as in the dry run; SIGTERM from gpu_proof.sh's timeout
+    is the same exception) while the side-stream check waits for its two ranks: the exception
+    reaches the step and both processes are gone when it does. Without two_ranks' ``finally`` they
+    ran on (holding the GPU into the next step), as the exception skipped their join and kill."""
+    pytest.importorskip("torch")
+    import gpu_proof_overlap as overlap
+
+    record = gpu_proof.Record(tmp_path, "moe", dry_run=True, limit_s=600)
+    before = set(multiprocessing.active_children())  # a test pool's processes are not the check's
+    previous = signal.signal(signal.SIGALRM, gpu_proof._time_limit)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 3.0)  # the ranks are still importing torch (>= 9 s here)
+        with pytest.raises(gpu_proof.StepTimeout):
+            overlap.check(record, False, record.left_s())
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        assert _new_children(before) == []
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        for child in _new_children(before):
+            child.kill()
+            child.join()
+
+
+def test_overlap_check_ends_within_its_budget(tmp_path, monkeypatch):
+    """The check waits at most its budget less ``CLEANUP_S`` and then ends its ranks: failed with
+    the wait in the detail, within the budget, no process left; with under ``MIN_WAIT_S`` to wait
+    it starts none and says why."""
+    pytest.importorskip("torch")
+    import gpu_proof_overlap as overlap
+
+    record = gpu_proof.Record(tmp_path, "moe", dry_run=True)
+    overlap.check(record, False, overlap.CLEANUP_S + overlap.MIN_WAIT_S - 1)
+    skipped = record.data["checks"][-1]
+    assert skipped["status"] == "skipped" and skipped["detail"].startswith("not run: ")
+    monkeypatch.setattr(overlap, "MIN_WAIT_S", 1.0)  # a 2 s wait: the ranks are still importing torch
+    before = set(multiprocessing.active_children())
+    budget = overlap.CLEANUP_S + 2
+    start = time.monotonic()
+    try:
+        overlap.check(record, False, budget)
+        took = time.monotonic() - start
+        assert _new_children(before) == []
+    finally:
+        for child in _new_children(before):
+            child.kill()
+            child.join()
+    failed = record.data["checks"][-1]
+    assert failed["status"] == "failed" and failed["detail"] == "no result within 2 s", failed
+    assert took <= budget
 
 
 @pytest.mark.parametrize("dry_run", [False, True])
