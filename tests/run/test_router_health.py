@@ -6,7 +6,9 @@ computation from the routers' own outputs.
 micro-batches), tp=2 without sequence parallelism (both ranks route the same tokens), tp=2 with it
 (each rank routes its half of every micro-batch with its own capacity, and the aux loss is the
 micro-batch's, over both halves: tests/run/test_moe_split_parity.py trains it as one process does) and
-pp=2 (each rank holds some of the MoE layers), on 2 gloo ranks. Every training forward's expert choices and probabilities are recorded
+pp=2 (each rank holds some of the MoE layers), cp=2 (each rank routes its part of every sequence, as
+with sequence parallelism) and dp=2 × ep=2 with full checkpointing and moe_overlap=chunked (the
+recomputed forward routes again and counts nothing again), on 2 gloo ranks. Every training forward's expert choices and probabilities are recorded
 on every rank as its router computed them; from them the test counts, per layer and step, the
 pairs per expert (the tp replicas once), the pairs over each expert's capacity ceil(c·T·k/E) per
 micro-batch and the Switch aux loss coef·E·Σ_e f_e·P_e of each micro-batch, then the fields: min,
@@ -37,8 +39,9 @@ from plait.run.observe.router import FIELDS
 
 SPEC = router_tasks.health_model()
 MOE = SPEC.moe
-LAYOUTS = {"dp=2,ep=2": (0, 1), "tp=2,sp=0": (0,), "tp=2": (0, 1), "pp=2": (0, 1)}  # the ranks whose routing counts once
-SPLIT = ("tp=2",)  # sequence parallel: each tp rank routes its part of every micro-batch
+LAYOUTS = {"dp=2,ep=2": (0, 1), "tp=2,sp=0": (0,), "tp=2": (0, 1), "pp=2": (0, 1),  # the ranks whose routing counts once
+           "dp=2,ep=2,ckpt=full,moe_overlap=chunked": (0, 1), "cp=2": (0, 1)}  # recomputed routing: not again
+SPLIT = ("tp=2", "cp=2")  # sequence parallel, context parallel: each rank routes its part of every micro-batch
 RTOL = 4 * tolerances.reduction_rtol(router_tasks.GLOBAL_BATCH * MOE.n_experts * 3)
 
 
