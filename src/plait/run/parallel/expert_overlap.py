@@ -33,8 +33,10 @@ experts' backward; the reverse combine is exposed, as the combine is in the forw
 planner prices one of the two all-to-alls as hidden: ``plait.plan.moe.timing``).
 
 Devices. On CUDA each all-to-all is issued on a side stream after it waits for the current
-stream; its buffers are ``record_stream``-ed there, and the wait makes the current stream wait
-for the side stream. On CPU the same code runs gloo's async work handles (gloo runs them on its
+stream; its buffers are ``record_stream``-ed there and held until the wait, and the wait makes the
+current stream wait for the side stream. The overlap comes from issuing early and waiting late:
+NCCL (and gloo's CUDA path) already run the collective on a stream of their own, ordered after
+the issuing stream, and make the waiting stream wait, so the side stream adds no overlap itself. On CPU the same code runs gloo's async work handles (gloo runs them on its
 own threads while this thread computes). The numerics equal ``none``'s: every row meets the same
 expert weights; only the order in which the expert weight gradients are summed changes.
 
