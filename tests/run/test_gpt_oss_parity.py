@@ -8,8 +8,9 @@ CPU), and is compared with the single-process run as tests/run/test_mla_parity.p
 biases, sharded on dim 0 by ep with their weights, included) after the 3 steps within the AdamW
 bound of tests/support/tolerances.py for tiny-gpt-oss's parameter count.
 
-Layouts (the MLA parity set): dp=2 × ep=2 with ZeRO-3, tp=2 with sequence parallelism and dp=2 ×
-ep=2 with ckpt=mlp (the MoE half recomputed) on 2 ranks; pp=2 × dp=2 × ep=2 and dp=2 × tp=2 × ep=2 on 4 ranks, each world size one pool task.
+Layouts (the MLA parity set): dp=2 × ep=2 with ZeRO-3, tp=2 with and without sequence parallelism
+and dp=2 × ep=2 with ckpt=mlp (the MoE half recomputed) on 2 ranks; pp=2 × dp=2 × ep=2 and dp=2 ×
+tp=2 × ep=2, without and with ZeRO-3, on 4 ranks, each world size one pool task.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ PARAM_ATOL = tolerances.adamw_atol(tolerances.TINY_LR, moe_tasks.STEPS, toleranc
                                    tolerances.TINY_LONGEST_SUM, tolerances.TINY_LAYERS)
 KERNEL = ",attn=eager"  # sinks: attn=flex or eager (rule runtime-attn-softcap); flex runs eager on the CPU
 
-LAYOUTS_2 = ["dp=2,ep=2,zero=3" + KERNEL, "tp=2" + KERNEL, "dp=2,ep=2,ckpt=mlp" + KERNEL]
-LAYOUTS_4 = ["pp=2,dp=2,ep=2" + KERNEL, "dp=2,tp=2,ep=2" + KERNEL]
+LAYOUTS_2 = ["dp=2,ep=2,zero=3" + KERNEL, "tp=2" + KERNEL, "tp=2,sp=0" + KERNEL, "dp=2,ep=2,ckpt=mlp" + KERNEL]
+LAYOUTS_4 = ["pp=2,dp=2,ep=2" + KERNEL, "dp=2,tp=2,ep=2" + KERNEL, "dp=2,tp=2,ep=2,zero=3" + KERNEL]
 
 
 @pytest.fixture(scope="module")
