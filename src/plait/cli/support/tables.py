@@ -60,7 +60,8 @@ def plans_table(plans: list[Plan], title: str, headroom: float | None = None) ->
         elif headroom is not None and is_risky(memory, headroom):
             mem_text = f"[yellow]{mem_text} risky[/yellow]"
         table.add_row(str(rank), str(plan.layout) + ("" if plan.runnable else " *"), mem_text, _ms(plan.step.step_time),
-                      f"{plan.step.tokens_per_s_per_gpu:,.0f}", f"{100 * plan.step.mfu:.1f}%", plan.step.bottleneck)
+                      f"{plan.step.tokens_per_s_per_gpu:,.0f}", f"{100 * plan.step.mfu:.1f}%",
+                      plan.step.bottleneck.replace("_", " "))  # as the --explain items name it
     return table
 
 
@@ -109,7 +110,7 @@ def explain(console: Console, plan: Plan, params=None, runtime: str = "torch") -
     if step.moe_sync > 0 and params is not None:
         console.print(f"[dim]{moe_sync_note(plan, params, runtime)}[/dim]")
     console.print(f"tokens/s/GPU {step.tokens_per_s_per_gpu:,.0f}   MFU {100 * step.mfu:.1f}%   "
-                  f"HFU {100 * step.hfu:.1f}%   bottleneck: {step.bottleneck}")
+                  f"HFU {100 * step.hfu:.1f}%   bottleneck: {step.bottleneck.replace('_', ' ')}")
     console.print(f"element-wise work: {compile_words(plan.compiled)}")
     for warning in plan.warnings:
         console.print(f"[yellow]{warning}[/yellow]")
