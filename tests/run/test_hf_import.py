@@ -129,7 +129,8 @@ def test_a_model_of_other_numerics_is_refused_naming_the_field(tmp_path):
 
     directory = hf_models.save(hf_models.llama(), tmp_path / "llama")
     spec = dataclasses.replace(model_from_hf_config(directory), rope_theta=500000.0)
-    with pytest.raises(PlaitError, match=r"config\.json gives rope_theta=10000\.0 \(model .* has 500000\.0\)"):
+    with pytest.raises(PlaitError, match=r"both llama; they differ in \(checkpoint vs model\) rope_theta 10000\.0 vs "
+                                         r"500000\.0;"):
         check_checkpoint(directory, spec)
 
 
@@ -147,7 +148,7 @@ def test_numerics_the_runtime_does_not_build_are_refused(tmp_path):
     directory = edit_config(hf_models.save(hf_models.llama(), tmp_path / "llama"),
                             rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
     check_checkpoint(directory, model_from_hf_config(directory))  # the runtime applies yarn
-    with pytest.raises(PlaitError, match=r"rope_scaling=\(\('factor', 4\.0\), .*'yarn'\)\) \(model .* has \(\)\)"):
+    with pytest.raises(PlaitError, match=r"rope_scaling \(\('factor', 4\.0\), .*'yarn'\)\) vs \(\)"):
         check_checkpoint(directory, model_from_hf_config(plain))  # a model without it computes otherwise
     directory = edit_config(hf_models.save(hf_models.gpt2(), tmp_path / "gpt2"), scale_attn_weights=False)
     with pytest.raises(PlaitError, match=r"scale_attn_weights=False \(plait's runtime runs True\)"):
@@ -252,5 +253,5 @@ def test_a_sliding_window_the_model_does_not_have_is_refused(tmp_path):
     config = json.loads((directory / "config.json").read_text())
     config["sliding_window"] = 8
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(PlaitError, match=r"sliding_window=8 \(model .* has 0\)"):
+    with pytest.raises(PlaitError, match=r"sliding_window 8 vs 0"):
         check_checkpoint(directory, spec)

@@ -88,6 +88,7 @@ def test_hf_configs_of_each_family_give_the_preset(tmp_path, config, preset):
 
 def test_qwen2_moe_shared_expert_and_its_gate(tmp_path):
     config = dict(QWEN3_CONFIG, model_type="qwen2_moe", shared_expert_intermediate_size=5632, num_hidden_layers=2)
+    del config["head_dim"]  # Qwen2MoeAttention reads head_dim when the config holds it (below)
     (tmp_path / "config.json").write_text(json.dumps(config))
     model = model_from_hf_config(tmp_path)
     h, moe = 2048, model.moe
@@ -97,6 +98,8 @@ def test_qwen2_moe_shared_expert_and_its_gate(tmp_path):
     per_layer = attention + 2 * h + h * 128 + 128 * 3 * h * 768 + 3 * h * 5632 + h
     assert model.total_params() == 2 * per_layer + h + 2 * 151936 * h
     assert dense.moe.shared_gate is False
+    (tmp_path / "config.json").write_text(json.dumps(dict(config, head_dim=128)))
+    assert model_from_hf_config(tmp_path).q_hidden == 32 * 128  # transformers' q_proj: 2048 -> 4096
 
 
 def test_moe_layer_placement_and_first_dense():

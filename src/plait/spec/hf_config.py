@@ -8,7 +8,9 @@ Two readers give the same ModelSpec (tests/spec/test_hf_configs.py checks it on 
     ``model_type`` (``plait.spec.hf.autoconfig``; local file only, no network); ``"auto"`` uses it
     when transformers is installed.
 Either way the raw file is checked first: required sizes present, every key known (read, or known
-to change nothing plait models), and the features plait does not model refused by the key's name.
+to change nothing plait models), the features plait does not model refused by the key's name, and
+the values that change outputs and that plait's runtime runs one way of (``plait.spec.hf.values``:
+GPT-2's scale_attn_weights, GPT-OSS's swiglu_limit, the MoE families' hidden_act...) checked.
 Mixture-of-experts families (``plait.spec.moe.hf.MOE_TYPES``: Mixtral, Qwen2/3-MoE, OLMoE,
 DeepSeek-V2/V3, GPT-OSS) are read by ``plait.spec.moe.hf`` with either reader.
 """
@@ -31,6 +33,7 @@ from plait.spec.hf.families import (
     hf_rope_scaling,
     rope_scaling_problems,
 )
+from plait.spec.hf.values import check_values
 from plait.spec.model import ModelSpec, rope_scaling_pairs
 from plait.spec.moe.hf import MOE_TYPES, moe_from_hf_config
 from plait.spec.serialize import read_json_file
@@ -62,6 +65,7 @@ def model_from_hf_dict(config: dict, source: Path, reader: str = "plain") -> Mod
     if reader not in READERS:
         raise ValueError(f"reader must be one of {READERS}, not {reader!r}")
     check_sizes_and_types(config, source)
+    check_values(config, str(config.get("model_type", "")).lower(), source)
     if str(config.get("model_type", "")).lower() in MOE_TYPES:  # mixture-of-experts families: plait.spec.moe.hf
         return moe_from_hf_config(config, source, str(config.get("_name_or_path") or source.parent.name or "hf-model"))
     family = check_raw_config(config, source)

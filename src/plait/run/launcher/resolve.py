@@ -99,9 +99,10 @@ def run_config(request: TrainRequest, options: LaunchOptions, target: TrainTarge
     init_from = None
     if request.init_from:  # the weights' shapes are checked by the workers, against the model they build
         from plait.run.checkpoint.hf.files import check_model_dir
+        from plait.run.checkpoint.hf.numerics import check_init_from
 
         init_from = str(check_model_dir(request.init_from))
-        check_weight_table(init_from)
+        check_init_from(init_from, target.model)  # its family's table, and its config computes --model
     model = target.model
     if target.plan is None:
         if not (model or init_from):
@@ -145,18 +146,6 @@ def documents_of(data: str, doc_mask: bool, tokenizer: str = "bytes", text_key: 
             tokens.close()
     tokens = TokenFile(data)
     return {"eos_id": tokens.eos_id, "doc_len": tokens.mean_document_length()}
-
-
-def check_weight_table(directory: str) -> None:
-    """One line, before any worker starts, for an ``--init-from`` checkpoint whose family has no weight-name
-    table (``plait.run.checkpoint.hf.map``: DeepSeek-V3, GPT-OSS...); the tensors are checked by the workers."""
-    from plait.run.checkpoint.hf.files import read_config
-    from plait.run.checkpoint.hf.map import family_of_model_type
-
-    try:
-        family_of_model_type(str(read_config(directory).get("model_type", "")).lower())
-    except PlaitError as exc:
-        raise PlaitError(f"--init-from {directory}: {exc}") from None
 
 
 def check_decay_fraction(request: TrainRequest, optim: OptimConfig) -> None:

@@ -4,7 +4,9 @@ experts as a grouped GEMM, shared experts, and the auxiliary load-balancing loss
 Forward of ``MoEFeedForward`` on the T = batch·seq tokens it is given (hidden h, E routed experts,
 top-k):
   1. router: logits = x·W_r (+ b_r: GPT-OSS's ``router_bias``; h -> E, fp32), probabilities =
-     softmax(logits); each token takes its top-k experts, their weights renormalized to sum to one
+     softmax(logits); each token takes its top-k experts (with ``n_groups`` > 1, DeepSeek-V2's
+     group-limited routing: within its best ``topk_groups`` groups, a group scored by its best
+     probability), their weights renormalized to sum to one
      when ``norm_topk`` (GPT-OSS's softmax over the top-k logits is the same function). The sigmoid
      router (DeepSeek-V3) scores s = sigmoid(logits), chooses the top-k of s + b (b: the
      ``score_bias`` buffer, within each token's best ``topk_groups`` of ``n_groups`` expert groups,
@@ -171,9 +173,9 @@ class MoEFeedForward(nn.Module):
         """(fp32 probabilities (T, E) for the aux loss, top-k weights (T, k), top-k expert ids (T, k),
         the routing scores (T, E) without gradient: what token dropping ranks pairs by)."""
         logits = self.router(x).float()
-        if self.router_type == "softmax":
+        if self.router_type == "softmax":  # within the best groups when n_groups > 1 (DeepSeek-V2)
             probs = F.softmax(logits, dim=-1)
-            weights, ids = probs.topk(self.top_k, dim=-1)
+            weights, ids = self.limit_groups(probs).topk(self.top_k, dim=-1)
             scores = probs.detach()
         else:  # sigmoid: choose on score + balancing bias (within the best groups), weigh by the score
             sig = torch.sigmoid(logits)
@@ -210,14 +212,21 @@ class MoEFeedForward(nn.Module):
 
     def limit_groups(self, choice: torch.Tensor) -> torch.Tensor:
         """``choice`` (T, E) with the experts outside each token's best ``topk_groups`` of ``n_groups``
-        groups set to -inf; a group's score is the sum of its two best choices (DeepSeek-V3)."""
+        groups masked, as transformers 5.24's routers do: the sigmoid router (DeepSeek-V3's
+        ``noaux_tc``) scores a group by the sum of its two best choices and masks with -inf; the
+        softmax router (DeepSeek-V2's ``group_limited_greedy``) scores a group by its best
+        probability and masks with 0 (a masked expert is chosen only when fewer than top_k remain,
+        with weight 0)."""
         if self.n_groups == 1:
             return choice
         tokens = choice.shape[0]
         grouped = choice.view(tokens, self.n_groups, -1)
-        best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+        if self.router_type == "softmax":
+            best, fill = grouped.amax(dim=-1), 0.0
+        else:
+            best, fill = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1), float("-inf")
         keep = torch.zeros_like(best, dtype=torch.bool).scatter(1, best.topk(self.topk_groups, dim=-1).indices, True)
-        return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(tokens, -1)
+        return grouped.masked_fill(~keep.unsqueeze(-1), fill).view(tokens, -1)
 
     @torch.no_grad()
     def update_score_bias(self, load: torch.Tensor) -> None:

@@ -2,30 +2,32 @@
 
 Families (``model_type``) and the keys read, beyond the Llama ones (hidden_size,
 num_hidden_layers, num_attention_heads, num_key_value_heads, vocab_size,
-max_position_embeddings, tie_word_embeddings):
+max_position_embeddings, tie_word_embeddings, head_dim):
 
   mixtral       num_local_experts, num_experts_per_tok, intermediate_size (= expert ffn),
                 sliding_window (every layer, when set), router_aux_loss_coef
   qwen2_moe     num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size
                 (one shared expert with a sigmoid gate), decoder_sparse_step, mlp_only_layers,
-                norm_topk_prob; Q/K/V biases
-  qwen3_moe     as qwen2_moe without the shared expert; head_dim, Q/K RMSNorm per head, attention_bias
-  olmoe         num_experts, num_experts_per_tok, intermediate_size, norm_topk_prob; Q/K norms over the
-                whole projections
+                norm_topk_prob, qkv_bias (Q/K/V biases), use_sliding_window, max_window_layers, layer_types
+  qwen3_moe     as qwen2_moe without the shared expert; Q/K RMSNorm per head, attention_bias,
+                use_sliding_window (a window on every layer)
+  olmoe         num_experts, num_experts_per_tok, intermediate_size, norm_topk_prob, attention_bias; Q/K
+                norms over the whole projections
   deepseek_v2/3 n_routed_experts, num_experts_per_tok, moe_intermediate_size, n_shared_experts,
-                first_k_dense_replace, moe_layer_freq, scoring_func, n_group, topk_group,
-                routed_scaling_factor, aux_loss_alpha, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
-                v_head_dim (multi-token prediction, num_nextn_predict_layers, is left out: off)
-  gpt_oss       num_local_experts, num_experts_per_tok, intermediate_size, head_dim, sliding_window,
-                layer_types (sliding windows on the even layers), attention_bias; router and expert biases
+                first_k_dense_replace, n_group, topk_group, routed_scaling_factor, aux_loss_alpha,
+                q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; V3: the sigmoid
+                router, norm_topk_prob; V2: the softmax router, group-limited with topk_method
+                group_limited_greedy (multi-token prediction, num_nextn_predict_layers, is left out: off)
+  gpt_oss       num_local_experts, num_experts_per_tok, intermediate_size, sliding_window, layer_types,
+                attention_bias; router and expert biases, sinks
 
-Attention features go to the ModelSpec's own fields (``head_dim``, ``qkv_bias``, ``attn_out_bias``,
+Keys left out read as transformers' defaults (``plait.spec.moe.hf_defaults``); which layers have
+experts and which slide, as transformers builds each family: ``plait.spec.moe.hf_layers``; values
+that change outputs and that plait runs one way of (hidden_act, scoring_func, clip_qkv, swiglu_limit,
+...): ``plait.spec.hf.values``, checked for every family by ``plait.spec.hf_config``. Attention
+features go to the ModelSpec's own fields (``head_dim``, ``qkv_bias``, ``attn_out_bias``,
 ``qk_norm``, ``sliding_window``, ``local_layers``, ``sinks``); ``rope_theta``, ``rope_scaling`` and
-``rms_norm_eps`` are recorded (they change no count). Keys outside these lists are not checked here
-(the dense families' reader, ``plait.spec.hf_config``, refuses unknown keys).
-
-Dense layers listed in ``mlp_only_layers`` must be expressible as "the first n" or none
-(``MoESpec.first_dense``); anything else is refused with the list.
+``rms_norm_eps`` are recorded (they change no count). A key in none of these lists is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from pathlib import Path
 
 from plait.errors import PlaitError
 from plait.spec.model import ModelSpec
+from plait.spec.moe.hf_defaults import with_defaults
+from plait.spec.moe.hf_layers import attention_windows, moe_placement
 from plait.spec.moe.parts import MLASpec, MoESpec
 
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "gpt_oss")
@@ -56,18 +60,10 @@ def _float(config: dict, key: str, default: float) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
-def _first_dense(config: dict, source: Path, n_layers: int) -> int:
-    """Leading dense layers from ``mlp_only_layers`` (only 0..n-1 is expressible)."""
-    dense = sorted(set(config.get("mlp_only_layers") or []))
-    if dense != list(range(len(dense))):
-        raise PlaitError(f"{source}: mlp_only_layers={dense} is not 'the first n layers'; "
-                         "plait's MoESpec takes first_dense and every")
-    return len(dense)
-
-
 # the keys these families' configs hold besides the shared ones (plait.spec.hf.families): read above,
-# or changing no count (dropout, router noise and logits output, the MTP head left out, qk clipping,
-# gpt-oss's activation clamp); any other key is refused rather than silently ignored
+# checked by plait.spec.hf.values (dropout, router noise, qk clipping, gpt-oss's activation clamp,
+# DeepSeek's scoring and layer frequency), or changing neither the outputs nor a count (the router logits
+# output, the MTP head left out); any other key is refused rather than silently ignored
 MOE_KEYS = {
     "num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "experts_per_token",
     "moe_intermediate_size", "shared_expert_intermediate_size", "n_shared_experts", "decoder_sparse_step",
@@ -94,74 +90,27 @@ def check_moe_keys(config: dict, source: Path, kind: str) -> None:
 
 
 def moe_from_hf_config(config: dict, source: Path, name: str) -> ModelSpec:
-    """The ModelSpec of a mixture-of-experts ``config`` (``model_type`` one of ``MOE_TYPES``)."""
+    """The ModelSpec of a mixture-of-experts ``config`` (``model_type`` one of ``MOE_TYPES``); the keys it
+    leaves out read as transformers' defaults (``plait.spec.moe.hf_defaults``)."""
     kind = str(config.get("model_type", "")).lower()
+    if kind not in MOE_TYPES:
+        raise PlaitError(f"{source}: model_type={kind!r} is not a mixture-of-experts family ({', '.join(MOE_TYPES)})")
     check_moe_keys(config, source, kind)
+    config = with_defaults(config, kind, source)
     n_layers = _int(config, source, "num_hidden_layers")
     hidden = _int(config, source, "hidden_size")
     heads = _int(config, source, "num_attention_heads")
-    top_k = _int(config, source, "num_experts_per_tok", "experts_per_token")
-    aux = _float(config, "router_aux_loss_coef", 0.0)
-    ffn = _int(config, source, "intermediate_size")
-    mla = None
-    features: dict = {}  # ModelSpec attention fields (plait.spec.model)
-    if kind == "mixtral":
-        moe = MoESpec(_int(config, source, "num_local_experts"), top_k, ffn, aux_loss_coef=aux)
-        features = dict(sliding_window=_int(config, source, "sliding_window", default=0))
-        if _int(config, source, "head_dim", default=hidden // heads) * heads != hidden:  # transformers reads it
-            features["head_dim"] = _int(config, source, "head_dim")
-    elif kind in ("qwen2_moe", "qwen3_moe"):
-        shared = _int(config, source, "shared_expert_intermediate_size", default=0) if kind == "qwen2_moe" else 0
-        experts = _int(config, source, "num_experts", "num_local_experts")
-        moe = MoESpec(experts, top_k, _int(config, source, "moe_intermediate_size"),
-                      n_shared=1 if shared else 0, shared_ffn=shared, shared_gate=bool(shared),
-                      first_dense=_first_dense(config, source, n_layers),
-                      every=_int(config, source, "decoder_sparse_step", default=1),
-                      norm_topk=bool(config.get("norm_topk_prob", kind == "qwen3_moe")), aux_loss_coef=aux)
-        if kind == "qwen2_moe":
-            features = dict(qkv_bias=True)
-        else:
-            bias = bool(config.get("attention_bias", False))
-            features = dict(head_dim=_int(config, source, "head_dim", default=hidden // heads), qk_norm="head",
-                            qkv_bias=bias, attn_out_bias=bias)
-    elif kind == "olmoe":
-        moe = MoESpec(_int(config, source, "num_experts"), top_k, ffn,
-                      norm_topk=bool(config.get("norm_topk_prob", False)), aux_loss_coef=aux)
-        features = dict(qk_norm="full")
-    elif kind in ("deepseek_v2", "deepseek_v3"):
-        moe = MoESpec(_int(config, source, "n_routed_experts"), top_k, _int(config, source, "moe_intermediate_size"),
-                      n_shared=_int(config, source, "n_shared_experts", default=0),
-                      first_dense=_int(config, source, "first_k_dense_replace", default=0),
-                      every=_int(config, source, "moe_layer_freq", default=1),
-                      router=str(config.get("scoring_func") or ("sigmoid" if kind == "deepseek_v3" else "softmax")),
-                      norm_topk=bool(config.get("norm_topk_prob", kind == "deepseek_v3")),
-                      n_groups=_int(config, source, "n_group", default=1),
-                      topk_groups=_int(config, source, "topk_group", default=1),
-                      route_scale=_float(config, "routed_scaling_factor", 1.0),
-                      aux_loss_coef=_float(config, "aux_loss_alpha", aux))
-        mla = MLASpec(q_lora_rank=_int(config, source, "q_lora_rank", default=0),
-                      kv_lora_rank=_int(config, source, "kv_lora_rank"),
-                      qk_nope_head_dim=_int(config, source, "qk_nope_head_dim"),
-                      qk_rope_head_dim=_int(config, source, "qk_rope_head_dim"),
-                      v_head_dim=_int(config, source, "v_head_dim"))
-    elif kind == "gpt_oss":
-        moe = MoESpec(_int(config, source, "num_local_experts"), top_k, ffn, router_bias=True, expert_bias=True,
-                      activation="oai", aux_loss_coef=aux)
-        types = list(config.get("layer_types") or [])
-        window = _int(config, source, "sliding_window", default=0)
-        local = [i for i, t in enumerate(types) if t == "sliding_attention"]
-        if types and local not in ([], list(range(0, n_layers, 2)), list(range(n_layers))):
-            raise PlaitError(f"{source}: layer_types puts sliding windows on layers {local}; plait models "
-                             "all layers or the even ones (0, 2, ...)")
-        bias = bool(config.get("attention_bias", True))
-        features = dict(head_dim=_int(config, source, "head_dim", default=hidden // heads), qkv_bias=bias,
-                        attn_out_bias=bias, sinks=True, sliding_window=window if local or not types else 0,
-                        local_layers="all" if len(local) == n_layers else "even")
+    head_dim = _int(config, source, "head_dim", default=hidden // heads)
+    features = dict(attention_windows(config, kind, n_layers, source))  # ModelSpec attention fields
+    if kind in ("deepseek_v2", "deepseek_v3"):
+        moe, mla = _deepseek(config, source, kind, n_layers), _mla(config, source, heads)
     else:
-        raise PlaitError(f"{source}: model_type={kind!r} is not a mixture-of-experts family ({', '.join(MOE_TYPES)})")
+        moe, mla = _moe(config, source, kind, n_layers), None
+        features.update(head_dim=head_dim, **_attention(config, source, kind, hidden, heads, head_dim))
     return ModelSpec(
-        name=name, arch="llama", n_layers=n_layers, hidden=hidden, ffn_hidden=ffn, n_heads=heads,
-        n_kv_heads=heads if mla is not None else _int(config, source, "num_key_value_heads", default=heads),
+        name=name, arch="llama", n_layers=n_layers, hidden=hidden, ffn_hidden=_int(config, source, "intermediate_size"),
+        n_heads=heads, n_kv_heads=heads if mla is not None else _int(config, source, "num_key_value_heads",
+                                                                      default=heads),
         vocab=_int(config, source, "vocab_size"),
         max_seq_len=_int(config, source, "max_position_embeddings", default=2048),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)), moe=moe, mla=mla,
@@ -169,6 +118,75 @@ def moe_from_hf_config(config: dict, source: Path, name: str) -> ModelSpec:
         norm_eps=_float(config, "rms_norm_eps", 1e-6 if kind.startswith(("qwen", "deepseek")) else 1e-5),
         family=kind, **features,
     )
+
+
+def _moe(config: dict, source: Path, kind: str, n_layers: int) -> MoESpec:
+    """The experts of a Mixtral, Qwen2/3-MoE, OLMoE or GPT-OSS config."""
+    top_k = _int(config, source, "num_experts_per_tok", "experts_per_token")
+    aux = _float(config, "router_aux_loss_coef", 0.0)
+    first, every = moe_placement(config, kind, n_layers, source)
+    if kind in ("mixtral", "gpt_oss"):
+        oai = kind == "gpt_oss"
+        return MoESpec(_int(config, source, "num_local_experts"), top_k, _int(config, source, "intermediate_size"),
+                       router_bias=oai, expert_bias=oai, activation="oai" if oai else "silu", aux_loss_coef=aux)
+    norm = bool(config.get("norm_topk_prob"))
+    if kind == "olmoe":
+        return MoESpec(_int(config, source, "num_experts"), top_k, _int(config, source, "intermediate_size"),
+                       norm_topk=norm, aux_loss_coef=aux)
+    shared = _int(config, source, "shared_expert_intermediate_size", default=0) if kind == "qwen2_moe" else 0
+    return MoESpec(_int(config, source, "num_experts"), top_k,
+                   _int(config, source, "moe_intermediate_size"), n_shared=1 if shared else 0, shared_ffn=shared,
+                   shared_gate=bool(shared), first_dense=first, every=every, norm_topk=norm, aux_loss_coef=aux)
+
+
+def _attention(config: dict, source: Path, kind: str, hidden: int, heads: int, head_dim: int) -> dict:
+    """The ModelSpec's bias, q/k-norm and sink fields of a GQA family's config."""
+    if kind == "qwen2_moe":  # Q, K, V biases (no output bias)
+        return dict(qkv_bias=bool(config.get("qkv_bias")))
+    bias = bool(config.get("attention_bias"))
+    if kind == "qwen3_moe":
+        return dict(qk_norm="head", qkv_bias=bias, attn_out_bias=bias)
+    if kind == "olmoe":
+        if head_dim * heads != hidden:  # its q/k norms are hidden_size wide: transformers cannot build it
+            raise PlaitError(f"{source}: head_dim={head_dim} with {heads} heads is not hidden_size={hidden}; "
+                             "OLMoE's q/k norms are as wide as the hidden state")
+        return dict(qk_norm="full", qkv_bias=bias, attn_out_bias=bias)
+    if kind == "gpt_oss":
+        return dict(qkv_bias=bias, attn_out_bias=bias, sinks=True)
+    return {}
+
+
+def _deepseek(config: dict, source: Path, kind: str, n_layers: int) -> MoESpec:
+    """DeepSeek-V2/V3's experts: V3's bias-balanced sigmoid router in groups (the sum of a group's two
+    best scores), V2's softmax router, group-limited (a group's best expert) with topk_method
+    group_limited_greedy, else not; V2 never renormalizes the top-k weights."""
+    v3 = kind == "deepseek_v3"
+    grouped = v3 or config.get("topk_method") == "group_limited_greedy"
+    if grouped and (config.get("n_group") is None or config.get("topk_group") is None):
+        raise PlaitError(f"{source}: {'DeepSeek-V3' if v3 else 'topk_method=group_limited_greedy'} needs n_group "
+                         "and topk_group")
+    first, every = moe_placement(config, kind, n_layers, source)
+    return MoESpec(_int(config, source, "n_routed_experts"), _int(config, source, "num_experts_per_tok"),
+                   _int(config, source, "moe_intermediate_size"),
+                   n_shared=_int(config, source, "n_shared_experts", default=0), first_dense=first, every=every,
+                   router="sigmoid" if v3 else "softmax", norm_topk=v3 and bool(config.get("norm_topk_prob")),
+                   n_groups=_int(config, source, "n_group") if grouped else 1,
+                   topk_groups=_int(config, source, "topk_group") if grouped else 1,
+                   route_scale=_float(config, "routed_scaling_factor", 1.0),
+                   aux_loss_coef=_float(config, "aux_loss_alpha", _float(config, "router_aux_loss_coef", 0.0)))
+
+
+def _mla(config: dict, source: Path, heads: int) -> MLASpec:
+    """DeepSeek's multi-head latent attention (``q_lora_rank: null``: queries straight from the hidden state)."""
+    kv_heads = config.get("num_key_value_heads")
+    if kv_heads is not None and kv_heads != heads:  # transformers repeats MLA's per-head keys: shapes break
+        raise PlaitError(f"{source}: num_key_value_heads={kv_heads}: multi-head latent attention has one key "
+                         f"per head (num_attention_heads={heads})")
+    return MLASpec(q_lora_rank=_int(config, source, "q_lora_rank", default=0),
+                   kv_lora_rank=_int(config, source, "kv_lora_rank"),
+                   qk_nope_head_dim=_int(config, source, "qk_nope_head_dim"),
+                   qk_rope_head_dim=_int(config, source, "qk_rope_head_dim"),
+                   v_head_dim=_int(config, source, "v_head_dim"))
 
 
 def _rope_theta(config: dict) -> float:
@@ -186,6 +204,10 @@ def _rope_scaling(config: dict, source: Path) -> dict:
     scaling = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(scaling, dict):
         raise PlaitError(f"{source}: rope_scaling must be a JSON object")
+    partial = scaling.get("partial_rotary_factor")
+    if partial not in (None, 1, 1.0):  # these families' default RoPE ignores it, the scaled ones break on it
+        raise PlaitError(f"{source}: partial_rotary_factor={partial}: rotary embeddings on part of a head are "
+                         "not modelled by plait")
     scaling = {k: v for k, v in scaling.items() if k not in ("rope_theta", "partial_rotary_factor")}
     original = config.get("original_max_position_embeddings")
     return hf_rope_scaling(scaling, _int(config, source, "max_position_embeddings", default=2048),

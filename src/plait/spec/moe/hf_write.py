@@ -7,19 +7,21 @@ GPT-OSS (sinks, windows on the even layers, biased experts with the clamped SwiG
 (``candidates``) and keeps the first whose config reads back as the spec. DeepSeek-V3 is written
 with ``rope_interleave: true`` (the RoPE layout of plait's ``apply_rope``) and without
 ``moe_layer_freq`` (transformers makes every layer after the first dense ones an MoE layer).
-DeepSeek-V2 (its router is not the runtime's) is read by plait but has no writer: ``NOT_WRITTEN``
-says why, for export's refusal.
+Qwen2/3-MoE's expert layers are written as transformers places them (``_qwen_placement``).
+DeepSeek-V2 (trained from scratch; its weights have no table) is read by plait but has no writer:
+``NOT_WRITTEN`` says why, for export's refusal.
 """
 
 from __future__ import annotations
 
 from plait.spec.model import ModelSpec
+from plait.spec.moe.parts import is_moe_layer
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
                  "deepseek_v3": "DeepseekV3ForCausalLM"}
 CANDIDATES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss")  # tried in order for a spec of no family
-NOT_WRITTEN = {"deepseek_v2": "DeepSeek-V2's group-limited router (plait writes DeepSeek-V3's)"}
+NOT_WRITTEN = {"deepseek_v2": "DeepSeek-V2's config (its weights have no table; plait writes DeepSeek-V3's)"}
 SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}  # GPT-OSS's clamped SwiGLU (plait.run.modules.experts)
 
 
@@ -33,6 +35,21 @@ def unwritten(spec: ModelSpec) -> str | None:
     if spec.family == "deepseek_v2":
         return NOT_WRITTEN["deepseek_v2"]
     return None
+
+
+def _qwen_placement(spec: ModelSpec) -> dict:
+    """decoder_sparse_step and mlp_only_layers that give ``spec``'s expert layers in transformers'
+    Qwen2/3-MoE (experts where (i + 1) % step == 0 and i is not in mlp_only_layers): the spec's
+    ``every`` as the step when its first expert layer is one of the step's, else step 1."""
+    moe = spec.moe
+    step = moe.every if (moe.first_dense + 1) % moe.every == 0 else 1
+    dense = [i for i in range(spec.n_layers) if not is_moe_layer(spec, i) and (i + 1) % step == 0]
+    return {"decoder_sparse_step": step, "mlp_only_layers": dense}
+
+
+def _layer_types(spec: ModelSpec) -> list[str]:
+    return ["sliding_attention" if spec.sliding_window and spec.is_local_layer(i) else "full_attention"
+            for i in range(spec.n_layers)]
 
 
 def moe_config_for(spec: ModelSpec, family: str, rope: dict) -> dict:
@@ -49,18 +66,18 @@ def moe_config_for(spec: ModelSpec, family: str, rope: dict) -> dict:
         out.update(intermediate_size=moe.expert_ffn, num_local_experts=moe.n_experts,
                    sliding_window=spec.sliding_window or None)
     elif family in ("qwen2_moe", "qwen3_moe"):
+        window = spec.sliding_window or None
         out.update(intermediate_size=spec.ffn_hidden, moe_intermediate_size=moe.expert_ffn,
-                   num_experts=moe.n_experts, decoder_sparse_step=moe.every,
-                   mlp_only_layers=list(range(moe.first_dense)), norm_topk_prob=moe.norm_topk,
-                   use_sliding_window=False, sliding_window=None, max_window_layers=0)
+                   num_experts=moe.n_experts, **_qwen_placement(spec), norm_topk_prob=moe.norm_topk,
+                   use_sliding_window=window is not None, sliding_window=window, max_window_layers=spec.n_layers)
         if family == "qwen2_moe":
-            out["shared_expert_intermediate_size"] = moe.shared_width if moe.n_shared else 0
+            out.update(shared_expert_intermediate_size=moe.shared_width if moe.n_shared else 0,
+                       qkv_bias=spec.qkv_bias, layer_types=_layer_types(spec))
         else:
             out["attention_bias"] = spec.qkv_bias
     elif family == "gpt_oss":
         out.update(intermediate_size=moe.expert_ffn, num_local_experts=moe.n_experts, sliding_window=spec.sliding_window,
-                   layer_types=["sliding_attention" if spec.sliding_window and spec.is_local_layer(i) else
-                                "full_attention" for i in range(spec.n_layers)],
+                   layer_types=_layer_types(spec),
                    attention_bias=spec.qkv_bias, **SWIGLU)
     elif family == "deepseek_v3":
         mla = spec.mla

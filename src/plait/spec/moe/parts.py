@@ -9,10 +9,13 @@ all or even layers, GPT-OSS's per-head sinks) are the ModelSpec's own fields (``
   through ``top_k`` of the ``n_experts`` routed experts, chosen by a router (a hidden x n_experts
   linear layer), and through every shared expert. Which layers: the first ``first_dense`` layers
   are dense (the model's ``ffn_hidden`` MLP); after them every ``every``-th layer is MoE and the
-  others dense (Megatron's ``moe_layer_freq``). Router types:
+  others dense (Megatron's ``moe_layer_freq``; Qwen2/3-MoE's decoder_sparse_step 2, experts on
+  layers 1, 3, ..., is first_dense=1, every=2: ``plait.spec.moe.hf_layers``). Router types:
     * ``softmax``: softmax over the router logits, the top-k experts, their weights renormalized
       to sum to one when ``norm_topk`` (Mixtral, Qwen3-MoE; GPT-OSS's "top-k, then softmax over
       the k" is the same function). OLMoE keeps the un-normalized weights (``norm_topk=False``).
+      With ``n_groups`` > 1 a token chooses within its best ``topk_groups`` groups, a group scored
+      by its best probability (DeepSeek-V2's group_limited_greedy; weights times ``route_scale``).
     * ``sigmoid``: sigmoid scores; the top-k are chosen on score + a per-expert bias that a
       balancing rule (not the gradient) adjusts, within the best ``topk_groups`` of ``n_groups``
       expert groups; weights are the chosen scores normalized, times ``route_scale``

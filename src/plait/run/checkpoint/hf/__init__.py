@@ -12,6 +12,8 @@
   gpt_oss.py GPT-OSS's table: sinks, the biased router, the fused interleaved gate/up experts
   load.py    ``plait train --init-from DIR``: each rank checks the checkpoint against its model and
              fills the parameters it holds (``init_from_hf``, ``load_hf_weights``)
+  numerics.py  whether the checkpoint's config.json computes the model being trained, without torch
+             (``check_init_from``: the launcher's check, before any rank starts)
   export.py  ``plait export``: a plait (DCP) checkpoint as a Hugging Face model directory (its
              one-process checkpoint reading is also ``plait generate``'s)
   tokenizer.py  what makes an export self-contained: the tokenizer files (copied, or the byte

@@ -3,8 +3,9 @@
 ``load_hf_weights`` runs on every rank after the model parts are built (any layout): it first
 checks the whole checkpoint against the model being trained - the ModelSpec that plait reads from
 its config.json (``plait.spec.hf_config``) has the model's numerics (rotary base and scaling, norm
-epsilon and placement, activation, soft-caps, sliding window...), every plait parameter has its
-Hugging Face tensor with the shape the model needs, every Hugging Face tensor has a place in the
+epsilon and placement, activation, soft-caps, sliding window, routing:
+``plait.run.checkpoint.hf.numerics``, which ``plait train`` also asks before launching), every
+plait parameter has its Hugging Face tensor with the shape the model needs, every Hugging Face tensor has a place in the
 model - and refuses with the first problem by name. Then each rank reads, from the memory-mapped safetensors files, the full tensors of the parameters it holds (a
 pipeline stage only its own layers'), converts them (``plait.run.checkpoint.hf.map``) and keeps
 its shard, as ``plait.run.model.init_weights`` does with random values: no communication. An MoE
@@ -28,48 +29,10 @@ from plait.errors import PlaitError
 from plait.run.checkpoint.hf.files import CONFIG, TensorEntry, read_config, tensor_table
 from plait.run.checkpoint.hf.codecs import EXPERT, OneExpert, expert_names
 from plait.run.checkpoint.hf.map import concrete, family_of_model_type, row_for
+from plait.run.checkpoint.hf.numerics import check_config_fits
 from plait.run.checkpoint.hf.rows import Family, Row
 from plait.run.model import build_model, canonical_name, kept_buffers
-from plait.run.modules.layers import ROPE_SCALINGS
-from plait.spec.hf_config import model_from_hf_dict
 from plait.spec.model import ModelSpec
-
-# Fields of the ModelSpec read from the checkpoint's config.json that change the model's outputs but
-# not its tensors' shapes: the model being trained must have the same (its shapes are checked
-# tensor by tensor). Each is built by plait's runtime (plait.run.model).
-NUMERIC_FIELDS = ("activation", "rope_theta", "rope_scaling", "norm_eps", "norm_position", "norm_offset", "qk_norm",
-                  "embed_scale", "attn_scale", "attn_softcap", "logit_softcap", "sliding_window", "local_layers",
-                  "tied_embeddings")
-# Config values that change outputs, that ModelSpec does not record, and that the runtime has one
-# way of: (family, key, Hugging Face default when absent, the only value accepted).
-RUNTIME_VALUES = [
-    ("gpt2", "scale_attn_weights", True, True),
-    ("gpt_bigcode", "scale_attn_weights", True, True),
-    ("gpt_oss", "swiglu_alpha", 1.702, 1.702),  # plait.run.modules.experts.OAI_ALPHA, OAI_LIMIT
-    ("gpt_oss", "swiglu_limit", 7.0, 7.0),
-    ("deepseek_v3", "rope_interleave", True, True),  # false: RoPE on the halves (plait.run.checkpoint.hf.moe_rows)
-]
-
-
-def runtime_mismatches(config: dict, directory: str | Path, spec: ModelSpec) -> list[str]:
-    """``key=value (...)`` for each way the checkpoint's config (read as plait reads it) differs from the model
-    ``spec`` being trained in its outputs, or asks for what plait's runtime does not build."""
-    family = str(config.get("model_type", "")).lower()
-    read = model_from_hf_dict(config, Path(directory) / CONFIG)
-    out = [f"{name}={getattr(read, name)!r} (model {spec.name} has {getattr(spec, name)!r})"
-           for name in NUMERIC_FIELDS if getattr(read, name) != getattr(spec, name)]
-    for name, key, default, used in RUNTIME_VALUES:
-        value = config.get(key, default)
-        if name == family and value != used:
-            out.append(f"{key}={value!r} (plait's runtime runs {used!r})")
-    routing = [(moe and dataclasses.replace(moe, aux_loss_coef=0.0, capacity_factor=0.0)) for moe in (read.moe, spec.moe)]
-    if routing[0] != routing[1]:  # top-k, normalization, router: outputs; the training knobs are the run's
-        out.append(f"moe={read.moe} (model {spec.name} has {spec.moe})")
-    kind = dict(read.rope_scaling).get("rope_type", "default")
-    if kind not in ("default",) + ROPE_SCALINGS:
-        out.append(f"rope_scaling type {kind!r} (plait's runtime applies {', '.join(ROPE_SCALINGS)})")
-    return out
-
 
 def resolve_name(name: str, table: dict[str, TensorEntry], family: Family) -> str | None:
     """The name under which ``table`` holds Hugging Face tensor ``name`` (also without the base model's
@@ -139,10 +102,7 @@ def check_checkpoint(directory: str | Path, spec: ModelSpec) -> tuple[Family, di
     exactly; PlaitError naming the first problem (config numerics, a missing, misshapen or unused tensor)."""
     config = read_config(directory)
     family = family_of_model_type(str(config.get("model_type", "")).lower())
-    wrong = runtime_mismatches(config, directory, spec)
-    if wrong:
-        raise PlaitError(f"--init-from {directory}: config.json gives {'; '.join(wrong)}; its weights would compute "
-                         "another model (leave out --model to train the checkpoint's own)")
+    check_config_fits(directory, spec, config)
     table = tensor_table(directory)
     full = model_weights(build_model(spec, "meta"))
     located: dict[str, str] = {}

@@ -12,8 +12,8 @@ parameter without a row, or a Hugging Face tensor that no row reads, is an error
 is silently dropped.
 
 GPT-OSS's table (sinks, biased router, fused biased experts) is ``plait.run.checkpoint.hf.gpt_oss``.
-DeepSeek-V2 (its group-limited router is not the runtime's) has no table: ``family_of_model_type``
-refuses it by name (``NO_TABLE``).
+DeepSeek-V2 (trained from scratch; its attention weights are not mapped) has no table:
+``family_of_model_type`` refuses it by name (``NO_TABLE``).
 
 No module here imports torch at import time, so that ``plait train`` can ask
 ``family_of_model_type`` before any worker starts.
@@ -32,8 +32,10 @@ from plait.run.checkpoint.hf.rows import LAYER, Family, Row
 FAMILIES: tuple[Family, ...] = (LLAMA, OLMO2, GEMMA2, PHI3, GPT2, GPT_BIGCODE, MIXTRAL, QWEN_MOE, DEEPSEEK_V3,
                                 GPT_OSS)
 NO_TABLE = {  # why a family plait reads has no table (the rest of plait's message: "plait's ...")
-    "deepseek_v2": "router differs from DeepSeek-V2's (which scores an expert group by its best expert, and "
-                   "masks the other groups to zero); only DeepSeek-V3's weights (deepseek_v3) are mapped"}
+    "deepseek_v2": "runtime trains DeepSeek-V2's configs from scratch (its router, group-limited or not, is "
+                   "the runtime's), but transformers' DeepseekV2Attention (complex-number RoPE) is not mapped "
+                   "to plait's or checked against it; only DeepSeek-V3's weights "
+                   "(deepseek_v3) are"}
 
 
 def family_of_model_type(model_type: str) -> Family:
