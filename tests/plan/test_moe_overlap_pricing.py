@@ -56,3 +56,40 @@ def test_overlap_hides_what_the_runtime_can_hide(name, base):
         sums = grad_sums if factor > 1.0 else 0.0
         assert exposed >= 2 * chunk + factor * (split - experts) + regroup + sums - 1e-12
         assert exposed <= 2 * MOE_CHUNKS * chunk + factor * (split - experts) + regroup + sums + 1e-12
+
+
+def test_fp8_experts_pay_their_weight_preparation_once_per_call_in_plait_s_runtime(monkeypatch):
+    """plait's fp8 experts cast their weights for torchao's grouped GEMM at every call
+    (``FP8_WEIGHT_PREP_BYTES`` per local expert parameter): once per layer and micro-batch in the
+    layer's element-wise time (forward and backward apart, weighted by the share of MoE layers), and
+    again for every extra chunk under moe_overlap=chunked; nothing in bf16 or for Megatron-Core."""
+    from plait.plan.memo import clear_caches
+    from plait.plan.moe import timing as T
+    from plait.spec.moe.parts import moe_layer_count
+
+    model, gpu, tokens = MODELS["deepseek-v3"], CLUSTER.gpu, SEQ
+    fp8 = Layout.parse("dp=64,ep=64,mbs=1,precision=fp8")
+    chunked = Layout.parse("dp=64,ep=64,mbs=1,precision=fp8,moe_overlap=chunked")
+    prep = T.fp8_weight_prep(model, gpu, fp8)
+    weights = 256 / 64 * 3 * model.hidden * model.moe.expert_ffn  # 4 local experts, three matrices each
+    bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
+    assert prep == pytest.approx(tuple(b * weights / bandwidth for b in T.FP8_WEIGHT_PREP_BYTES))
+    assert T.fp8_weight_prep(model, gpu, Layout.parse("dp=64,ep=64,mbs=1")) == (0.0, 0.0)
+    assert T.fp8_weight_prep(model, gpu, fp8, "megatron-core") == (0.0, 0.0)
+
+    def priced():
+        clear_caches()
+        layer = T.moe_layer_times(model, gpu, DEFAULT_PARAMS, fp8, tokens, SEQ)
+        comm = T.moe_comm_layer(model, CLUSTER, chunked, tokens, SEQ, DEFAULT_PARAMS)
+        return layer.elementwise_fwd, layer.elementwise_bwd, layer.mlp_elementwise_fwd, comm
+
+    with_prep = priced()
+    monkeypatch.setattr(T, "FP8_WEIGHT_PREP_BYTES", (0.0, 0.0))
+    without = priced()
+    clear_caches()
+    share = moe_layer_count(model) / model.n_layers
+    assert with_prep[0] - without[0] == pytest.approx(share * prep[0])
+    assert with_prep[1] - without[1] == pytest.approx(share * prep[1])
+    assert with_prep[2] - without[2] == pytest.approx(share * prep[0])
+    for way in (0, 1):
+        assert with_prep[3][way] - without[3][way] == pytest.approx((MOE_CHUNKS - 1) * prep[way])

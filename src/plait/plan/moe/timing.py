@@ -166,6 +166,12 @@ def moe_layer_times(model, gpu: GpuSpec, params: CostParams, layout: Layout, tok
     if compiled:
         elementwise, elementwise_bwd, mlp_elementwise = compiled_moe_elementwise(
             model, gpu, params, layout, tokens, seq_len, compiled, (elementwise, 2 * elementwise, mlp_elementwise))
+    if model.moe is not None:  # fp8 experts' weight casts: eager, outside any compiled region
+        prep_fwd, prep_bwd = fp8_weight_prep(model, gpu, layout, runtime)
+        if prep_fwd:
+            elementwise_bwd = (2 * elementwise if elementwise_bwd is None else elementwise_bwd) + fraction * prep_bwd
+            elementwise += fraction * prep_fwd
+            mlp_elementwise += fraction * prep_fwd
     # attention core: (d_qk + d_v) per key, the keys of each layer's window, averaged over layers
     if cp > 1 and layout.cp_impl == "ring":  # plait's ring kernel (plait.plan.kernels.ring_attention_times)
         return LayerTimes(gemm, dense.attn_fwd, dense.attn_bwd, elementwise, 0.0, mlp_gemm, mlp_elementwise,
@@ -250,7 +256,7 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
     if a2a <= 0.0:
         return 0.0, 0.0
     _, shared, experts = moe_mlp_times(model, cluster.gpu, params, layout, tokens, seq_len, runtime)
-    chunked, split, regroup, grad_sums = a2a, experts, 0.0, 0.0
+    chunked, split, regroup, grad_sums, prep = a2a, experts, 0.0, 0.0, (0.0, 0.0)
     if runtime_chunks(layout, runtime) > 1:  # each chunk's all-to-all its own latency, its GEMMs smaller
         gpu = cluster.gpu
         chunked = MOE_CHUNKS * expert_a2a(model, cluster, layout, seq_len, params, runtime, 1.0 / MOE_CHUNKS)
@@ -260,6 +266,7 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
         # the rows gathered into chunk order and back: read + write of R·h twice per pass
         regroup = 4.0 * gpu.element_bytes * routed * model.hidden / bandwidth
         grad_sums = chunk_gradient_sums(model, gpu, layout) / bandwidth
+        prep = tuple((MOE_CHUNKS - 1) * t for t in fp8_weight_prep(model, gpu, layout, runtime))  # per chunk
     out = []
     for factor in (1.0, 2.0):  # the backward's GEMMs take twice the forward's
         moved = 2.0 * a2a  # dispatch and combine
@@ -271,10 +278,31 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
             moved, window = 2.0 * chunked, factor * split
             hidden = min(moved, window) * (1.0 - 1.0 / MOE_CHUNKS)
             out.append(moved - hidden + params.overlap_slowdown * hidden + factor * max(0.0, split - experts)
-                       + regroup + (grad_sums if factor > 1.0 else 0.0))
+                       + regroup + (grad_sums + prep[1] if factor > 1.0 else prep[0]))
         else:
             out.append(moved)
     return out[0], out[1]
+
+
+# Bytes moved per local routed-expert parameter, (forward, backward), each time plait's runtime runs an
+# expert GEMM in fp8 (plait.run.parallel.float8.fp8_grouped_mm on torchao 0.17's
+# _to_fp8_rowwise_then_scaled_grouped_mm, once per projection and chunk). ESTIMATES from reading the
+# code, not profiled: forward, the column-major copy (2 read + 2 written), the axis-wise scale (|w|
+# written and read, and read once more: 6), the fp32 copy (2 + 4), its scaling (4 + 4), the clamp (4 +
+# 4) and the fp8 cast (4 + 1); backward, the fused transposed cast (2 + 1). Priced as memory traffic.
+FP8_WEIGHT_PREP_BYTES = (37.0, 3.0)
+
+
+def fp8_weight_prep(model, gpu: GpuSpec, layout: Layout, runtime: str = "torch") -> tuple[float, float]:
+    """(forward, backward) seconds one MoE layer's routed experts spend preparing their weights for the
+    fp8 grouped GEMM once (``FP8_WEIGHT_PREP_BYTES``: plait's runtime only, where its experts run in
+    fp8, ``routed_expert_precision``); (0, 0) otherwise. ``moe_layer_times`` charges it once per layer
+    and micro-batch, ``moe_comm_layer`` again for every chunk after the first (moe_overlap=chunked)."""
+    if runtime != "torch" or routed_expert_precision(model, layout, runtime) != "fp8":
+        return 0.0, 0.0
+    weights = model.moe.n_experts / layout.ep * 3.0 * model.hidden * model.moe.expert_ffn / layout.etp
+    bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
+    return FP8_WEIGHT_PREP_BYTES[0] * weights / bandwidth, FP8_WEIGHT_PREP_BYTES[1] * weights / bandwidth
 
 
 def chunk_gradient_sums(model, gpu: GpuSpec, layout: Layout) -> float:
