@@ -93,3 +93,29 @@ def test_moe_and_mla_presets_are_refused_by_name(name, why):
                                           ("deepseek-v3", "deepseek_v3"), ("tiny-dsv3", "deepseek_v3")])
 def test_moe_presets_are_written_as_their_family(name, family):
     assert hf_config_of(MODELS[name])["model_type"] == family
+
+
+# what the released config.json files hold (deepseek-ai/DeepSeek-V3, openai/gpt-oss-120b on the Hub)
+RELEASED_NUMERICS = {
+    "deepseek-v3": {"rms_norm_eps": 1e-6, "rope_theta": 10000, "rope_scaling": {
+        "type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096}},
+    "gpt-oss-120b": {"rms_norm_eps": 1e-5, "rope_theta": 150000, "rope_scaling": {
+        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+        "original_max_position_embeddings": 4096}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(RELEASED_NUMERICS))
+def test_the_deepseek_and_gpt_oss_presets_compute_as_the_released_models(name):
+    """The presets carry the released configs' norm epsilon and RoPE (theta and yarn), so a run or an
+    export of the preset computes as the released model: the released values read as plait reads a
+    config are the preset's."""
+    from plait.spec.hf.families import hf_rope_scaling
+
+    spec, released = MODELS[name], RELEASED_NUMERICS[name]
+    assert spec.norm_eps == released["rms_norm_eps"] and spec.rope_theta == released["rope_theta"]
+    read = hf_rope_scaling(released["rope_scaling"], spec.max_seq_len)
+    assert dict(spec.rope_scaling) == read
+    written = hf_config_of(spec)
+    assert written["rms_norm_eps"] == released["rms_norm_eps"] and written["rope_theta"] == released["rope_theta"]

@@ -38,13 +38,21 @@ Sequence lengths are the configs' max_position_embeddings. Aux-loss coefficients
 balances with the router bias (its 0.0001 sequence-wise loss is recorded). Attention features are
 ModelSpec fields (Qwen3-MoE: head_dim 128, qk_norm "head"; OLMoE: qk_norm "full"; GPT-OSS: head_dim
 64, Q/K/V and output biases, 128-token windows on the even layers, sinks). RoPE settings and norm
-epsilons (which change no count) keep the defaults here; ``--model config.json`` reads them.
+epsilons change no count; DeepSeek-V3 and GPT-OSS carry their released ones (DeepSeek-V3: norm epsilon
+1e-6, yarn x40 from 4,096 positions with mscale 1/1; GPT-OSS: theta 150,000, yarn x32 from 4,096), so
+that a run or an export of the preset computes as the released model; the others keep the defaults
+(``--model config.json`` reads a config's own).
 """
 
 from __future__ import annotations
 
 from plait.spec.model import ModelSpec
 from plait.spec.moe.parts import MLASpec, MoESpec
+
+
+def _rope(**scaling) -> tuple:
+    """A released config's rope_scaling as ``ModelSpec.rope_scaling`` records it: sorted (key, value) pairs."""
+    return tuple(sorted(scaling.items()))
 
 
 def _moe(name, layers, hidden, ffn, heads, kv, vocab, seq, moe: MoESpec, **features) -> ModelSpec:
@@ -67,10 +75,14 @@ MOE_PRESETS = [
     _moe("deepseek-v3", 61, 7168, 18432, 128, 128, 129280, 163840,
          MoESpec(256, 8, 2048, n_shared=1, first_dense=3, router="sigmoid", n_groups=8, topk_groups=4,
                  route_scale=2.5, aux_loss_coef=0.0001),
-         mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
+         mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+         norm_eps=1e-6, rope_scaling=_rope(rope_type="yarn", factor=40.0, beta_fast=32.0, beta_slow=1.0, mscale=1.0,
+                                           mscale_all_dim=1.0, original_max_position_embeddings=4096)),
     _moe("gpt-oss-120b", 36, 2880, 2880, 64, 8, 201088, 131072,
          MoESpec(128, 4, 2880, router_bias=True, expert_bias=True, activation="oai", aux_loss_coef=0.9),
-         head_dim=64, qkv_bias=True, attn_out_bias=True, sliding_window=128, local_layers="even", sinks=True),
+         head_dim=64, qkv_bias=True, attn_out_bias=True, sliding_window=128, local_layers="even", sinks=True,
+         rope_theta=150000.0, rope_scaling=_rope(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                                                 truncate=False, original_max_position_embeddings=4096)),
     _moe("tiny-moe", 4, 128, 384, 4, 2, 512, 256, MoESpec(8, 2, 96, n_shared=1, first_dense=1, aux_loss_coef=0.01)),
     _moe("tiny-dsv3", 4, 128, 384, 4, 4, 512, 256,
          MoESpec(8, 2, 96, n_shared=1, first_dense=1, router="sigmoid", n_groups=4, topk_groups=2, route_scale=2.5,
