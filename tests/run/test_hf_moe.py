@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 
 import pytest
@@ -28,6 +27,7 @@ pytest.importorskip("safetensors")
 import hf_models
 import tolerances
 import torch
+from torchless import run_without_torch
 
 from plait.cli import main
 from plait.errors import PlaitError
@@ -97,13 +97,6 @@ def test_export_writes_the_moe_families_plait_trains(tmp_path):
 
 
 def test_the_launcher_asks_for_the_weight_table_without_importing_torch():
-    script = ("import builtins\nreal = builtins.__import__\n"
-              "def guarded(name, *a, **k):\n"
-              "    if name == 'torch' or name.startswith('torch.'):\n"
-              "        raise ImportError('torch imported')\n"
-              "    return real(name, *a, **k)\n"
-              "builtins.__import__ = guarded\n"
-              "from plait.run.checkpoint.hf.map import family_of_model_type\n"
-              "assert family_of_model_type('qwen3_moe').name == 'qwen_moe'\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    done = run_without_torch("from plait.run.checkpoint.hf.map import family_of_model_type\n"
+                             "assert family_of_model_type('qwen3_moe').name == 'qwen_moe'\n")
     assert done.returncode == 0, done.stderr[-2000:]
