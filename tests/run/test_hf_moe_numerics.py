@@ -127,6 +127,22 @@ def test_init_from_another_family_is_refused_before_any_rank(tmp_path, capsys):
     assert "MoESpec(" not in captured.err and len(captured.err) < 600
 
 
+def test_init_from_weights_stored_quantized_is_refused_before_any_rank(tmp_path, capsys):
+    """A checkpoint whose config.json has a quantization_config (DeepSeek-V3's fp8 blocks, GPT-OSS's
+    mxfp4) holds quantized tensors plait does not import: refused in one line before torchrun, naming
+    the method and what to do; the same config plans (tests/spec/test_released_moe_configs.py)."""
+    directory = hf_models.save(hf_models.family_model("gpt_oss", tmp_path), tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (directory / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    code = main(["train", "--init-from", str(directory), "--layout", "dp=2,ep=2", "--nproc-per-node", "2",
+                 "--device", "cpu", "--global-batch", "4", "--seq-len", "16", "--dry-run"])
+    captured = capsys.readouterr()
+    assert code == 2 and "torchrun" not in captured.out and captured.err.count("\n") == 1
+    assert "stored quantized" in captured.err and "'mxfp4'" in captured.err and "dequantized copy" in captured.err
+
+
 def test_the_launchers_config_check_imports_no_torch(tmp_path):
     hf_models.family_config("gpt_oss", tmp_path)
     script = ("from plait.errors import PlaitError\n"

@@ -89,7 +89,6 @@ def test_sizes_in_plan_output_are_exact_for_qwen3(tmp_path):
 
 @pytest.mark.parametrize("extra, fragment", [
     ({"num_local_experts": 8}, "num_local_experts=8: mixture-of-experts"),
-    ({"quantization_config": {"bits": 4}}, "quantization_config"),
     ({"some_new_knob": 3}, "config key 'some_new_knob'"),
     ({"attention_dropout": 0.1}, "attention_dropout=0.1"),
     ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial_rotary_factor=0.5"),
@@ -101,6 +100,17 @@ def test_what_plait_does_not_model_is_refused_by_name(tmp_path, extra, fragment)
               "intermediate_size": 128, "vocab_size": 100, **extra}
     with pytest.raises(PlaitError, match=fragment):
         read(tmp_path, config)
+
+
+def test_a_quantized_checkpoint_s_config_reads_as_the_same_architecture(tmp_path):
+    """quantization_config says how the released weights are stored (int4 here), not what the model
+    computes: the architecture plans as the unquantized one (importing the weights is refused:
+    tests/run/test_hf_moe_numerics.py)."""
+    config = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 4,
+              "intermediate_size": 128, "vocab_size": 100}
+    plain = read(tmp_path, config)
+    quantized = read(tmp_path, {**config, "quantization_config": {"bits": 4, "quant_method": "gptq"}})
+    assert quantized == plain
 
 
 def test_granite_multipliers_are_refused(tmp_path):

@@ -77,6 +77,18 @@ _PRESETS = [
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _PRESETS + MOE_PRESETS}
 
 
+def _is_hf_config(path) -> bool:
+    """Whether the JSON file ``path`` is a Hugging Face config under another name (it has a
+    ``model_type``; a plait model JSON has none)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and "model_type" in data
+
+
 def get_model(name: str) -> ModelSpec:
     """A preset by name, or a local Hugging Face config.json / plait model JSON by path."""
     if name in MODELS:
@@ -85,7 +97,7 @@ def get_model(name: str) -> ModelSpec:
 
     path = Path(name)
     if path.exists():
-        if path.is_dir() or path.name == "config.json":
+        if path.is_dir() or path.name == "config.json" or _is_hf_config(path):
             return model_from_hf_config(path)
         try:
             return ModelSpec.from_json(path.read_text())

@@ -73,13 +73,17 @@ HARMLESS_KEYS = {
     "pruned_heads", "torchscript", "use_bfloat16", "tf_legacy_loss", "generation_config",
     "classifier_dropout",
     "sliding_window_size",  # a stray duplicate in Gemma-2-9B/27B's config.json that transformers never reads
+    # how the released weights are stored (fp8 blocks: DeepSeek-V3, Kimi-K2; mxfp4: GPT-OSS; int4), not
+    # what the model computes: plans and from-scratch runs train in the layout's precision; --init-from
+    # refuses such weights (plait.run.checkpoint.hf.numerics.check_init_from)
+    "quantization_config",
 }
 
 # Keys whose mere presence (with a value other than these) means a feature plait does not model.
 REFUSED = {
     "num_experts": "mixture-of-experts layers", "num_local_experts": "mixture-of-experts layers",
     "n_routed_experts": "mixture-of-experts layers", "moe_intermediate_size": "mixture-of-experts layers",
-    "num_experts_per_tok": "mixture-of-experts layers", "quantization_config": "quantized weights",
+    "num_experts_per_tok": "mixture-of-experts layers",
     "embedding_multiplier": "Granite's multipliers", "residual_multiplier": "Granite's multipliers",
     "attention_multiplier": "Granite's multipliers", "logits_scaling": "Granite's multipliers",
     "use_bidirectional_attention": "bidirectional attention",

@@ -74,6 +74,7 @@ MOE_KEYS = {
     "head_dim", "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings", "rms_norm_eps",
     "rope_theta", "hidden_act", "attention_bias", "qkv_bias", "attention_dropout", "sliding_window",
     "use_sliding_window", "max_window_layers", "clip_qkv", "swiglu_alpha", "swiglu_limit", "layer_types", "mlp_bias",
+    "initial_context_length",  # GPT-OSS's pre-yarn context, which its rope_scaling states again
 }
 
 

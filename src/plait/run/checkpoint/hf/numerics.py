@@ -85,12 +85,19 @@ def check_config_fits(directory: str | Path, spec: ModelSpec, config: dict | Non
 
 
 def check_init_from(directory: str, spec: ModelSpec | None) -> None:
-    """Before any worker starts: the checkpoint's family has a weight-name table
-    (``plait.run.checkpoint.hf.map``), and its config computes ``spec`` (the ``--model`` given;
+    """Before any worker starts: the checkpoint's weights are not stored quantized, its family has a
+    weight-name table (``plait.run.checkpoint.hf.map``), and its config computes ``spec`` (the ``--model`` given;
     None: the checkpoint's own). The tensors' shapes are checked by the workers."""
     from plait.run.checkpoint.hf.map import family_of_model_type
 
     config = read_config(directory)
+    quantized = config.get("quantization_config")
+    if quantized:
+        method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else quantized
+        raise PlaitError(f"--init-from {directory}: its weights are stored quantized (quantization_config, "
+                         f"quant_method {method!r}); plait imports unquantized (bf16, fp16 or fp32) safetensors: "
+                         "save a dequantized copy first (e.g. transformers' from_pretrained then save_pretrained "
+                         "in bf16), or train the architecture from scratch with --model")
     try:
         family_of_model_type(str(config.get("model_type", "")).lower())
     except PlaitError as exc:
