@@ -72,3 +72,19 @@ def test_a_released_config_reads_as_its_preset(tmp_path, name, file_name):
         assert getattr(read, field) == getattr(preset, field), field
     for field in ROUTING:
         assert getattr(read.moe, field) == getattr(preset.moe, field), f"moe.{field}"
+
+
+def test_gpt_oss_routes_to_num_experts_per_tok_and_refuses_a_different_experts_per_token(tmp_path):
+    """transformers' GPT-OSS routes to num_experts_per_tok experts; the released configs repeat it as
+    experts_per_token. Two different values are refused, naming both; use_sliding_window, which
+    transformers' GPT-OSS ignores, leaves the even layers windowed."""
+    from plait.errors import PlaitError
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**GPT_OSS_120B, "experts_per_token": 2}))
+    with pytest.raises(PlaitError, match="experts_per_token=2 but num_experts_per_tok=4"):
+        get_model(str(path))
+    path.write_text(json.dumps({k: v for k, v in GPT_OSS_120B.items() if k != "layer_types"}
+                               | {"use_sliding_window": False}))
+    read = get_model(str(path))
+    assert (read.sliding_window, read.local_layers) == (128, "even")

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-OAI_ALPHA = 1.702  # GPT-OSS's sigmoid sharpness (transformers' GptOssConfig.swiglu_alpha)
-OAI_LIMIT = 7.0  # GPT-OSS's clamp of the gate and up projections (GptOssConfig.swiglu_limit)
+from plait.spec.moe.parts import OAI_ALPHA, OAI_LIMIT
+
 ACTIVATIONS = ("silu", "oai")  # plait.spec.moe.parts.EXPERT_ACTIVATIONS
 
 

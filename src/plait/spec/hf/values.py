@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.spec.moe.parts import OAI_ALPHA, OAI_LIMIT
 
 _MOE_SWIGLU = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
@@ -47,8 +48,8 @@ def _same(value, accepted) -> bool:
 
 VALUE_RULES = (
     ValueRule(("gpt2", "gpt_bigcode"), "scale_attn_weights", True, (True,), "True"),
-    ValueRule(("gpt_oss",), "swiglu_alpha", 1.702, (1.702,), "1.702: plait.run.modules.experts' OAI_ALPHA"),
-    ValueRule(("gpt_oss",), "swiglu_limit", 7.0, (7.0,), "7.0: plait.run.modules.experts' OAI_LIMIT"),
+    ValueRule(("gpt_oss",), "swiglu_alpha", OAI_ALPHA, (OAI_ALPHA,), f"{OAI_ALPHA}: plait.spec.moe.parts' OAI_ALPHA"),
+    ValueRule(("gpt_oss",), "swiglu_limit", OAI_LIMIT, (OAI_LIMIT,), f"{OAI_LIMIT}: plait.spec.moe.parts' OAI_LIMIT"),
     # transformers' GPT-OSS experts ignore hidden_act (their clamped SwiGLU is built in): no rule for it
     ValueRule(_MOE_SWIGLU, "hidden_act", "silu", ("silu", "swish"),
               "'silu': SwiGLU experts, shared experts and dense MLPs"),

@@ -97,6 +97,7 @@ def moe_from_hf_config(config: dict, source: Path, name: str) -> ModelSpec:
     if kind not in MOE_TYPES:
         raise PlaitError(f"{source}: model_type={kind!r} is not a mixture-of-experts family ({', '.join(MOE_TYPES)})")
     check_moe_keys(config, source, kind)
+    given = set(config)
     config = with_defaults(config, kind, source)
     n_layers = _int(config, source, "num_hidden_layers")
     hidden = _int(config, source, "hidden_size")
@@ -104,7 +105,7 @@ def moe_from_hf_config(config: dict, source: Path, name: str) -> ModelSpec:
     head_dim = _int(config, source, "head_dim", default=hidden // heads)
     features = dict(attention_windows(config, kind, n_layers, source))  # ModelSpec attention fields
     if kind in ("deepseek_v2", "deepseek_v3"):
-        moe, mla = _deepseek(config, source, kind, n_layers), _mla(config, source, heads)
+        moe, mla = _deepseek(config, source, kind, n_layers), _mla(config, source, heads, given)
     else:
         moe, mla = _moe(config, source, kind, n_layers), None
         features.update(head_dim=head_dim, **_attention(config, source, kind, hidden, heads, head_dim))
@@ -123,7 +124,11 @@ def moe_from_hf_config(config: dict, source: Path, name: str) -> ModelSpec:
 
 def _moe(config: dict, source: Path, kind: str, n_layers: int) -> MoESpec:
     """The experts of a Mixtral, Qwen2/3-MoE, OLMoE or GPT-OSS config."""
-    top_k = _int(config, source, "num_experts_per_tok", "experts_per_token")
+    top_k = _int(config, source, "num_experts_per_tok")
+    stray = config.get("experts_per_token")  # GPT-OSS's configs repeat it; transformers reads num_experts_per_tok
+    if stray is not None and stray != top_k:
+        raise PlaitError(f"{source}: experts_per_token={stray!r} but num_experts_per_tok={top_k} (transformers "
+                         "routes to num_experts_per_tok experts); give the two the same value")
     aux = _float(config, "router_aux_loss_coef", 0.0)
     first, every = moe_placement(config, kind, n_layers, source)
     if kind in ("mixtral", "gpt_oss"):
@@ -177,12 +182,14 @@ def _deepseek(config: dict, source: Path, kind: str, n_layers: int) -> MoESpec:
                    aux_loss_coef=_float(config, "aux_loss_alpha", _float(config, "router_aux_loss_coef", 0.0)))
 
 
-def _mla(config: dict, source: Path, heads: int) -> MLASpec:
-    """DeepSeek's multi-head latent attention (``q_lora_rank: null``: queries straight from the hidden state)."""
+def _mla(config: dict, source: Path, heads: int, given: set) -> MLASpec:
+    """DeepSeek's multi-head latent attention (``q_lora_rank: null``: queries straight from the hidden
+    state); ``given``: the keys the config itself holds (the others are transformers' defaults)."""
     kv_heads = config.get("num_key_value_heads")
     if kv_heads is not None and kv_heads != heads:  # transformers repeats MLA's per-head keys: shapes break
-        raise PlaitError(f"{source}: num_key_value_heads={kv_heads}: multi-head latent attention has one key "
-                         f"per head (num_attention_heads={heads})")
+        where = "" if "num_key_value_heads" in given else " (left out: transformers' default)"
+        raise PlaitError(f"{source}: num_key_value_heads={kv_heads}{where}: multi-head latent attention has one "
+                         f"key per head (num_attention_heads={heads}); set num_key_value_heads={heads}")
     return MLASpec(q_lora_rank=_int(config, source, "q_lora_rank", default=0),
                    kv_lora_rank=_int(config, source, "kv_lora_rank"),
                    qk_nope_head_dim=_int(config, source, "qk_nope_head_dim"),

@@ -74,7 +74,7 @@ def attention_windows(config: dict, kind: str, n_layers: int, source: Path) -> d
     types = config.get("layer_types")
     if types is None:
         below = config.get("max_window_layers", n_layers) if kind == "qwen2_moe" else n_layers
-        on = config.get("use_sliding_window", True)
+        on = config.get("use_sliding_window", True) if kind == "qwen2_moe" else True  # GPT-OSS: always windowed
         types = [LAYER_TYPES[0] if i % 2 == 0 and i < below and on else LAYER_TYPES[1] for i in range(n_layers)]
     unknown = [t for t in types if t not in LAYER_TYPES]
     if unknown or len(types) != n_layers:

@@ -15,14 +15,14 @@ DeepSeek-V2 (trained from scratch; its weights have no table) is read by plait b
 from __future__ import annotations
 
 from plait.spec.model import ModelSpec
-from plait.spec.moe.parts import is_moe_layer
+from plait.spec.moe.parts import OAI_ALPHA, OAI_LIMIT, is_moe_layer
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
                  "deepseek_v3": "DeepseekV3ForCausalLM"}
 CANDIDATES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss")  # tried in order for a spec of no family
 NOT_WRITTEN = {"deepseek_v2": "DeepSeek-V2's config (its weights have no table; plait writes DeepSeek-V3's)"}
-SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}  # GPT-OSS's clamped SwiGLU (plait.run.modules.experts)
+SWIGLU = {"swiglu_alpha": OAI_ALPHA, "swiglu_limit": OAI_LIMIT}  # GPT-OSS's clamped SwiGLU (plait.spec.moe.parts)
 
 
 def candidates(spec: ModelSpec) -> tuple[str, ...]:

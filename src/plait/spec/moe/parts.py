@@ -38,7 +38,9 @@ from functools import lru_cache
 
 
 ROUTERS = ("softmax", "sigmoid")
-EXPERT_ACTIVATIONS = ("silu", "oai")  # SwiGLU; GPT-OSS's clamped SwiGLU (alpha 1.702, (up + 1))
+EXPERT_ACTIVATIONS = ("silu", "oai")  # SwiGLU; GPT-OSS's clamped SwiGLU (alpha OAI_ALPHA, (up + 1))
+OAI_ALPHA = 1.702  # GPT-OSS's sigmoid sharpness (transformers' GptOssConfig.swiglu_alpha)
+OAI_LIMIT = 7.0  # GPT-OSS's clamp of the gate and up projections (GptOssConfig.swiglu_limit)
 
 
 def _positive(obj, names: tuple[str, ...], minimum: int = 1) -> list[str]:
