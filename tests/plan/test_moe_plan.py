@@ -148,7 +148,8 @@ def test_plan_explain_says_what_moe_sync_holds(capsys):
         found = re.search(r"moe sync, per MoE layer and micro-batch: .* and (\d+) kernel launches .*; (\d+) of them", out)
         assert code == 0 and found, out
         runtime = "torch" if stack == "plait" else "megatron-core"
-        want = sum(moe_kernels(MIXTRAL, Layout.parse("dp=64,ep=8,zero=1,ckpt=selective"), DEFAULT_PARAMS, runtime))
+        want = sum(moe_kernels(MIXTRAL, Layout.parse("dp=64,ep=8,zero=1,ckpt=selective"), DEFAULT_PARAMS, runtime,
+                               CLUSTER.gpu))
         assert (int(found.group(1)), int(found.group(2))) == (round(want), gemms)
 
 
@@ -193,7 +194,7 @@ def test_plait_prices_experts_it_cannot_run_in_fp8_in_bf16_and_megatron_in_fp8()
                                        runtime="megatron-core")
         assert megatron < bf16
         assert (fp8 < bf16) if runs_fp8 else (fp8 == pytest.approx(bf16))
-        kernels = expert_gemm_kernels(model, Layout.parse("dp=64,ep=8,precision=fp8"))
+        kernels = expert_gemm_kernels(model, Layout.parse("dp=64,ep=8,precision=fp8"), "torch", gpu)
         extra = tuple(3 * k if runs_fp8 else 0 for k in FP8_GROUPED_KERNELS)
         assert kernels == tuple(g + e for g, e in zip(PROJECTION_GEMMS, extra))
     # the rule reads the ffn after etp: 14336 / 2 = 7168 stays aligned

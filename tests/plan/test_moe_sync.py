@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import pytest
@@ -18,6 +19,8 @@ from plait.spec.moe.layout import expert_groups
 
 MIXTRAL = MODELS["mixtral-8x7b"]  # 8 experts
 CLUSTER = get_cluster("dgx-h100", 64)
+GPU = CLUSTER.gpu
+CPU = dataclasses.replace(GPU, name="cpu", element_bytes=4.0)  # a CPU profile computes in fp32
 
 
 def _eager_kernels(gemms: tuple[float, float]) -> tuple[float, float]:
@@ -29,7 +32,7 @@ def test_launches_are_the_counted_kernels_times_the_launch_time():
     for ep in (1, 2, 8):
         lay = Layout.parse(f"dp=64,ep={ep}")
         forward, backward = _eager_kernels(S.PROJECTION_GEMMS)  # plait on a GPU: grouped, whatever ep
-        assert moe_kernels(MIXTRAL, lay, DEFAULT_PARAMS) == pytest.approx((forward, backward))
+        assert moe_kernels(MIXTRAL, lay, DEFAULT_PARAMS, "torch", GPU) == pytest.approx((forward, backward))
         parts = moe_sync_layer(MIXTRAL, CLUSTER, lay, DEFAULT_PARAMS)
         assert parts.launches == pytest.approx((forward * DEFAULT_PARAMS.moe_launch_s,
                                                 backward * DEFAULT_PARAMS.moe_launch_s))
@@ -42,16 +45,23 @@ def test_expert_gemms_are_per_local_expert_for_megatron_and_plait_on_a_cpu_group
     torchao's casts around each (tests/run/test_moe_block.py counts the runtime's GEMMs)."""
     for ep in (1, 2, 8):
         lay, local = Layout.parse(f"dp=64,ep={ep}"), 8 / ep
-        megatron = moe_kernels(MIXTRAL, lay, DEFAULT_PARAMS, "megatron-core")
+        megatron = moe_kernels(MIXTRAL, lay, DEFAULT_PARAMS, "megatron-core", GPU)
         assert megatron == pytest.approx(_eager_kernels(tuple(local * k for k in S.EXPERT_KERNELS)))
-        cpu = moe_kernels(MIXTRAL, lay, DEFAULT_PARAMS, "torch", element_bytes=4)
+        cpu = moe_kernels(MIXTRAL, lay, DEFAULT_PARAMS, "torch", CPU)
         assert cpu == pytest.approx(_eager_kernels(tuple(local * k for k in S.PROJECTION_GEMMS)))
-        fp8 = S.expert_gemm_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep},precision=fp8"))
+        fp8 = S.expert_gemm_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep},precision=fp8"), "torch", GPU)
         assert fp8 == pytest.approx(tuple(S.PROJECTION_GEMMS[w] + 3 * S.FP8_GROUPED_KERNELS[w] for w in (0, 1)))
-    assert S.expert_gemm_kernels(MIXTRAL, Layout.parse("dp=64,precision=mxfp8")) == S.PROJECTION_GEMMS
+    assert S.expert_gemm_kernels(MIXTRAL, Layout.parse("dp=64,precision=mxfp8"), "torch", GPU) == S.PROJECTION_GEMMS
+    # no grouped GEMM of torch's own below Hopper, nor for rows that are not 16-byte multiples: the loop
+    per_expert = tuple(4 * k for k in S.PROJECTION_GEMMS)  # ep=2: 4 local experts
+    a100 = get_cluster("dgx-a100", 64).gpu
+    assert S.expert_gemm_kernels(MIXTRAL, Layout.parse("dp=64,ep=2"), "torch", a100) == per_expert
+    odd = replace(MIXTRAL, moe=replace(MIXTRAL.moe, expert_ffn=14340))  # 28,680-byte bf16 rows
+    assert S.expert_gemm_kernels(odd, Layout.parse("dp=64,ep=2"), "torch", GPU) == per_expert
+    assert S.expert_gemm_kernels(MIXTRAL, Layout.parse("dp=64,ep=2"), "torch", GPU) == S.PROJECTION_GEMMS
     many = MODELS["qwen3-30b-a3b"]  # 128 experts: at ep=1 the grouped GEMM launches what it does at ep=8
-    assert moe_kernels(many, Layout.parse("dp=8"), DEFAULT_PARAMS) == \
-        moe_kernels(many, Layout.parse("dp=8,ep=8"), DEFAULT_PARAMS)
+    assert moe_kernels(many, Layout.parse("dp=8"), DEFAULT_PARAMS, "torch", GPU) == \
+        moe_kernels(many, Layout.parse("dp=8,ep=8"), DEFAULT_PARAMS, "torch", GPU)
 
 
 def test_chunked_launches_every_chunk_s_exchange_and_expert_kernels_again():
@@ -62,18 +72,18 @@ def test_chunked_launches_every_chunk_s_exchange_and_expert_kernels_again():
     from plait.plan.moe.timing import MOE_CHUNKS
 
     for ep in (2, 8):
-        plain = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep}"), DEFAULT_PARAMS)
-        chunked = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep},moe_overlap=chunked"), DEFAULT_PARAMS)
+        plain = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep}"), DEFAULT_PARAMS, "torch", GPU)
+        chunked = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep},moe_overlap=chunked"), DEFAULT_PARAMS, "torch", GPU)
         for way in (0, 1):
             per_chunk = S.PERMUTE_KERNELS[way] + S.EXPERT_FIXED_KERNELS[way] + S.PROJECTION_GEMMS[way]
             assert chunked[way] - plain[way] == pytest.approx((MOE_CHUNKS - 1) * per_chunk)
-        shared = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep},moe_overlap=shared"), DEFAULT_PARAMS)
+        shared = moe_kernels(MIXTRAL, Layout.parse(f"dp=64,ep={ep},moe_overlap=shared"), DEFAULT_PARAMS, "torch", GPU)
         assert shared == plain
     megatron = Layout.parse("dp=64,ep=8,moe_overlap=chunked")
-    assert moe_kernels(MIXTRAL, megatron, DEFAULT_PARAMS, "megatron-core") == \
-        moe_kernels(MIXTRAL, Layout.parse("dp=64,ep=8"), DEFAULT_PARAMS, "megatron-core")
-    assert moe_kernels(MIXTRAL, Layout.parse("dp=64,moe_overlap=chunked"), DEFAULT_PARAMS) == \
-        moe_kernels(MIXTRAL, Layout.parse("dp=64"), DEFAULT_PARAMS)
+    assert moe_kernels(MIXTRAL, megatron, DEFAULT_PARAMS, "megatron-core", GPU) == \
+        moe_kernels(MIXTRAL, Layout.parse("dp=64,ep=8"), DEFAULT_PARAMS, "megatron-core", GPU)
+    assert moe_kernels(MIXTRAL, Layout.parse("dp=64,moe_overlap=chunked"), DEFAULT_PARAMS, "torch", GPU) == \
+        moe_kernels(MIXTRAL, Layout.parse("dp=64"), DEFAULT_PARAMS, "torch", GPU)
 
 
 def test_ep1_has_no_token_count_exchange_and_ep_gt_1_gathers_the_counts():

@@ -134,14 +134,19 @@ def test_the_expert_gemms_the_planner_counts_launches_are_the_runtime_s():
     local expert and projection (``expert_gemm_kernels``), forward and backward."""
     from op_record import OpRecord
 
+    import dataclasses
+
     from plait.plan.moe.sync import expert_gemm_kernels
     from plait.run.modules.experts import expert_forward
+    from plait.spec.hardware import get_cluster
     from plait.spec.layout import Layout
 
+    h100 = get_cluster("dgx-h100").gpu  # bf16 on Hopper: grouped; a CPU (fp32): the loop
+    cpu = dataclasses.replace(h100, name="cpu", element_bytes=4.0)
     generator = torch.Generator().manual_seed(6)
     for n_experts in (2, 8):
-        model = SimpleNamespace(moe=SimpleNamespace(n_experts=n_experts))
-        for grouped, op, element_bytes in ((True, "aten._grouped_mm.default", 2), (False, "aten.mm.default", 4)):
+        model = SimpleNamespace(hidden=32, moe=SimpleNamespace(n_experts=n_experts, expert_ffn=16))
+        for grouped, op, gpu in ((True, "aten._grouped_mm.default", h100), (False, "aten.mm.default", cpu)):
             x = torch.randn(4 * n_experts, 32, generator=generator, requires_grad=True)
             weights = [(torch.randn(n_experts, *shape, generator=generator) * 0.1).requires_grad_()
                        for shape in ((32, 16), (32, 16), (16, 32))]
@@ -150,7 +155,7 @@ def test_the_expert_gemms_the_planner_counts_launches_are_the_runtime_s():
             with OpRecord() as backward:
                 out.square().sum().backward()
             assert (forward.count(op), backward.count(op)) == \
-                expert_gemm_kernels(model, Layout.parse("dp=1"), "torch", element_bytes)
+                expert_gemm_kernels(model, Layout.parse("dp=1"), "torch", gpu)
 
 
 def test_the_grouped_gemm_is_taken_only_for_operands_whose_strides_cuda_accepts():

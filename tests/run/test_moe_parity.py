@@ -14,7 +14,8 @@ recomputed),
 dp=4 × ep=2 with ZeRO-3 (edp = 2: FSDP shards the experts over it), dp=2 × tp=2 × ep=2 (sequence
 parallel: each tp rank routes its own tokens, the experts' gradients summed over tp), pp=2 × dp=2 × ep=2 (MoE layers inside stages), dp=4 ×
 ep=4 with ckpt=balanced, HSDP (2 × 2) × ep=2, dp=4 × ep=2 with moe_overlap=chunked and ZeRO-3 or
-ZeRO-1 (the chunks run inside one call of the FSDP-sharded experts). And a
+ZeRO-1 (the chunks run inside one call of the FSDP-sharded experts), and with ZeRO-3 and full
+checkpointing (the recomputed forward gathers the experts again). And a
 checkpoint chain across ep degrees on 4 ranks: ep=2 (ZeRO-3) -> ep=1 -> ep=2 (zero=0: experts
 replicated over edp = 2, gradients summed by the runtime), one step each, resumed from DCP,
 against the same uninterrupted run; and one across expert tensor parallelism: etp=2 -> etp=1 -> no tp.
@@ -41,7 +42,8 @@ PARAM_ATOL = tolerances.adamw_atol(tolerances.TINY_LR, moe_tasks.STEPS, toleranc
 
 LAYOUTS_2 = ["dp=2,ep=2", "dp=2,ep=2,zero=3", "dp=2,ep=2,ckpt=full", "dp=2,ep=2,ckpt=mlp"]
 LAYOUTS_4 = ["dp=4,ep=2,zero=3", "dp=2,tp=2,ep=2", "pp=2,dp=2,ep=2", "dp=4,ep=4,ckpt=balanced",
-             "dp=4,zero=3,hsdp=2,ep=2", "dp=4,ep=2,zero=3,moe_overlap=chunked", "dp=4,ep=2,zero=1,moe_overlap=chunked"]
+             "dp=4,zero=3,hsdp=2,ep=2", "dp=4,ep=2,zero=3,moe_overlap=chunked", "dp=4,ep=2,zero=1,moe_overlap=chunked",
+             "dp=4,ep=2,zero=3,ckpt=full,moe_overlap=chunked"]
 
 
 @pytest.fixture(scope="module")

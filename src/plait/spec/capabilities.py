@@ -30,6 +30,27 @@ NOT_RUN_YET = {
 # the attention kernels that take soft-capped scores and sinks (Layout.attn; plait.run.modules.flex)
 SCORE_MOD_KERNELS = ("flex", "eager")
 FP8_ALIGNMENT = 16  # torch._scaled_mm / _scaled_grouped_mm: both dimensions of an fp8 operand multiples of 16
+# torch._grouped_mm's own CUDA kernels: compute capability 9.0 and 10.0 (Hopper, Blackwell: these GPU
+# generations); elsewhere torch falls back to copying the offsets to the host (a sync) and one mm per
+# group, so plait's runtime takes its own per-expert loop there (plait.run.modules.experts.use_grouped_mm)
+GROUPED_MM_MIN_CAPABILITY = (9, 0)
+GROUPED_MM_GENERATIONS = ("h100", "b200")
+GROUPED_MM_ALIGN_BYTES = 16  # and every stride but the last of each operand a multiple of 16 bytes
+
+
+def plait_grouped_experts(model: ModelSpec, lay: Layout, gpu) -> bool:
+    """Whether plait's runtime runs the routed experts of ``model`` under ``lay`` as grouped GEMMs on
+    ``gpu`` (a ``GpuSpec``): bf16 compute (``element_bytes`` 2: not a CPU), a GPU generation in
+    ``GROUPED_MM_GENERATIONS``, and bf16 rows of the hidden width and of the expert ffn / etp that are
+    multiples of ``GROUPED_MM_ALIGN_BYTES``; else one GEMM per local expert. The runtime asks the same of
+    the device and the tensors (``plait.run.modules.experts.use_grouped_mm``)."""
+    from plait.spec.hardware import GPU_GENERATIONS
+
+    generation = next((g for g, names in GPU_GENERATIONS.items() if gpu.name in names), None)
+    if gpu.element_bytes > 2 or generation not in GROUPED_MM_GENERATIONS:
+        return False
+    widths = (model.hidden, model.moe.expert_ffn // lay.etp)
+    return all(2 * width % GROUPED_MM_ALIGN_BYTES == 0 for width in widths)
 
 
 def routed_expert_precision(model: ModelSpec, lay: Layout, runtime: str = "torch") -> str:

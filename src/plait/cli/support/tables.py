@@ -120,13 +120,14 @@ def moe_sync_note(plan: Plan, params, runtime: str) -> str:
     """What ``moe sync`` holds, per MoE layer and micro-batch (``plait.plan.moe.sync``), in words."""
     from plait.plan.moe.sync import expert_gemm_kernels, moe_kernels, moe_sync_layer
 
-    model, lay, e = plan.model, plan.layout, plan.cluster.gpu.element_bytes
+    model, lay, gpu = plan.model, plan.layout, plan.cluster.gpu
     parts = moe_sync_layer(model, plan.cluster, lay, params, runtime)
-    kernels = sum(moe_kernels(model, lay, params, runtime, e))
-    gemms = sum(expert_gemm_kernels(model, lay, runtime, e))
+    kernels = sum(moe_kernels(model, lay, params, runtime, gpu))
+    gemms = sum(expert_gemm_kernels(model, lay, runtime, gpu))
     return (f"moe sync, per MoE layer and micro-batch: the token-count exchange {1e6 * sum(parts.counts):.0f} us, "
             f"the counts' copy to the host and its stream sync {1e6 * sum(parts.sync):.0f} us, and "
-            f"{kernels:.0f} kernel launches (forward and backward; {gemms:.0f} of them the expert GEMMs) at "
+            f"{kernels:.0f} kernel launches (forward and backward; {gemms:.0f} of them the expert GEMMs and their fp8 "
+            f"casts) at "
             f"{1e6 * params.moe_launch_s:.0f} us each, {1e3 * sum(parts.launches):.2f} ms: the sync empties the "
             f"GPU's queue, so each launch is exposed; CUDA graphs (Megatron-Core's router graphs) remove launches")
 

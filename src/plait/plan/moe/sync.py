@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from plait.plan import comm
 from plait.plan.moe.timing import runtime_chunks
 from plait.plan.params import CostParams
-from plait.spec.capabilities import routed_expert_precision
+from plait.spec.capabilities import plait_grouped_experts, routed_expert_precision
 from plait.spec.hardware import ClusterSpec
 from plait.spec.layout import Layout
 from plait.spec.moe.layout import expert_groups
@@ -105,31 +105,30 @@ class MoESync:
         return self.forward + self.backward
 
 
-def expert_gemm_kernels(model, layout: Layout, runtime: str = "torch",
-                        element_bytes: float = 2) -> tuple[float, float]:
-    """(forward, backward) kernels of the expert GEMMs of one MoE layer and chunk (module docstring):
-    Megatron's one GEMM per local expert and projection; plait's runtime (``runtime`` "torch")
-    computing in bf16 (``element_bytes`` 2: a GPU) one grouped GEMM per projection, in fp32 (a CPU)
-    one GEMM per local expert and projection."""
+def expert_gemm_kernels(model, layout: Layout, runtime: str, gpu) -> tuple[float, float]:
+    """(forward, backward) kernels of the expert GEMMs of one MoE layer and chunk on ``gpu`` (module
+    docstring): Megatron's one GEMM per local expert and projection; plait's runtime (``runtime``
+    "torch") one grouped GEMM per projection where it runs them grouped
+    (``plait.spec.capabilities.plait_grouped_experts``: bf16 on a Hopper or Blackwell GPU, aligned
+    widths), else one GEMM per local expert and projection (a CPU, an A100)."""
     local = model.moe.n_experts / layout.ep
     if runtime != "torch":
         return local * EXPERT_KERNELS[0], local * EXPERT_KERNELS[1]
-    if element_bytes > 2:
+    fp8 = routed_expert_precision(model, layout, runtime) == "fp8"
+    if not fp8 and not plait_grouped_experts(model, layout, gpu):
         return local * PROJECTION_GEMMS[0], local * PROJECTION_GEMMS[1]
     projections = 3  # w1, w3, w2
-    fp8 = routed_expert_precision(model, layout, runtime) == "fp8"
     return tuple(PROJECTION_GEMMS[way] + (projections * FP8_GROUPED_KERNELS[way] if fp8 else 0)
                  for way in (0, 1))
 
 
-def moe_kernels(model, layout: Layout, params: CostParams, runtime: str = "torch",
-                element_bytes: float = 2) -> tuple[float, float]:
+def moe_kernels(model, layout: Layout, params: CostParams, runtime: str, gpu) -> tuple[float, float]:
     """(forward, backward) kernels the host launches for one MoE layer (module docstring), after the
     CUDA graphs of ``params`` took theirs; ``runtime``'s chunks (``plait.plan.moe.timing.runtime_chunks``),
     each with the permutation, the exchange and the experts (``expert_gemm_kernels``)."""
     router = params.moe_router_graphed
     chunks = runtime_chunks(layout, runtime)
-    gemms = expert_gemm_kernels(model, layout, runtime, element_bytes)
+    gemms = expert_gemm_kernels(model, layout, runtime, gpu)
     out = []
     for way in (0, 1):
         graphed = ROUTER_KERNELS[way] + PREPROCESS_KERNELS[way]
@@ -149,5 +148,5 @@ def moe_sync_layer(model, cluster: ClusterSpec, layout: Layout, params: CostPara
         group = expert_groups(layout, cluster.gpus_per_node, runtime)["ep"]
         counts = comm.all_gather(cluster, group, COUNT_BYTES * model.moe.n_experts * layout.ep)
     sync = (1.0 - params.moe_layer_graphed) * SYNC_S
-    forward, backward = moe_kernels(model, layout, params, runtime, cluster.gpu.element_bytes)
+    forward, backward = moe_kernels(model, layout, params, runtime, cluster.gpu)
     return MoESync((counts, 0.0), (sync, 0.0), (forward * params.moe_launch_s, backward * params.moe_launch_s))

@@ -16,7 +16,7 @@ all of them on dim 0. Hugging Face's GPT-OSS stores gate and up fused, with inte
 (gate = column 2j, up = column 2j + 1); that layout exists only at the checkpoint boundary
 (``plait.run.checkpoint.hf.gpt_oss``).
 
-Grouped GEMM: ``torch._grouped_mm`` on CUDA in bf16, else one GEMM per expert (the CPU path; every
+Grouped GEMM: ``torch._grouped_mm`` on CUDA (Hopper or newer) in bf16, else one GEMM per expert (the CPU path; every
 expert runs, also with no rows, so every expert weight gets a gradient).
 """
 
@@ -28,12 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plait.spec.capabilities import GROUPED_MM_ALIGN_BYTES, GROUPED_MM_MIN_CAPABILITY
 from plait.spec.moe.parts import OAI_ALPHA, OAI_LIMIT
 
 ACTIVATIONS = ("silu", "oai")  # plait.spec.moe.parts.EXPERT_ACTIVATIONS
-
-
-GROUPED_MM_ALIGN_BYTES = 16  # torch._grouped_mm on CUDA: each operand's strides but the last, in bytes
 
 
 def grouped_mm_aligned(*tensors: torch.Tensor) -> bool:
@@ -45,9 +43,12 @@ def grouped_mm_aligned(*tensors: torch.Tensor) -> bool:
 
 def use_grouped_mm(x: torch.Tensor, *weights: torch.Tensor) -> bool:
     """Whether ``expert_forward`` runs ``torch._grouped_mm`` on rows ``x`` and ``weights`` by default:
-    CUDA, bf16, a torch that has it, and aligned operands (``grouped_mm_aligned``; the widths of an
-    imported config that are not take the per-expert loop)."""
+    CUDA of compute capability ``GROUPED_MM_MIN_CAPABILITY`` or newer (torch's fallback on older GPUs
+    syncs with the host and loops), bf16, a torch that has it, and aligned operands
+    (``grouped_mm_aligned``; the widths of an imported config that are not take the per-expert loop).
+    The planner reads the same rule (``plait.spec.capabilities.plait_grouped_experts``)."""
     return (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+            and torch.cuda.get_device_capability(x.device) >= GROUPED_MM_MIN_CAPABILITY
             and grouped_mm_aligned(x, *weights))
 
 
@@ -166,11 +167,9 @@ class GroupedExperts(nn.Module):
 
     def _cast(self, dtype: torch.dtype):
         """These experts as a function of (rows, counts), their weights and biases cast to ``dtype`` once
-        (``run_chunked``); the fp8 grouped GEMM takes the weights as they are."""
-        weights, biases = self.local_weights(), self.local_biases()
-        if self.grouped_mm is not None:
-            return lambda x, counts: expert_forward(x, counts, *weights, biases=biases,
-                                                    activation=self.activation, mm=self.grouped_mm)
-        weights = tuple(w.to(dtype) for w in weights)
+        (``run_chunked``; the fp8 grouped GEMM too takes them in the compute dtype)."""
+        weights = tuple(w.to(dtype) for w in self.local_weights())
+        biases = self.local_biases()
         biases = tuple(b.to(dtype) for b in biases) if biases is not None else None
-        return lambda x, counts: expert_forward(x, counts, *weights, biases=biases, activation=self.activation)
+        return lambda x, counts: expert_forward(x, counts, *weights, biases=biases, activation=self.activation,
+                                                mm=self.grouped_mm)

@@ -74,6 +74,13 @@ from plait.spec.model import ModelSpec
 BIAS_UPDATE_RATE = 1e-3  # sigmoid router: bias step per optimizer step (DeepSeek-V3's gamma)
 
 
+
+def count_ids(ids: torch.Tensor, n: int) -> torch.Tensor:
+    """How many times each of 0 .. n-1 occurs in the int64 ``ids``, (n,) int64, on their device. As
+    ``torch.bincount(ids, minlength=n)``, without its host sync on CUDA (it reads the largest id to
+    size its output); integer sums are exact in any order."""
+    return torch.zeros(n, dtype=torch.int64, device=ids.device).scatter_add_(0, ids, torch.ones_like(ids))
+
 class AuxLossGradient(torch.autograd.Function):
     """Identity on ``output`` whose backward also gives ``aux`` the gradient ``scale`` (so the
     loss's gradient includes scale·∂aux without adding aux to the reported loss)."""
@@ -189,7 +196,7 @@ class MoEFeedForward(nn.Module):
             weights = weights * self.route_scale
         if self.counting():
             with torch.no_grad():
-                self.expert_load += torch.bincount(ids.reshape(-1), minlength=self.n_experts).to(self.expert_load)
+                self.expert_load += count_ids(ids.reshape(-1), self.n_experts).to(self.expert_load)
         return probs, weights, ids, scores
 
     def counting(self) -> bool:
@@ -271,7 +278,7 @@ class MoEFeedForward(nn.Module):
         x = x.reshape(-1, shape[-1])
         probs, weights, ids, scores = self.route(x)
         flat = ids.reshape(-1)
-        counts = torch.bincount(flat, minlength=self.n_experts)
+        counts = count_ids(flat, self.n_experts)
         if self.capacity_factor:
             order, kept = self.within_capacity(scores.gather(1, ids).reshape(-1), flat, counts)
         else:

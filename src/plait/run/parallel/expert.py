@@ -78,14 +78,17 @@ class AllToAllDispatcher(Dispatcher):
         local expert, rows per local expert, state for ``combine``)."""
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts.contiguous(), group=self.group)  # [source rank, local expert]
-        received = received.view(self.ep, self.local)
-        in_splits = counts.view(self.ep, self.local).sum(1).tolist()
-        out_splits = received.sum(1).tolist()
+        # the layer's one host read: the counts sent and received ([source rank][local expert])
+        host = torch.cat([counts, received]).tolist()
+        sent = [host[d * self.local:(d + 1) * self.local] for d in range(self.ep)]
+        got = [host[(self.ep + s) * self.local:(self.ep + s + 1) * self.local] for s in range(self.ep)]
+        in_splits, out_splits = [sum(row) for row in sent], [sum(row) for row in got]
         arrived = _AllToAll.apply(rows, out_splits, in_splits, self.group)
         expert_of_row = torch.arange(self.local, device=rows.device).repeat(self.ep).repeat_interleave(
-            received.reshape(-1), output_size=sum(out_splits))  # the size given: no second host sync
+            received, output_size=sum(out_splits))  # the size given: no second host sync
         regroup = expert_of_row.argsort(stable=True)
-        return arrived[regroup], received.sum(0).tolist(), (regroup.argsort(), in_splits, out_splits)
+        per_expert = [sum(column) for column in zip(*got)]
+        return arrived[regroup], per_expert, (regroup.argsort(), in_splits, out_splits)
 
     def combine(self, out: torch.Tensor, state) -> torch.Tensor:
         inverse, in_splits, out_splits = state

@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 from plait.plan.moe.timing import MOE_CHUNKS
-from plait.run.modules.moe import Dispatcher
+from plait.run.modules.moe import Dispatcher, count_ids
 
 
 class _Exchange:
@@ -187,8 +187,7 @@ class OverlappedDispatcher(Dispatcher):
         is in flight, or None)."""
         n = self.chunks
         order, chunk_counts = self._chunk_rows(counts, rows.shape[0])
-        received = self._exchange_counts(chunk_counts)  # (ep source, chunks, local), on the host
-        sent = chunk_counts.view(n, self.ep, self.local).sum(2).tolist()  # [chunk][destination]
+        received, sent = self._exchange_counts(chunk_counts)  # on the host: [source][chunk][local], [chunk][dest]
         mine = rows[order] if n > 1 else rows
         # one split: its backward concatenates the chunks' gradients once (a slice per chunk would
         # build and sum a zero-padded gradient of every row per chunk)
@@ -228,17 +227,22 @@ class OverlappedDispatcher(Dispatcher):
         position = torch.arange(expert_of_row.shape[0], device=counts.device) - (counts.cumsum(0) - counts)[expert_of_row]
         chunk_of_row = position * n // counts[expert_of_row]
         order = chunk_of_row.argsort(stable=True)
-        per_chunk = torch.bincount(chunk_of_row * experts + expert_of_row, minlength=n * experts)
+        per_chunk = count_ids(chunk_of_row * experts + expert_of_row, n * experts)
         return order, per_chunk.view(n, experts)
 
-    def _exchange_counts(self, chunk_counts: torch.Tensor) -> list:
+    def _exchange_counts(self, chunk_counts: torch.Tensor) -> tuple[list, list]:
         """Every chunk's per-expert counts to the ranks holding the experts (one small all-to-all,
-        synchronous, read on the host): [source rank][chunk][local expert]."""
+        synchronous), read on the host with the counts this rank sends in one copy: ([source
+        rank][chunk][local expert] received, [chunk][destination rank] rows sent)."""
         n = chunk_counts.shape[0]
         send = chunk_counts.view(n, self.ep, self.local).transpose(0, 1).contiguous()  # [destination][chunk][local]
         received = torch.empty_like(send)
         dist.all_to_all_single(received, send, group=self.group)
-        return received.tolist()
+        host = torch.cat([received.reshape(-1), send.sum(2).t().reshape(-1)]).tolist()
+        size = self.ep * n * self.local
+        got = [[host[(s * n + c) * self.local:(s * n + c + 1) * self.local] for c in range(n)] for s in range(self.ep)]
+        sent = [host[size + c * self.ep:size + (c + 1) * self.ep] for c in range(n)]
+        return got, sent
 
     def _experts(self, arrived: torch.Tensor, per_source: list[list[int]], experts, chunk: int) -> torch.Tensor:
         """The expert GEMMs of one chunk: rows from [source][local expert] to [local expert][source]

@@ -78,16 +78,19 @@ class TensorParallelExperts(Dispatcher):
         rows, local_counts, inner_state = self.inner.dispatch(rows, counts)
         if not self.gather:
             return _ReduceGradient.apply(rows, self.group), local_counts, (inner_state, None, None, None)
-        mine = torch.tensor(local_counts, device=rows.device, dtype=torch.int64)
+        # the counts are on the host: copied without a stream sync, gathered, read back in one copy
+        mine = torch.tensor(local_counts, dtype=torch.int64).to(rows.device, non_blocking=True)
         every = [torch.empty_like(mine) for _ in range(self.size)]
         dist.all_gather(every, mine, group=self.group)
         every = torch.stack(every)  # (etp rank, local expert)
-        sizes, n = every.sum(1).tolist(), rows.shape[0]
+        host = every.tolist()
+        sizes, n = [sum(row) for row in host], rows.shape[0]
         gathered = _AllToAll.apply(rows.repeat(self.size, 1), sizes, [n] * self.size, self.group)
         expert_of_row = torch.arange(len(local_counts), device=rows.device).repeat(self.size).repeat_interleave(
-            every.reshape(-1))
+            every.reshape(-1), output_size=sum(sizes))
         regroup = expert_of_row.argsort(stable=True)
-        return gathered[regroup], every.sum(0).tolist(), (inner_state, regroup.argsort(), sizes, n)
+        per_expert = [sum(column) for column in zip(*host)]
+        return gathered[regroup], per_expert, (inner_state, regroup.argsort(), sizes, n)
 
     def combine(self, out: torch.Tensor, state) -> torch.Tensor:
         """Each row's partial outputs summed over the etp group, back on its rank, then ``inner.combine``."""
