@@ -134,7 +134,7 @@ class MinimalLoop:
                 group["lr"] = 3e-4 * min(1.0, (self.step_index + 1) / 2)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            if self.step_index % self.log_every == 0:
+            if self.step_index == 0 or (self.step_index + 1) % self.log_every == 0:  # plait's cadence
                 self.last_loss = float(loss.detach())
             self.step_index += 1
 

@@ -153,6 +153,17 @@ def test_plan_explain_says_what_moe_sync_holds(capsys):
         assert (int(found.group(1)), int(found.group(2))) == (round(want), gemms)
 
 
+def test_the_bottleneck_is_named_as_the_step_table_names_it(capsys):
+    """An all-to-all-bound layout (DeepSeek-V3 at ep=256 over 32 nodes): the plans table's bottleneck
+    column and the line under the step table say "ep comm", as the step table's item does."""
+    code = main(["plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "256", "--global-batch", "1024",
+                 "--seq-len", "4096", "--layout", "dp=256,ep=256,zero=3,ckpt=full"])
+    out = capsys.readouterr().out
+    import re
+
+    assert code == 0 and "bottleneck: ep comm" in out and re.search(r"│ ep comm\s*│", out) and "ep_comm" not in out
+
+
 def test_plait_runtime_shards_experts_over_dp_cp_only_and_sums_their_gradients_over_tp():
     """plait's runtime carves ep out of dp·cp and holds the same experts on every tp rank (etp = 1):
     their optimizer states shard over dp·cp/ep = 32/8 = 4 ranks, not Megatron's tp·cp·dp/ep = 8; and
@@ -211,11 +222,13 @@ def test_deepseek_v3_s_published_recipe_fits_80_gb_on_h800_and_h100():
     GEMMs, the RMSNorms and MLA's up-projections recomputed; batch 15,360 × 4,096 tokens) as plait
     states it: ``ckpt=balanced`` recomputes the norms and element-wise ops and keeps the GEMM outputs,
     the up-projections' too (more than DeepSeek keeps), so a fit is conservative. It fits 80 GB on
-    both presets; keeping the element-wise outputs too (``selective``) does not (docs/planner.md)."""
+    both presets; keeping the element-wise outputs too (``selective``) or the attention whole (``mlp``) does
+    not (docs/planner.md)."""
     model, job = MODELS["deepseek-v3"], JobSpec(15360, 4096)
     for name in ("hgx-h800", "dgx-h100"):
         cluster = get_cluster(name, 2048)
         recipe = estimate_memory(model, cluster, job, Layout.parse(DSV3_RECIPE))
         assert recipe.total <= recipe.capacity == 80 * 2 ** 30, f"{name}: {recipe.total / 2 ** 30:.1f} GiB"
-        selective = estimate_memory(model, cluster, job, Layout.parse(DSV3_RECIPE.replace("balanced", "selective")))
-        assert selective.total > selective.capacity
+        for policy in ("selective", "mlp"):  # keeping the element-wise outputs, or the attention whole
+            kept = estimate_memory(model, cluster, job, Layout.parse(DSV3_RECIPE.replace("balanced", policy)))
+            assert kept.total > kept.capacity, policy

@@ -69,7 +69,9 @@ EXPERT_KERNELS = (2, 4)
 #   each whatever the local experts, on a CPU one torch.mm each per local expert
 PROJECTION_GEMMS = (3, 6)
 # plait's fp8 experts, per projection besides its grouped GEMM (plait.run.parallel.float8.fp8_grouped_mm
-#   on torchao 0.17's _to_fp8_rowwise_then_scaled_grouped_mm). ESTIMATES from reading the code, not
+#   on torchao 0.17's _to_fp8_rowwise_then_scaled_grouped_mm, the release for torch 2.11 that the GPU
+#   proof carries; 0.18 fuses the weight's scale and cast into one Triton kernel, ~6 fewer forward).
+#   The GPU proof's "moe: train fp8" step time checks them. ESTIMATES from reading the code, not
 #   profiled: forward, the token groups padded to 16 rows (~18 small index kernels), the column-major
 #   weight copy, torchao's row-wise cast of the rows (1 Triton kernel), its weight scales and cast
 #   (~7 eager kernels), two scale reciprocals, the unpadding gather; backward, the gather's and the
