@@ -146,8 +146,12 @@ def test_expert_layers_are_transformers(family, keys, experts):
 
 
 def test_expert_layers_plait_cannot_place_are_refused_with_the_layers():
-    with pytest.raises(PlaitError, match=r"put experts on layers \[0, 2, 3\]"):
+    with pytest.raises(PlaitError, match=r"put experts on layers 0, 2, 3;"):
         read("qwen3_moe", mlp_only_layers=[1])
+    with pytest.raises(PlaitError, match=r"put experts on layers 0, 1, 2, 3, 4, 6, 7, 8, \.\.\. \(47 layers\);"):
+        read("qwen3_moe", mlp_only_layers=[5], num_hidden_layers=48)  # a long list: the first 8 and the count
+    with pytest.raises(PlaitError, match=r"mlp_only_layers='3' must be a list of layer numbers"):
+        read("qwen3_moe", mlp_only_layers="3")
     with pytest.raises(PlaitError, match="no layer of 4 has experts"):
         read("qwen3_moe", decoder_sparse_step=8)
 

@@ -88,3 +88,17 @@ def test_gpt_oss_routes_to_num_experts_per_tok_and_refuses_a_different_experts_p
                                | {"use_sliding_window": False}))
     read = get_model(str(path))
     assert (read.sliding_window, read.local_layers) == (128, "even")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"norm_topk_prob": "false"}, "norm_topk_prob='false' must be true or false"),
+    ({"first_k_dense_replace": None}, "first_k_dense_replace=None must be an integer"),
+])
+def test_mistyped_values_are_refused_not_read_as_something_else(tmp_path, changes, message):
+    """A string "false" is truthy and null is not a layer number: each is refused by key and value."""
+    from plait.errors import PlaitError
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**DEEPSEEK_V3, **changes}))
+    with pytest.raises(PlaitError, match=message):
+        get_model(str(path))

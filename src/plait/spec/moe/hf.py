@@ -55,6 +55,15 @@ def _int(config: dict, source: Path, *keys: str, default: int | None = None) -> 
     return default
 
 
+def _bool(config: dict, source: Path, key: str) -> bool:
+    """``config[key]`` as a JSON true/false (missing or null: false); PlaitError for another type
+    (the string "false" would read as true)."""
+    value = config.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise PlaitError(f"{source}: {key}={value!r} must be true or false")
+    return bool(value)
+
+
 def _float(config: dict, key: str, default: float) -> float:
     value = config.get(key)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
@@ -135,7 +144,7 @@ def _moe(config: dict, source: Path, kind: str, n_layers: int) -> MoESpec:
         oai = kind == "gpt_oss"
         return MoESpec(_int(config, source, "num_local_experts"), top_k, _int(config, source, "intermediate_size"),
                        router_bias=oai, expert_bias=oai, activation="oai" if oai else "silu", aux_loss_coef=aux)
-    norm = bool(config.get("norm_topk_prob"))
+    norm = _bool(config, source, "norm_topk_prob")
     if kind == "olmoe":
         return MoESpec(_int(config, source, "num_experts"), top_k, _int(config, source, "intermediate_size"),
                        norm_topk=norm, aux_loss_coef=aux)
@@ -175,7 +184,7 @@ def _deepseek(config: dict, source: Path, kind: str, n_layers: int) -> MoESpec:
     return MoESpec(_int(config, source, "n_routed_experts"), _int(config, source, "num_experts_per_tok"),
                    _int(config, source, "moe_intermediate_size"),
                    n_shared=_int(config, source, "n_shared_experts", default=0), first_dense=first, every=every,
-                   router="sigmoid" if v3 else "softmax", norm_topk=v3 and bool(config.get("norm_topk_prob")),
+                   router="sigmoid" if v3 else "softmax", norm_topk=v3 and _bool(config, source, "norm_topk_prob"),
                    n_groups=_int(config, source, "n_group") if grouped else 1,
                    topk_groups=_int(config, source, "topk_group") if grouped else 1,
                    route_scale=_float(config, "routed_scaling_factor", 1.0),

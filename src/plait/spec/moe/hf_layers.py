@@ -48,6 +48,14 @@ def moe_placement(config: dict, kind: str, n_layers: int, source: Path) -> tuple
     step = config.get("decoder_sparse_step")
     if kind in ("qwen2_moe", "qwen3_moe") and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
         raise PlaitError(f"{source}: decoder_sparse_step={step!r} must be an integer >= 1")
+    dense = config.get("mlp_only_layers")
+    if kind in ("qwen2_moe", "qwen3_moe") and dense is not None and not (
+            isinstance(dense, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in dense)):
+        raise PlaitError(f"{source}: mlp_only_layers={dense!r} must be a list of layer numbers")
+    first_dense = config.get("first_k_dense_replace")
+    if kind in ("deepseek_v2", "deepseek_v3") and (isinstance(first_dense, bool) or not isinstance(first_dense, int)
+                                                   or first_dense < 0):
+        raise PlaitError(f"{source}: first_k_dense_replace={first_dense!r} must be an integer >= 0")
     layers = expert_layers(config, kind, n_layers)
     if not layers:
         raise PlaitError(f"{source}: no layer of {n_layers} has experts (decoder_sparse_step, mlp_only_layers or "
@@ -56,7 +64,8 @@ def moe_placement(config: dict, kind: str, n_layers: int, source: Path) -> tuple
     every = layers[1] - first if len(layers) > 1 else n_layers - first
     if layers != list(range(first, n_layers, every)):
         keys = "mlp_only_layers and decoder_sparse_step" if kind.startswith("qwen") else "its keys"
-        raise PlaitError(f"{source}: {keys} put experts on layers {layers}; plait's MoESpec puts them on "
+        shown = ", ".join(map(str, layers[:8])) + (f", ... ({len(layers)} layers)" if len(layers) > 8 else "")
+        raise PlaitError(f"{source}: {keys} put experts on layers {shown}; plait's MoESpec puts them on "
                          "layers first_dense, first_dense + every, ... to the last")
     return first, every
 
