@@ -284,6 +284,12 @@ def moe_comm_layer(model, cluster: ClusterSpec, layout: Layout, tokens: float, s
     return out[0], out[1]
 
 
+def local_expert_weights(model, layout: Layout) -> float:
+    """Elements of the routed experts' weight matrices (w1, w3, w2) of one MoE layer on one rank:
+    n_experts / ep experts, each ffn split by etp."""
+    return model.moe.n_experts / layout.ep * 3.0 * model.hidden * model.moe.expert_ffn / layout.etp
+
+
 # Bytes moved per local routed-expert parameter, (forward, backward), each time plait's runtime runs an
 # expert GEMM in fp8 (plait.run.parallel.float8.fp8_grouped_mm on torchao 0.17's
 # _to_fp8_rowwise_then_scaled_grouped_mm, once per projection and chunk). ESTIMATES from reading the
@@ -300,7 +306,7 @@ def fp8_weight_prep(model, gpu: GpuSpec, layout: Layout, runtime: str = "torch")
     and micro-batch, ``moe_comm_layer`` again for every chunk after the first (moe_overlap=chunked)."""
     if runtime != "torch" or routed_expert_precision(model, layout, runtime) != "fp8":
         return 0.0, 0.0
-    weights = model.moe.n_experts / layout.ep * 3.0 * model.hidden * model.moe.expert_ffn / layout.etp
+    weights = local_expert_weights(model, layout)
     bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
     return FP8_WEIGHT_PREP_BYTES[0] * weights / bandwidth, FP8_WEIGHT_PREP_BYTES[1] * weights / bandwidth
 
@@ -311,9 +317,7 @@ def chunk_gradient_sums(model, gpu: GpuSpec, layout: Layout) -> float:
     gradient of all this rank's expert weights (three matrices per expert), which autograd adds to
     the sum of the chunks before it: MOE_CHUNKS - 1 additions, each reading two and writing one
     gradient in the compute dtype."""
-    moe = model.moe
-    weights = moe.n_experts / layout.ep * 3.0 * model.hidden * moe.expert_ffn / layout.etp
-    return (MOE_CHUNKS - 1) * 3.0 * gpu.element_bytes * weights
+    return (MOE_CHUNKS - 1) * 3.0 * gpu.element_bytes * local_expert_weights(model, layout)
 
 
 def expert_tp_comm(model, cluster: ClusterSpec, layout: Layout, layers: int, params: CostParams,
